@@ -1,0 +1,44 @@
+# keyrange: two commands on a fresh machine.
+#   make demo   runs the local demo on the embedded broker
+#   make test   installs everything the tests need, then lint, types and the whole suite
+VENV    ?= .venv
+PY      := $(VENV)/bin/python
+PIP     := $(VENV)/bin/pip
+TOOLS   := $(CURDIR)/.tools
+export PATH := $(CURDIR)/$(VENV)/bin:$(TOOLS)/bin:$(PATH)
+export PYSPARK_PYTHON := $(CURDIR)/$(PY)
+
+.PHONY: demo test install install-dev tools lint types unit pytest bench clean
+
+$(VENV)/.installed-%: pyproject.toml
+	test -x $(PY) || python3 -m venv $(VENV)
+	$(PIP) install -q --upgrade pip
+	$(PIP) install -q -e ".[$*]"
+	touch $@
+
+install: $(VENV)/.installed-local,spark
+
+install-dev: $(VENV)/.installed-local,spark,dev
+
+demo: install
+	$(VENV)/bin/keyrange demo
+
+tools:
+	bash scripts/install-tools.sh $(TOOLS)
+
+lint: install-dev
+	$(VENV)/bin/ruff check src tests benchmarks
+
+types: install-dev
+	$(VENV)/bin/mypy
+
+pytest: install-dev tools
+	$(PY) -m pytest -q -p no:cacheprovider
+
+test: lint types pytest
+
+bench: install-dev
+	$(PY) -m benchmarks
+
+clean:
+	rm -rf $(VENV) $(TOOLS) build *.egg-info

@@ -1,0 +1,48 @@
+"""`keyrange produce`: the kata's event stream, paced, with duplicates."""
+
+from __future__ import annotations
+
+import argparse
+
+from keyrange.errors import UserError
+from keyrange.loadgen import LoadShape, run_paced
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Arguments of `keyrange produce`."""
+    parser.add_argument("--bootstrap", required=True, help="Kafka bootstrap servers")
+    parser.add_argument("--topic", required=True, help="input topic")
+    parser.add_argument("--rate", type=float, default=1000.0, help="events per second (default 1000)")
+    parser.add_argument("--clients", type=int, default=100, help="distinct clients, ids from 1000 (default 100)")
+    parser.add_argument("--first-client-id", type=int, default=1000, help="lowest client id (default 1000)")
+    parser.add_argument(
+        "--duplicate-ratio",
+        type=float,
+        default=0.01,
+        help="share of events sent again 10 ms to 5 s later (default 0.01)",
+    )
+    limit = parser.add_mutually_exclusive_group(required=True)
+    limit.add_argument("--duration", type=float, help="seconds to run")
+    limit.add_argument("--count", type=int, help="events to send (not counting duplicates)")
+    parser.add_argument("--ledger", action="store_true", help="emit ledger increment/drain commands")
+    parser.add_argument("--partitions", type=int, default=12, help="partitions if the topic must be created (default 12)")
+    parser.add_argument("--seed", type=int, default=None, help="random seed for a reproducible stream")
+
+
+def run(args: argparse.Namespace) -> int:
+    """Produce until the count or duration is reached."""
+    try:
+        shape = LoadShape(
+            rate=args.rate,
+            clients=args.clients,
+            first_client_id=args.first_client_id,
+            duplicate_ratio=args.duplicate_ratio,
+            ledger=args.ledger,
+            seed=args.seed,
+        )
+    except ValueError as exc:
+        raise UserError(str(exc)) from None
+    if args.partitions < 1:
+        raise UserError(f"--partitions must be at least 1, got {args.partitions}")
+    run_paced(args.bootstrap, args.topic, shape, args.count, args.duration, args.partitions)
+    return 0

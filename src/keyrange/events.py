@@ -1,0 +1,129 @@
+"""Wire formats (DESIGN.md, "Wire contracts"): input events, processed records, dead letters.
+
+Input: key = clientId as decimal UTF-8, value = JSON with at least `clientId` (int), `uuid`
+(string) and `created` (epoch ms). Processed: key = clientId, value = JSON with the input's
+identity, where and when it was handled, and the handler's result. Dead letters keep the
+original key and value and say why in headers.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+MAX_EVENT_BYTES = 1_000_000
+"""Input values larger than this are dead-lettered as oversized rather than parsed."""
+
+# Dead-letter header names: stable, documented in docs/worker.md.
+DLQ_REASON = "keyrange.reason"
+DLQ_DETAIL = "keyrange.detail"
+DLQ_TOPIC = "keyrange.source.topic"
+DLQ_PARTITION = "keyrange.source.partition"
+DLQ_OFFSET = "keyrange.source.offset"
+DLQ_ATTEMPTS = "keyrange.attempts"
+
+
+class BadEvent(ValueError):
+    """An input record does not satisfy the wire contract; `reason` is a short stable code."""
+
+    def __init__(self, reason: str, detail: str) -> None:
+        super().__init__(f"{reason}: {detail}")
+        self.reason = reason
+        self.detail = detail
+
+
+@dataclass(frozen=True, slots=True)
+class InputEvent:
+    """One input event, parsed and checked."""
+
+    client_id: int
+    uuid: str
+    created_ms: int
+    body: dict[str, Any]
+    """The whole JSON object, handed to the handler."""
+
+
+def parse_input(value: bytes | None) -> InputEvent:
+    """Parse and check an input record value; raise BadEvent with a reason code on problems.
+
+    Reason codes: `oversized`, `not-json`, `not-an-object`, `missing-field`, `bad-field`.
+    """
+    if value is None:
+        raise BadEvent("missing-field", "record has no value")
+    if len(value) > MAX_EVENT_BYTES:
+        raise BadEvent("oversized", f"value is {len(value)} bytes, the limit is {MAX_EVENT_BYTES}")
+    try:
+        body = orjson.loads(value)
+    except orjson.JSONDecodeError as exc:
+        raise BadEvent("not-json", str(exc)) from None
+    if not isinstance(body, dict):
+        raise BadEvent("not-an-object", f"value is a JSON {type(body).__name__}, expected an object")
+    try:
+        client_id = body["clientId"]
+        uuid = body["uuid"]
+    except KeyError as exc:
+        raise BadEvent("missing-field", f"value has no {exc.args[0]!r}") from None
+    created = body.get("created", 0)
+    if type(client_id) is not int:
+        raise BadEvent("bad-field", f"clientId must be an integer, got {client_id!r}")
+    if type(uuid) is not str or not uuid:
+        raise BadEvent("bad-field", f"uuid must be a non-empty string, got {uuid!r}")
+    if type(created) is not int:
+        raise BadEvent("bad-field", f"created must be epoch milliseconds (integer), got {created!r}")
+    return InputEvent(client_id, uuid, created, body)
+
+
+def encode_input(client_id: int, uuid: str, created_ms: int, **extra: Any) -> tuple[bytes, bytes]:
+    """Key and value of an input event per the wire contract."""
+    body = {"clientId": client_id, "uuid": uuid, "created": created_ms, **extra}
+    return str(client_id).encode(), orjson.dumps(body)
+
+
+def encode_processed(
+    event: InputEvent,
+    partition: int,
+    offset: int,
+    worker: str,
+    started_ms: int,
+    finished_ms: int,
+    result: Any,
+) -> tuple[bytes, bytes]:
+    """Key and value of a processed record per the wire contract."""
+    value = orjson.dumps(
+        {
+            "clientId": event.client_id,
+            "uuid": event.uuid,
+            "created": event.created_ms,
+            "partition": partition,
+            "offset": offset,
+            "worker": worker,
+            "startedAt": started_ms,
+            "finishedAt": finished_ms,
+            "result": result,
+        }
+    )
+    return str(event.client_id).encode(), value
+
+
+def decode_processed(value: bytes) -> dict[str, Any]:
+    """Parse a processed record value (used by tests, the aggregation job and dedup restore)."""
+    record = orjson.loads(value)
+    if not isinstance(record, dict):
+        raise BadEvent("not-an-object", "processed record is not a JSON object")
+    return record
+
+
+def dead_letter_headers(
+    reason: str, detail: str, topic: str, partition: int, offset: int, attempts: int
+) -> list[tuple[str, bytes]]:
+    """Headers that say why a record was dead-lettered and where it came from."""
+    return [
+        (DLQ_REASON, reason.encode()),
+        (DLQ_DETAIL, detail[:2000].encode("utf-8", "replace")),
+        (DLQ_TOPIC, topic.encode()),
+        (DLQ_PARTITION, str(partition).encode()),
+        (DLQ_OFFSET, str(offset).encode()),
+        (DLQ_ATTEMPTS, str(attempts).encode()),
+    ]

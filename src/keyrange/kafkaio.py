@@ -1,0 +1,89 @@
+"""The few Kafka admin calls keyrange makes, with errors that say what to do.
+
+Topics are always created explicitly: a broker that auto-creates on produce (tansu does, with 4
+partitions) would otherwise silently pick a partition count the range map does not expect.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from confluent_kafka import KafkaException
+from confluent_kafka.admin import AdminClient, NewTopic
+
+from keyrange.errors import UserError
+
+
+class KafkaSetupError(UserError, RuntimeError):
+    """Kafka is unreachable or a topic does not have the shape keyrange needs."""
+
+
+@dataclass(frozen=True)
+class TopicSpec:
+    """A topic keyrange needs: its name, partition count and configs."""
+
+    name: str
+    partitions: int
+    config: dict[str, str] = field(default_factory=dict)
+    exact_partitions: bool = False
+    """True when a different existing partition count is an error (e.g. changelogs)."""
+
+
+def admin_client(bootstrap: str) -> AdminClient:
+    """An AdminClient with keyrange's defaults."""
+    return AdminClient({"bootstrap.servers": bootstrap, "log_level": 3})
+
+
+def partition_counts(bootstrap: str, timeout_seconds: float = 10.0) -> dict[str, int]:
+    """Partition count of every topic, or KafkaSetupError if the cluster does not answer."""
+    try:
+        metadata = admin_client(bootstrap).list_topics(timeout=timeout_seconds)
+    except KafkaException as exc:
+        raise KafkaSetupError(
+            f"cannot reach Kafka at {bootstrap} within {timeout_seconds:g} s ({exc.args[0]}); "
+            "check kafka.bootstrapServers and that the brokers are up"
+        ) from None
+    return {name: len(t.partitions) for name, t in metadata.topics.items() if t.error is None}
+
+
+def ensure_topics(bootstrap: str, topics: list[TopicSpec], timeout_seconds: float = 10.0) -> dict[str, int]:
+    """Create the missing topics; return the partition count of each. Raise on a mismatch."""
+    existing = partition_counts(bootstrap, timeout_seconds)
+    missing = [t for t in topics if t.name not in existing]
+    if missing:
+        admin = admin_client(bootstrap)  # must outlive the futures, or they fail with _DESTROY
+        futures = admin.create_topics(
+            [NewTopic(t.name, t.partitions, 1, config=dict(t.config)) for t in missing],
+            operation_timeout=timeout_seconds,
+            request_timeout=timeout_seconds,
+        )
+        for name, future in futures.items():
+            try:
+                future.result()
+            except KafkaException as exc:
+                if "TOPIC_ALREADY_EXISTS" not in str(exc):
+                    raise KafkaSetupError(f"cannot create topic {name!r}: {exc.args[0]}") from None
+        existing = partition_counts(bootstrap, timeout_seconds)
+    result: dict[str, int] = {}
+    for t in topics:
+        count = existing.get(t.name)
+        if count is None:
+            raise KafkaSetupError(f"topic {t.name!r} was created but does not appear in metadata yet")
+        if t.exact_partitions and count != t.partitions:
+            raise KafkaSetupError(
+                f"topic {t.name!r} has {count} partitions but keyrange expects {t.partitions}; "
+                f"delete it or recreate it with {t.partitions} partitions"
+            )
+        result[t.name] = count
+    return result
+
+
+def require_topic(bootstrap: str, topic: str, timeout_seconds: float = 10.0) -> int:
+    """Partition count of an existing topic, or KafkaSetupError saying how to create it."""
+    count = partition_counts(bootstrap, timeout_seconds).get(topic)
+    if count is None:
+        raise KafkaSetupError(
+            f"topic {topic!r} does not exist on {bootstrap}; create it first "
+            f"(e.g. `keyrange produce --topic {topic} --partitions 12`)"
+        )
+    return count

@@ -1,0 +1,1 @@
+"""Running on one machine: the embedded broker and the local supervisor behind `keyrange run`."""

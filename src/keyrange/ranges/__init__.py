@@ -1,0 +1,1 @@
+"""Slots, range maps, the pure planner and the assignment/handoff protocol."""

@@ -1,0 +1,241 @@
+"""The StreamConsumer resource: one YAML shape for the cluster and for `keyrange run -f`.
+
+Field names are a contract (DESIGN.md). The model is the single parser for both paths: the
+operator validates `spec` with it, `keyrange run` validates the whole document with it, and both
+turn pydantic's errors into one readable line per problem (`SpecError`).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from keyrange.errors import UserError
+
+API_VERSION = "keyrange.dev/v1alpha1"
+KIND = "StreamConsumer"
+
+
+class SpecError(UserError, ValueError):
+    """A StreamConsumer is invalid; the message lists every problem and where it is."""
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(populate_by_name=True, extra="forbid", frozen=True)
+
+
+class KafkaSpec(_Model):
+    """Where the input topic lives."""
+
+    bootstrap_servers: str | None = Field(default=None, alias="bootstrapServers")
+    """Kafka bootstrap servers; empty means the embedded broker (`keyrange run` only)."""
+    topic: str = Field(min_length=1, max_length=249, pattern=r"^[A-Za-z0-9._-]+$")
+    """The input topic."""
+    group_id: str | None = Field(default=None, alias="groupId")
+    """Consumer group for committed offsets; defaults to metadata.name."""
+    partitions: int = Field(default=12, ge=1, le=10_000)
+    """Partitions to create the input topic with when it does not exist (`keyrange run`)."""
+
+
+class DedupSpec(_Model):
+    """Duplicate suppression by event uuid."""
+
+    ttl_seconds: float = Field(default=10.0, gt=0, le=86_400, alias="ttlSeconds")
+    """A uuid seen within this many seconds is dropped and counted."""
+
+
+class WorkersSpec(_Model):
+    """Bounds on the number of worker processes (pods)."""
+
+    min: int = Field(default=1, ge=1, le=1_000)
+    """Never fewer workers than this."""
+    max: int = Field(default=6, ge=1, le=1_000)
+    """Never more workers than this (nor more than the topic has partitions)."""
+
+    @model_validator(mode="after")
+    def _min_below_max(self) -> WorkersSpec:
+        if self.min > self.max:
+            raise ValueError(f"workers.min ({self.min}) must not exceed workers.max ({self.max})")
+        return self
+
+
+class ScalingSpec(_Model):
+    """When to split ranges over more workers and merge them back."""
+
+    lag_high_records: int = Field(default=5_000, ge=1, alias="lagHighRecords")
+    """Split a range whose lag exceeds this many records."""
+    lag_high_seconds: float = Field(default=5.0, gt=0, alias="lagHighSeconds")
+    """... or whose oldest unfinished event is older than this."""
+    lag_low_records: int = Field(default=100, ge=0, alias="lagLowRecords")
+    """Merge adjacent ranges whose lag stays below this ..."""
+    cooldown_seconds: float = Field(default=60.0, ge=0, alias="cooldownSeconds")
+    """... for this long; also the minimum time between two rescales of one consumer."""
+
+    @model_validator(mode="after")
+    def _low_below_high(self) -> ScalingSpec:
+        if self.lag_low_records >= self.lag_high_records:
+            raise ValueError(
+                f"scaling.lagLowRecords ({self.lag_low_records}) must be below "
+                f"scaling.lagHighRecords ({self.lag_high_records})"
+            )
+        return self
+
+
+class SinkSpec(_Model):
+    """Where processed records go."""
+
+    topic: str | None = Field(default=None, pattern=r"^[A-Za-z0-9._-]+$")
+    """Processed-record topic; defaults to `<topic>.processed`."""
+
+
+class ResourcesSpec(_Model):
+    """Kubernetes resource requests and limits for each worker pod."""
+
+    model_config = ConfigDict(populate_by_name=True, extra="forbid", frozen=True)
+    requests: dict[str, str] = Field(default_factory=dict)
+    limits: dict[str, str] = Field(default_factory=dict)
+
+
+class AggregationSpec(_Model):
+    """The Spark job that aggregates processed records (see docs/aggregation.md)."""
+
+    enabled: bool = False
+    """Run the aggregation job for this consumer."""
+    mode: Literal["continuous", "schedule"] = "continuous"
+    """`continuous`: a streaming job; `schedule`: a batch run on `schedule`."""
+    schedule: str | None = None
+    """Cron schedule for `mode: schedule`."""
+    output: str = "/data/keyrange-aggregates"
+    """Where the Parquet aggregates are written (a path or an object-store URL)."""
+    checkpoint: str | None = None
+    """Streaming checkpoint location; defaults to `<output>/_checkpoint`."""
+    executors: int = Field(default=1, ge=1, le=1_000)
+    """Spark executor count on Kubernetes."""
+    executor_memory: str = Field(default="1g", alias="executorMemory")
+    driver_memory: str = Field(default="1g", alias="driverMemory")
+
+    @model_validator(mode="after")
+    def _schedule_needs_cron(self) -> AggregationSpec:
+        if self.mode == "schedule" and not self.schedule:
+            raise ValueError("aggregation.schedule is required when aggregation.mode is 'schedule'")
+        return self
+
+
+class StreamConsumerSpec(_Model):
+    """`spec` of a StreamConsumer."""
+
+    kafka: KafkaSpec
+    handler: str = Field(default="sleep", pattern=r"^(sleep|ledger|noop|[A-Za-z_][\w.]*:[A-Za-z_]\w*)$")
+    """`sleep`, `ledger`, `noop`, or `module:function` of a user handler."""
+    handler_config: dict[str, Any] = Field(default_factory=dict, alias="handlerConfig")
+    """Passed to the handler factory (`sleep`: meanMs, stddevMs; `ledger`: delayMs)."""
+    dedup: DedupSpec = Field(default_factory=DedupSpec)
+    concurrency: int = Field(default=64, ge=1, le=100_000)
+    """Handler calls in flight per worker."""
+    max_pending: int = Field(default=1_000, ge=1, le=10_000_000, alias="maxPending")
+    """Unfinished events per partition before that partition pauses."""
+    max_retries: int = Field(default=3, ge=0, le=100, alias="maxRetries")
+    """Handler attempts beyond the first before an event is dead-lettered."""
+    workers: WorkersSpec = Field(default_factory=WorkersSpec)
+    scaling: ScalingSpec = Field(default_factory=ScalingSpec)
+    sink: SinkSpec = Field(default_factory=SinkSpec)
+    dead_letter_topic: str | None = Field(default=None, alias="deadLetterTopic", pattern=r"^[A-Za-z0-9._-]+$")
+    """Dead-letter topic; defaults to `<topic>.dlq`."""
+    image: str | None = None
+    """Worker image in a cluster; defaults to the operator's own image."""
+    resources: ResourcesSpec = Field(default_factory=ResourcesSpec)
+    aggregation: AggregationSpec = Field(default_factory=AggregationSpec)
+
+    @property
+    def sink_topic(self) -> str:
+        """The processed-record topic after defaults."""
+        return self.sink.topic or f"{self.kafka.topic}.processed"
+
+    @property
+    def dlq_topic(self) -> str:
+        """The dead-letter topic after defaults."""
+        return self.dead_letter_topic or f"{self.kafka.topic}.dlq"
+
+    def group_id(self, name: str) -> str:
+        """The consumer group after defaults (metadata.name)."""
+        return self.kafka.group_id or name
+
+
+class Metadata(_Model):
+    """The part of Kubernetes metadata keyrange reads."""
+
+    model_config = ConfigDict(populate_by_name=True, extra="ignore", frozen=True)
+    name: str = Field(min_length=1, max_length=63, pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+    namespace: str | None = None
+
+
+class StreamConsumer(_Model):
+    """A whole StreamConsumer document."""
+
+    model_config = ConfigDict(populate_by_name=True, extra="ignore", frozen=True)
+    api_version: Literal["keyrange.dev/v1alpha1"] = Field(alias="apiVersion")
+    kind: Literal["StreamConsumer"]
+    metadata: Metadata
+    spec: StreamConsumerSpec
+
+    @property
+    def name(self) -> str:
+        """metadata.name."""
+        return self.metadata.name
+
+    @property
+    def group_id(self) -> str:
+        """The consumer group after defaults."""
+        return self.spec.group_id(self.metadata.name)
+
+
+def _describe(exc: ValidationError, prefix: str) -> str:
+    lines = []
+    for err in exc.errors():
+        where = ".".join(str(p) for p in err["loc"]) or "(document)"
+        msg = err["msg"].removeprefix("Value error, ")
+        lines.append(f"  {prefix}{where}: {msg}")
+    return "\n".join(lines)
+
+
+def parse_spec(spec: dict[str, Any], name: str = "streamconsumer") -> StreamConsumerSpec:
+    """Validate a `spec` mapping (as the operator receives it); raise SpecError on problems."""
+    try:
+        return StreamConsumerSpec.model_validate(spec)
+    except ValidationError as exc:
+        raise SpecError(f"StreamConsumer {name!r} has an invalid spec:\n{_describe(exc, 'spec.')}") from None
+
+
+def parse_document(doc: Any, source: str = "<input>") -> StreamConsumer:
+    """Validate a whole StreamConsumer document; raise SpecError naming `source` on problems."""
+    if not isinstance(doc, dict):
+        raise SpecError(f"{source}: expected a StreamConsumer mapping, got {type(doc).__name__}")
+    if doc.get("kind") != KIND or doc.get("apiVersion") != API_VERSION:
+        raise SpecError(
+            f"{source}: expected apiVersion: {API_VERSION} and kind: {KIND}, "
+            f"got apiVersion: {doc.get('apiVersion')!r} and kind: {doc.get('kind')!r}"
+        )
+    try:
+        return StreamConsumer.model_validate(doc)
+    except ValidationError as exc:
+        raise SpecError(f"{source}: invalid StreamConsumer:\n{_describe(exc, '')}") from None
+
+
+def load_file(path: str | Path) -> StreamConsumer:
+    """Read and validate the single StreamConsumer in a YAML file."""
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise SpecError(f"cannot read {path}: {exc.strerror}") from None
+    try:
+        docs = [d for d in yaml.safe_load_all(text) if d is not None]
+    except yaml.YAMLError as exc:
+        raise SpecError(f"{path} is not valid YAML: {exc}") from None
+    consumers = [d for d in docs if isinstance(d, dict) and d.get("kind") == KIND]
+    if len(consumers) != 1:
+        raise SpecError(f"{path}: expected exactly one StreamConsumer document, found {len(consumers)}")
+    return parse_document(consumers[0], str(path))

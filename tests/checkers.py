@@ -1,0 +1,113 @@
+"""Guarantee checkers shared by every test that runs events through keyrange.
+
+Each takes the input log as produced (in per-partition offset order) and the processed records
+as consumed from the sink, and raises AssertionError with a readable sample of what broke. Like
+Decaton's PROCESS_ORDERING and AT_LEAST_ONCE_DELIVERY, one checker per guarantee in DESIGN.md.
+"""
+
+from __future__ import annotations
+
+from collections import Counter, defaultdict
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class LoggedEvent:
+    """An input record as it sits in the log: where, and what."""
+
+    partition: int
+    offset: int
+    client_id: int
+    uuid: str
+    body: Mapping[str, Any]
+
+
+def first_occurrences(log: Iterable[LoggedEvent]) -> list[LoggedEvent]:
+    """The input log with every repeated uuid after its first occurrence removed, in log order
+    per partition (a duplicate is dropped, the original is handled)."""
+    seen: set[str] = set()
+    out = []
+    for e in sorted(log, key=lambda e: (e.partition, e.offset)):
+        if e.uuid not in seen:
+            seen.add(e.uuid)
+            out.append(e)
+    return out
+
+
+def check_no_loss(log: Iterable[LoggedEvent], processed: Iterable[Mapping[str, Any]],
+                  dead_lettered: Iterable[str] = ()) -> None:
+    """Every distinct input uuid was handled (has a processed record) or was dead-lettered."""
+    expected = {e.uuid for e in log}
+    handled = {r["uuid"] for r in processed} | set(dead_lettered)
+    missing = expected - handled
+    assert not missing, f"{len(missing)} of {len(expected)} events were lost, e.g. {sorted(missing)[:5]}"
+    unknown = handled - expected
+    assert not unknown, f"{len(unknown)} processed uuids are not in the input, e.g. {sorted(unknown)[:5]}"
+
+
+def check_no_duplicates(processed: Iterable[Mapping[str, Any]]) -> None:
+    """No uuid was handled twice (each has exactly one processed record)."""
+    counts = Counter(r["uuid"] for r in processed)
+    twice = {u: n for u, n in counts.items() if n > 1}
+    assert not twice, f"{len(twice)} uuids were handled more than once, e.g. {list(twice.items())[:5]}"
+
+
+def check_order_per_client(log: Iterable[LoggedEvent], processed: Iterable[Mapping[str, Any]]) -> None:
+    """Per client: handler calls never overlapped and ran in input-log order.
+
+    Taken in the log order of each uuid's first occurrence, every call must start no earlier
+    than the previous call of that client finished (startedAt/finishedAt, epoch ms).
+    """
+    position = {e.uuid: (e.partition, e.offset) for e in first_occurrences(log)}
+    by_client: dict[int, list[Mapping[str, Any]]] = defaultdict(list)
+    for r in processed:
+        by_client[r["clientId"]].append(r)
+    for client, records in by_client.items():
+        in_log_order = sorted(records, key=lambda r: position[r["uuid"]])
+        for a, b in zip(in_log_order, in_log_order[1:], strict=False):
+            assert b["startedAt"] >= a["finishedAt"], (
+                f"client {client}: {b['uuid']} (log position {position[b['uuid']]}) started at "
+                f"{b['startedAt']}, before {a['uuid']} (log position {position[a['uuid']]}) finished at "
+                f"{a['finishedAt']}: calls overlapped or ran out of log order"
+            )
+
+
+def ledger_oracle(log: Iterable[LoggedEvent]) -> dict[str, dict[str, int]]:
+    """The result each ledger command must have, computed sequentially from the input log."""
+    counters: dict[int, int] = defaultdict(int)
+    results: dict[str, dict[str, int]] = {}
+    for e in first_occurrences(log):
+        op = e.body.get("op")
+        if op == "increment":
+            counters[e.client_id] += int(e.body["amount"])
+            returned = counters[e.client_id]
+        elif op == "drain":
+            returned = counters[e.client_id]
+            counters[e.client_id] = 0
+        else:
+            continue
+        results[e.uuid] = {"value": counters[e.client_id], "returned": returned}
+    return results
+
+
+def check_ledger(log: Iterable[LoggedEvent], processed: Iterable[Mapping[str, Any]]) -> None:
+    """Every ledger result equals the sequential oracle's (order-sensitive by construction)."""
+    expected = ledger_oracle(log)
+    wrong = [
+        (r["uuid"], r["result"], expected[r["uuid"]])
+        for r in processed
+        if r["uuid"] in expected and r["result"] != expected[r["uuid"]]
+    ]
+    assert not wrong, f"{len(wrong)} ledger results differ from the sequential oracle, e.g. {wrong[:3]}"
+
+
+def check_all(log: list[LoggedEvent], processed: list[Mapping[str, Any]],
+              dead_lettered: Iterable[str] = (), ledger: bool = False) -> None:
+    """Run every guarantee checker that applies."""
+    check_no_duplicates(processed)
+    check_no_loss(log, processed, dead_lettered)
+    check_order_per_client(log, processed)
+    if ledger:
+        check_ledger(log, processed)
