@@ -7,6 +7,7 @@ Decaton's PROCESS_ORDERING and AT_LEAST_ONCE_DELIVERY, one checker per guarantee
 
 from __future__ import annotations
 
+import itertools
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -66,7 +67,7 @@ def check_order_per_client(log: Iterable[LoggedEvent], processed: Iterable[Mappi
         by_client[r["clientId"]].append(r)
     for client, records in by_client.items():
         in_log_order = sorted(records, key=lambda r: position[r["uuid"]])
-        for a, b in zip(in_log_order, in_log_order[1:], strict=False):
+        for a, b in itertools.pairwise(in_log_order):
             assert b["startedAt"] >= a["finishedAt"], (
                 f"client {client}: {b['uuid']} (log position {position[b['uuid']]}) started at "
                 f"{b['startedAt']}, before {a['uuid']} (log position {position[a['uuid']]}) finished at "

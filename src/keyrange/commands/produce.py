@@ -25,7 +25,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     limit.add_argument("--duration", type=float, help="seconds to run")
     limit.add_argument("--count", type=int, help="events to send (not counting duplicates)")
     parser.add_argument("--ledger", action="store_true", help="emit ledger increment/drain commands")
-    parser.add_argument("--partitions", type=int, default=12, help="partitions if the topic must be created (default 12)")
+    parser.add_argument("--partitions", type=int, default=12, help="partitions if the topic is created (default 12)")
     parser.add_argument("--seed", type=int, default=None, help="random seed for a reproducible stream")
 
 

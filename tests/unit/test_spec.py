@@ -1,0 +1,81 @@
+"""The StreamConsumer model: defaults, bounds, and errors that name the field and the fix."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from keyrange.spec import SpecError, load_file, parse_document, parse_spec
+
+
+def doc(**spec: Any) -> dict[str, Any]:
+    base: dict[str, Any] = {"kafka": {"topic": "events"}}
+    base.update(spec)
+    return {
+        "apiVersion": "keyrange.dev/v1alpha1",
+        "kind": "StreamConsumer",
+        "metadata": {"name": "payments"},
+        "spec": base,
+    }
+
+
+def test_defaults_follow_the_design() -> None:
+    sc = parse_document(doc())
+    assert sc.group_id == "payments"
+    assert sc.spec.sink_topic == "events.processed"
+    assert sc.spec.dlq_topic == "events.dlq"
+    assert sc.spec.dedup.ttl_seconds == 10
+    assert sc.spec.handler == "sleep"
+    assert sc.spec.kafka.bootstrap_servers is None
+
+
+def test_design_example_parses() -> None:
+    sc = parse_document(doc(
+        kafka={"bootstrapServers": "kafka:9092", "topic": "events", "groupId": "payments"},
+        handler="ledger", handlerConfig={"delayMs": 5}, dedup={"ttlSeconds": 10}, concurrency=64,
+        maxPending=1000, workers={"min": 1, "max": 6},
+        scaling={"lagHighRecords": 5000, "lagHighSeconds": 5, "lagLowRecords": 100, "cooldownSeconds": 60},
+        sink={"topic": "events.processed"}, deadLetterTopic="events.dlq",
+    ))
+    assert sc.spec.workers.max == 6 and sc.spec.handler_config == {"delayMs": 5}
+
+
+@pytest.mark.parametrize(
+    ("spec", "fragment"),
+    [
+        ({"workers": {"min": 4, "max": 2}}, "workers.min (4) must not exceed workers.max (2)"),
+        ({"dedup": {"ttlSeconds": 0}}, "spec.dedup.ttlSeconds"),
+        ({"concurrency": 0}, "spec.concurrency"),
+        ({"handler": "not a handler"}, "spec.handler"),
+        ({"scaling": {"lagHighRecords": 10, "lagLowRecords": 10}}, "lagLowRecords (10) must be below"),
+        ({"surprise": 1}, "spec.surprise: Extra inputs are not permitted"),
+        ({"aggregation": {"enabled": True, "mode": "schedule"}}, "aggregation.schedule is required"),
+    ],
+)
+def test_bad_specs_name_the_field(spec: dict[str, Any], fragment: str) -> None:
+    with pytest.raises(SpecError) as info:
+        parse_spec({"kafka": {"topic": "events"}, **spec}, "payments")
+    assert fragment in str(info.value)
+    assert "'payments'" in str(info.value)
+
+
+def test_wrong_kind_is_explained() -> None:
+    bad = doc()
+    bad["kind"] = "Deployment"
+    with pytest.raises(SpecError, match=r"expected apiVersion: keyrange\.dev/v1alpha1 and kind: StreamConsumer"):
+        parse_document(bad)
+
+
+def test_load_file_errors(tmp_path: Path) -> None:
+    with pytest.raises(SpecError, match="cannot read"):
+        load_file(tmp_path / "missing.yaml")
+    broken = tmp_path / "broken.yaml"
+    broken.write_text("spec: [unclosed\n")
+    with pytest.raises(SpecError, match="is not valid YAML"):
+        load_file(broken)
+    empty = tmp_path / "empty.yaml"
+    empty.write_text("kind: ConfigMap\n")
+    with pytest.raises(SpecError, match="found 0"):
+        load_file(empty)
