@@ -1,0 +1,204 @@
+"""The pure planner: current range map + lag + limits + now -> the next range map, or why not.
+
+No Kafka, no clock of its own: the controller passes `now` (seconds, any monotonic origin) and
+the lag it measured, so every rule is unit-tested with plain values.
+
+Rules, in order:
+1. Limits first: fewer workers than `min` -> split the largest range; more than `max` -> merge.
+2. Cooldown: at most one rescale per `cooldown_seconds` (a handoff must settle and its effect
+   on lag must show before the next decision, or the map would flap).
+3. Split the hottest range (lag above `lag_high_records`, or oldest unfinished event older than
+   `lag_high_seconds`) into two, at the cut that balances its lag; the new worker (ordinal n,
+   the next StatefulSet pod) takes the side with fewer slots, so the fewest slots move.
+4. Merge the coldest adjacent pair once every range has stayed below `lag_low_records` for
+   `cooldown_seconds`; the merged range keeps whichever owner moves the fewest slots, and the
+   highest ordinal is the one freed (a StatefulSet scales down from the top).
+A forced request ("up"/"down", from the alert webhook) skips the lag thresholds of rules 3-4 but
+keeps limits and cooldown.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from typing import Literal
+
+from keyrange.ranges.rangemap import Assignment, RangeMap, SlotRange
+from keyrange.spec import StreamConsumerSpec
+
+Direction = Literal["up", "down"]
+
+
+@dataclass(frozen=True, slots=True)
+class SlotLag:
+    """Lag of one slot: records behind the high watermark, and age of its oldest unfinished event."""
+
+    records: int = 0
+    seconds: float = 0.0
+
+
+@dataclass(frozen=True)
+class ScalingLimits:
+    """The spec's `workers` and `scaling`, in planner units."""
+
+    min_workers: int = 1
+    """Never fewer workers."""
+    max_workers: int = 6
+    """Never more workers (nor more than there are slots)."""
+    lag_high_records: int = 5_000
+    """Split a range whose lag exceeds this many records ..."""
+    lag_high_seconds: float = 5.0
+    """... or whose oldest unfinished event is older than this."""
+    lag_low_records: int = 100
+    """Merge when every range stays below this ..."""
+    cooldown_seconds: float = 60.0
+    """... for this long; also the minimum time between two rescales."""
+
+    @classmethod
+    def from_spec(cls, spec: StreamConsumerSpec) -> ScalingLimits:
+        """Limits from a StreamConsumer spec."""
+        s = spec.scaling
+        return cls(spec.workers.min, spec.workers.max, s.lag_high_records, s.lag_high_seconds,
+                   s.lag_low_records, s.cooldown_seconds)
+
+
+@dataclass(frozen=True)
+class Decision:
+    """What the planner decided and why."""
+
+    next_map: RangeMap | None
+    """The map to publish, or None to keep the current one."""
+    reason: str
+    """One human line: why this map, or why no change."""
+    action: Literal["split", "merge", "none"] = "none"
+    moved_slots: frozenset[int] = field(default_factory=frozenset)
+    """Slots whose owner changes (they pause briefly during the handoff; the others never do)."""
+
+
+def range_lag(assignment: Assignment, lag: Mapping[int, SlotLag]) -> SlotLag:
+    """A range's lag: records summed over its slots, seconds the maximum."""
+    parts = [lag.get(s, SlotLag()) for s in assignment.range.slots]
+    return SlotLag(sum(p.records for p in parts), max(p.seconds for p in parts))
+
+
+def split(current: RangeMap, index: int, lag: Mapping[int, SlotLag]) -> RangeMap:
+    """Split range `index` at the cut that best balances its lag; the new ordinal takes the
+    smaller side (the upper one on a tie)."""
+    a = current.assignments[index]
+    r = a.range
+    if r.size < 2:
+        raise ValueError(f"range {r} has a single slot and cannot be split")
+    records = [lag.get(s, SlotLag()).records for s in r.slots]
+    total, middle = sum(records), r.size / 2
+
+    def imbalance(cut: int) -> tuple[int, float]:
+        left = sum(records[:cut])
+        return abs(total - 2 * left), abs(cut - middle)
+
+    cut = min(range(1, r.size), key=imbalance)
+    low, high = SlotRange(r.first, r.first + cut - 1), SlotRange(r.first + cut, r.last)
+    new_worker = current.workers
+    if low.size < high.size:
+        pair = (Assignment(low, new_worker), Assignment(high, a.worker))
+    else:
+        pair = (Assignment(low, a.worker), Assignment(high, new_worker))
+    assignments = current.assignments[:index] + pair + current.assignments[index + 1:]
+    return RangeMap(current.epoch + 1, current.slot_count, assignments)
+
+
+def merge(current: RangeMap, index: int) -> RangeMap:
+    """Merge ranges `index` and `index + 1`, freeing the highest ordinal, moving the fewest slots."""
+    if not 0 <= index < current.workers - 1:
+        raise ValueError(f"no adjacent pair at {index} in a map of {current.workers} ranges")
+    left, right = current.assignments[index], current.assignments[index + 1]
+    merged = SlotRange(left.range.first, right.range.last)
+    top = current.workers - 1
+    candidates = []
+    for keep, freed in ((left.worker, right.worker), (right.worker, left.worker)):
+        assignments = (*current.assignments[:index], Assignment(merged, keep), *current.assignments[index + 2:])
+        if freed != top:
+            # The top ordinal leaves (a StatefulSet shrinks from the top): its range goes to the freed one.
+            assignments = tuple(Assignment(x.range, freed if x.worker == top else x.worker) for x in assignments)
+        candidate = RangeMap(current.epoch + 1, current.slot_count, assignments)
+        candidates.append((len(current.moved_slots(candidate)), candidate))
+    return min(candidates, key=lambda c: c[0])[1]
+
+
+class Planner:
+    """Decides rescales for one consumer; remembers only when it last rescaled and since when
+    lag has been low (both in the caller's clock)."""
+
+    def __init__(self, limits: ScalingLimits, last_rescale_at: float | None = None) -> None:
+        self.limits = limits
+        self.last_rescale_at = last_rescale_at
+        self.low_since: float | None = None
+
+    def max_workers(self, current: RangeMap) -> int:
+        """The effective maximum: the spec's, capped by the slot count."""
+        return min(self.limits.max_workers, current.slot_count)
+
+    def decide(self, current: RangeMap, lag: Mapping[int, SlotLag], now: float,
+               force: Direction | None = None) -> Decision:
+        """The next map (or None) and the reason. A returned change counts as a rescale at `now`."""
+        decision = self._decide(current, lag, now, force)
+        if decision.next_map is not None:
+            self.last_rescale_at = now
+            self.low_since = None
+        return decision
+
+    def _decide(self, current: RangeMap, lag: Mapping[int, SlotLag], now: float,
+                force: Direction | None) -> Decision:
+        lim = self.limits
+        lags = [range_lag(a, lag) for a in current.assignments]
+        all_low = all(x.records < lim.lag_low_records and x.seconds < lim.lag_high_seconds for x in lags)
+        if not all_low:
+            self.low_since = None
+        elif self.low_since is None:
+            self.low_since = now
+        if current.workers < min(lim.min_workers, self.max_workers(current)):
+            index = max(range(current.workers), key=lambda i: current.assignments[i].range.size)
+            return self._split(current, index, lag, f"below workers.min={lim.min_workers}")
+        if current.workers > self.max_workers(current):
+            return self._merge(current, lags, f"above workers.max={lim.max_workers}")
+        if self.last_rescale_at is not None and now - self.last_rescale_at < lim.cooldown_seconds:
+            left = lim.cooldown_seconds - (now - self.last_rescale_at)
+            return Decision(None, f"cooling down ({left:.0f} s left)")
+        hot = [i for i, x in enumerate(lags)
+               if x.records > lim.lag_high_records or x.seconds > lim.lag_high_seconds]
+        if force == "up" or hot:
+            if current.workers >= self.max_workers(current):
+                return Decision(None, f"lag is high but already at the maximum of {self.max_workers(current)} workers")
+            splittable = [i for i in (hot or range(current.workers)) if current.assignments[i].range.size > 1]
+            if not splittable:
+                return Decision(None, "lag is high but the hot ranges are single slots")
+            index = max(splittable, key=lambda i: (lags[i].records, lags[i].seconds, current.assignments[i].range.size))
+            x = lags[index]
+            why = "scale-up requested" if force == "up" and not hot else (
+                f"range {current.assignments[index].range} lags {x.records} records / {x.seconds:.1f} s")
+            return self._split(current, index, lag, why)
+        if current.workers <= lim.min_workers:
+            return Decision(None, "lag is fine" if force != "down" else f"already at workers.min={lim.min_workers}")
+        if force == "down":
+            return self._merge(current, lags, "scale-down requested")
+        if all_low and self.low_since is not None and now - self.low_since >= lim.cooldown_seconds:
+            held = now - self.low_since
+            return self._merge(current, lags, f"lag below {lim.lag_low_records} records for {held:.0f} s")
+        return Decision(None, "lag is fine")
+
+    def _split(self, current: RangeMap, index: int, lag: Mapping[int, SlotLag], why: str) -> Decision:
+        nxt = split(current, index, lag)
+        moved = current.moved_slots(nxt)
+        return Decision(nxt, f"split {current.assignments[index].range}: {why}", "split", moved)
+
+    def _merge(self, current: RangeMap, lags: list[SlotLag], why: str) -> Decision:
+        index = min(range(current.workers - 1),
+                    key=lambda i: (lags[i].records + lags[i + 1].records,
+                                   current.assignments[i].range.size + current.assignments[i + 1].range.size))
+        nxt = merge(current, index)
+        a, b = current.assignments[index].range, current.assignments[index + 1].range
+        return Decision(nxt, f"merge {a} and {b}: {why}", "merge", current.moved_slots(nxt))
+
+
+def with_epoch(m: RangeMap, epoch: int) -> RangeMap:
+    """The same map under another epoch number (the controller numbers what it publishes)."""
+    return replace(m, epoch=epoch)
