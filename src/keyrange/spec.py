@@ -54,11 +54,18 @@ class WorkersSpec(_Model):
     """Never fewer workers than this."""
     max: int = Field(default=6, ge=1, le=1_000)
     """Never more workers than this (nor more than the topic has partitions)."""
+    replicas: int | None = Field(default=None, ge=1, le=1_000)
+    """A fixed worker count (set by `kubectl scale` or an HPA); unset lets the planner decide."""
 
     @model_validator(mode="after")
     def _min_below_max(self) -> WorkersSpec:
         if self.min > self.max:
             raise ValueError(f"workers.min ({self.min}) must not exceed workers.max ({self.max})")
+        if self.replicas is not None and not self.min <= self.replicas <= self.max:
+            raise ValueError(
+                f"workers.replicas ({self.replicas}) must be between workers.min ({self.min}) "
+                f"and workers.max ({self.max})"
+            )
         return self
 
 
