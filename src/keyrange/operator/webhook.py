@@ -1,0 +1,263 @@
+"""The Alertmanager webhook receiver: `POST /alertmanager/webhook`, bearer-token authenticated.
+
+It runs inside the operator (one receiver for every StreamConsumer it manages) and inside
+`keyrange run` (one consumer). Consumers are registered with a `ScaleTarget` (their range
+controller) and their cooldown; each notification goes through `AlertTracker` (repeats, flapping,
+conflicts), then every resulting request is passed to the target, which enforces workers.min/max
+and its own cooldown. Every request and its outcome goes to `on_decision` (the operator records it
+in the StreamConsumer status and as a Kubernetes Event; `keyrange run` shows it).
+
+Responses: 200 with a JSON verdict per alert; 401 without the right token; 400 for a body that is
+not an Alertmanager v4 payload; 500 if a controller raised (Alertmanager retries, and the tracker
+makes the retry harmless for the requests that were applied).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import inspect
+import json
+import logging
+import os
+import threading
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+from aiohttp import web
+
+from keyrange.errors import UserError
+from keyrange.operator.alerts import AlertTracker, ConsumerRef, Direction, PayloadError, ScaleRequest, parse_payload
+
+WEBHOOK_PATH = "/alertmanager/webhook"
+TOKEN_ENV = "KEYRANGE_WEBHOOK_TOKEN"
+TOKEN_FILE_ENV = "KEYRANGE_WEBHOOK_TOKEN_FILE"
+log = logging.getLogger(__name__)
+
+
+class WebhookTokenError(UserError):
+    """No usable bearer token was configured for the receiver."""
+
+
+@dataclass(frozen=True)
+class ScaleOutcome:
+    """What a controller did with a scale request."""
+
+    applied: bool
+    """True if a new range map was published (a split or merge started)."""
+    detail: str
+    """One human line: the new map, or why not (cooldown, workers.max reached, ...)."""
+
+
+class ScaleTarget(Protocol):
+    """A consumer's range controller, as the receiver sees it (sync or async)."""
+
+    def request_scale(self, direction: Direction, reason: str) -> ScaleOutcome | Awaitable[ScaleOutcome]:
+        """Split (`up`) or merge (`down`) once, within workers.min/max and the cooldown."""
+        ...
+
+
+@dataclass(frozen=True)
+class ScaleDecision:
+    """One scale request and its outcome: what status, Events and logs record."""
+
+    consumer: ConsumerRef
+    direction: Direction
+    reason: str
+    applied: bool
+    detail: str
+    at: float
+    """Wall-clock time (epoch seconds)."""
+
+
+DecisionSink = Callable[[ScaleDecision], Awaitable[None] | None]
+
+
+def load_token(token: str | None = None) -> str:
+    """The bearer token: `token` if given, else $KEYRANGE_WEBHOOK_TOKEN, else the file named by
+    $KEYRANGE_WEBHOOK_TOKEN_FILE (a mounted Secret). Raises WebhookTokenError if none is set."""
+    if not token:
+        token = os.environ.get(TOKEN_ENV, "")
+    if not token and os.environ.get(TOKEN_FILE_ENV):
+        path = Path(os.environ[TOKEN_FILE_ENV])
+        try:
+            token = path.read_text(encoding="utf-8").strip()
+        except OSError as exc:
+            raise WebhookTokenError(f"cannot read the webhook token file {path}: {exc.strerror}") from None
+    if not token:
+        raise WebhookTokenError(
+            f"the alert webhook needs a bearer token: pass --webhook-token, or set {TOKEN_ENV} "
+            f"(or {TOKEN_FILE_ENV} to a file holding it); Alertmanager sends the same one"
+        )
+    return token
+
+
+class AlertReceiver:
+    """Turns authenticated Alertmanager notifications into scale requests to registered consumers."""
+
+    def __init__(self, token: str, tracker: AlertTracker | None = None,
+                 on_decision: DecisionSink | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        if not token:
+            raise WebhookTokenError("the alert webhook token must not be empty")
+        self._token = f"Bearer {token}".encode()
+        self._tracker = tracker or AlertTracker()
+        self._on_decision = on_decision
+        self._clock = clock
+        self._targets: dict[ConsumerRef, tuple[ScaleTarget, float]] = {}
+        self._lock = asyncio.Lock()
+
+    def register(self, consumer: ConsumerRef, target: ScaleTarget, cooldown_seconds: float) -> None:
+        """Route alerts about `consumer` to `target` (again with new settings when its spec changes)."""
+        self._targets[consumer] = (target, cooldown_seconds)
+
+    def unregister(self, consumer: ConsumerRef) -> None:
+        """Stop routing alerts about `consumer` (it was deleted); later alerts are `unknown-consumer`."""
+        self._targets.pop(consumer, None)
+
+    def app(self) -> web.Application:
+        """The aiohttp application: POST the webhook path, GET /healthz."""
+        app = web.Application(client_max_size=4 * 1024 * 1024)
+        app.router.add_post(WEBHOOK_PATH, self._handle)
+        app.router.add_get("/healthz", self._healthz)
+        return app
+
+    async def _healthz(self, request: web.Request) -> web.Response:
+        return web.json_response({"consumers": sorted(str(c) for c in self._targets)})
+
+    async def _handle(self, request: web.Request) -> web.Response:
+        given = request.headers.get("Authorization", "").encode()
+        if not hmac.compare_digest(given, self._token):
+            return web.json_response({"error": "missing or wrong bearer token"}, status=401,
+                                     headers={"WWW-Authenticate": 'Bearer realm="keyrange"'})
+        try:
+            alerts = parse_payload(json.loads(await request.read()))
+        except (ValueError, PayloadError) as exc:
+            return web.json_response({"error": f"not an Alertmanager webhook payload: {exc}"}, status=400)
+        async with self._lock:
+            now = self._clock()
+            plan = self._tracker.plan(alerts, now, self._cooldown_for)
+            decisions, failed = [], False
+            for req in plan.requests:
+                decision = await self._apply(req, now)
+                failed = failed or decision is None
+                if decision is not None:
+                    decisions.append(decision)
+        for verdict in plan.verdicts:
+            level = logging.INFO if verdict.outcome in ("unknown-consumer", "flapping") else logging.DEBUG
+            log.log(level, "alert %s for %s: %s (%s)", verdict.alert, verdict.consumer or "-",
+                    verdict.outcome, verdict.detail)
+        body = {
+            "decisions": [{**asdict(d), "consumer": str(d.consumer)} for d in decisions],
+            "verdicts": [{**asdict(v), "consumer": str(v.consumer) if v.consumer else None}
+                         for v in plan.verdicts],
+        }
+        return web.json_response(body, status=500 if failed else 200)
+
+    def _cooldown_for(self, consumer: ConsumerRef) -> float | None:
+        entry = self._targets.get(consumer)
+        return entry[1] if entry else None
+
+    async def _apply(self, req: ScaleRequest, now: float) -> ScaleDecision | None:
+        target, cooldown = self._targets[req.consumer]
+        try:
+            result = target.request_scale(req.direction, req.reason)
+            outcome = await result if inspect.isawaitable(result) else result
+        except Exception:
+            # A broken controller must not take the receiver (and every other consumer) down.
+            log.exception("scale %s of %s failed", req.direction, req.consumer)
+            return None
+        if outcome.applied:
+            self._tracker.applied(req, now, cooldown)
+        decision = ScaleDecision(req.consumer, req.direction, req.reason, outcome.applied, outcome.detail,
+                                 time.time())
+        log.info("scale %s of %s (%s): %s - %s", req.direction, req.consumer, req.reason,
+                 "applied" if outcome.applied else "not applied", outcome.detail)
+        if self._on_decision is not None:
+            try:
+                recorded = self._on_decision(decision)
+                if inspect.isawaitable(recorded):
+                    await recorded
+            except Exception:
+                log.exception("recording the decision for %s failed", req.consumer)
+        return decision
+
+
+class ReceiverServer:
+    """The receiver served on host:port from a thread of its own (for synchronous callers such as
+    `keyrange run`'s supervisor); targets are then called from that thread."""
+
+    def __init__(self, receiver: AlertReceiver, host: str = "127.0.0.1", port: int = 0) -> None:
+        self._receiver, self._host, self._port = receiver, host, port
+        self._loop = asyncio.new_event_loop()
+        self._runner: web.AppRunner | None = None
+        self._ready = threading.Event()
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, name="keyrange-alert-webhook", daemon=True)
+        self.port = 0
+        """The bound port (useful with port 0)."""
+
+    @property
+    def url(self) -> str:
+        """The webhook URL to give Alertmanager."""
+        return f"http://{self._host}:{self.port}{WEBHOOK_PATH}"
+
+    def start(self) -> ReceiverServer:
+        """Bind and serve; raises UserError if the port cannot be bound."""
+        self._thread.start()
+        self._ready.wait(30)
+        if self._error is not None:
+            raise UserError(f"cannot serve the alert webhook on {self._host}:{self._port}: {self._error}; "
+                            "choose another --webhook-port") from None
+        return self
+
+    def _run(self) -> None:
+        asyncio.set_event_loop(self._loop)
+        try:
+            self._runner = web.AppRunner(self._receiver.app(), access_log=None)
+            self._loop.run_until_complete(self._runner.setup())
+            site = web.TCPSite(self._runner, self._host, self._port)
+            self._loop.run_until_complete(site.start())
+            self.port = self._runner.addresses[0][1]
+        except OSError as exc:
+            self._error = exc
+            self._ready.set()
+            return
+        self._ready.set()
+        self._loop.run_forever()
+        self._loop.run_until_complete(self._runner.cleanup())
+        self._loop.close()
+
+    def close(self) -> None:
+        """Stop serving and join the thread."""
+        if self._thread.is_alive():
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._thread.join(10)
+
+    def __enter__(self) -> ReceiverServer:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+async def serve(receiver: AlertReceiver, host: str, port: int) -> web.AppRunner:
+    """Serve the receiver on the running event loop (the operator's); `await runner.cleanup()` stops it."""
+    runner = web.AppRunner(receiver.app(), access_log=None)
+    await runner.setup()
+    await web.TCPSite(runner, host, port).start()
+    return runner
+
+
+def describe(decision: ScaleDecision) -> dict[str, Any]:
+    """A decision as the StreamConsumer status records it (`status.lastScaleDecision`)."""
+    return {
+        "direction": decision.direction,
+        "reason": decision.reason,
+        "applied": decision.applied,
+        "detail": decision.detail,
+        "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(decision.at)),
+    }
