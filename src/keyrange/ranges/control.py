@@ -1,0 +1,231 @@
+"""The control channel: a compacted, single-partition Kafka topic per consumer (`<groupId>.control`).
+
+Like Kafka Connect's config and status topics, it needs nothing but Kafka, so it works the same
+with and without Kubernetes. Two kinds of records, both JSON, keyed so compaction keeps the latest:
+
+- key `assignment`, written only by the controller: a `Publication` = a range map (epoch,
+  ranges, owners) plus the slots still `in transit` (their old owner may still hold them, so
+  their new owner must not acquire them yet) and the workers whose release the controller
+  awaits. A worker may hold exactly `slots_of(itself) - transit` of the newest publication.
+- key `worker.<n>`, written by worker n: a `WorkerReport` (the newest epoch it has applied,
+  the slots it holds, a timestamp). Written after every acquire/release and as a heartbeat.
+
+Two-phase handoff: the controller publishes epoch E with the moved slots in transit; each old
+owner releases them (commits in its transaction) and reports epoch E; when every awaited worker
+has reported E without the slots, the controller publishes E+1 with the same map and nothing in
+transit, and only then do the new owners acquire. Slots that do not move are never in transit.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+from confluent_kafka import OFFSET_BEGINNING, Consumer, Producer, TopicPartition
+
+from keyrange.kafkaio import TopicSpec, ensure_topics
+from keyrange.ranges.rangemap import RangeMap
+from keyrange.ranges.slots import format_slot_list, parse_slot_list
+
+ASSIGNMENT_KEY = b"assignment"
+WORKER_KEY_PREFIX = "worker."
+
+
+def control_topic(group_id: str) -> str:
+    """The control topic of a consumer group."""
+    return f"{group_id}.control"
+
+
+def control_topic_spec(group_id: str) -> TopicSpec:
+    """How the control topic is created: one partition (a total order), compacted."""
+    return TopicSpec(control_topic(group_id), 1, {"cleanup.policy": "compact"}, exact_partitions=True)
+
+
+def _slots_json(slots: frozenset[int]) -> str:
+    return format_slot_list(sorted(slots)) if slots else ""
+
+
+def _slots_parse(text: str) -> frozenset[int]:
+    return frozenset(parse_slot_list(text)) if text else frozenset()
+
+
+@dataclass(frozen=True)
+class Publication:
+    """What the controller publishes: the map, the slots in transit, whom it waits for."""
+
+    map: RangeMap
+    transit: frozenset[int] = frozenset()
+    """Slots whose new owner must wait: their old owner has not reported releasing them yet."""
+    awaiting: frozenset[int] = frozenset()
+    """Workers whose report of this epoch (without the transit slots) completes the handoff."""
+    reason: str = ""
+    """Why this map (the planner's reason)."""
+    published_ms: int = 0
+    """Wall-clock time of publication (epoch ms)."""
+
+    @property
+    def epoch(self) -> int:
+        """The map's epoch."""
+        return self.map.epoch
+
+    def allowed_slots(self, worker: int) -> frozenset[int]:
+        """The slots `worker` may hold under this publication."""
+        return self.map.slots_of(worker) - self.transit
+
+    def encode(self) -> bytes:
+        """The record value."""
+        return orjson.dumps({
+            **self.map.to_json(),
+            "transit": _slots_json(self.transit),
+            "awaiting": sorted(self.awaiting),
+            "reason": self.reason,
+            "publishedAt": self.published_ms,
+        })
+
+    @classmethod
+    def decode(cls, value: bytes) -> Publication:
+        """Parse a record value; raise ValueError when it is malformed."""
+        data = orjson.loads(value)
+        return cls(RangeMap.from_json(data), _slots_parse(data.get("transit", "")),
+                   frozenset(int(w) for w in data.get("awaiting", [])), str(data.get("reason", "")),
+                   int(data.get("publishedAt", 0)))
+
+
+@dataclass(frozen=True)
+class WorkerReport:
+    """What a worker reports: the newest epoch it applied and the slots it holds."""
+
+    worker: int
+    epoch: int
+    held: frozenset[int]
+    at_ms: int
+    """Wall-clock time of the report (a heartbeat)."""
+    pid: int = 0
+
+    def encode(self) -> bytes:
+        """The record value."""
+        return orjson.dumps({"worker": self.worker, "epoch": self.epoch, "held": _slots_json(self.held),
+                             "at": self.at_ms, "pid": self.pid})
+
+    @classmethod
+    def decode(cls, value: bytes) -> WorkerReport:
+        """Parse a record value; raise ValueError when it is malformed."""
+        d = orjson.loads(value)
+        return cls(int(d["worker"]), int(d["epoch"]), _slots_parse(d.get("held", "")), int(d.get("at", 0)),
+                   int(d.get("pid", 0)))
+
+
+@dataclass
+class ControlState:
+    """The latest publication and worker reports, as read so far."""
+
+    publication: Publication | None = None
+    reports: dict[int, WorkerReport] = field(default_factory=dict)
+
+    def apply(self, key: bytes | None, value: bytes | None) -> None:
+        """Fold one control record in (records that do not parse are ignored: newer writers may
+        add kinds this version does not know)."""
+        if key is None or value is None:
+            return
+        try:
+            if key == ASSIGNMENT_KEY:
+                pub = Publication.decode(value)
+                if self.publication is None or pub.epoch >= self.publication.epoch:
+                    self.publication = pub
+            elif key.startswith(WORKER_KEY_PREFIX.encode()):
+                report = WorkerReport.decode(value)
+                self.reports[report.worker] = report
+        except (ValueError, KeyError, TypeError):
+            return
+
+    def released(self, worker: int, epoch: int, slots: frozenset[int]) -> bool:
+        """True once `worker` reported applying `epoch` (or newer) without holding any of `slots`."""
+        r = self.reports.get(worker)
+        return r is not None and r.epoch >= epoch and not (r.held & slots)
+
+
+class ControlChannel:
+    """Reads and writes one consumer's control topic."""
+
+    def __init__(self, bootstrap: str, group_id: str, client_name: str = "keyrange") -> None:
+        self.bootstrap = bootstrap
+        self.topic = control_topic(group_id)
+        self.state = ControlState()
+        self._producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 0, "acks": "all",
+                                   "enable.idempotence": True, "log_level": 3,
+                                   "client.id": f"{client_name}-control"})
+        self._consumer = Consumer({
+            "bootstrap.servers": bootstrap,
+            # A group id is required by the client but never used: offsets are not committed,
+            # every reader reads the whole compacted topic from the beginning.
+            "group.id": f"{client_name}-control-reader",
+            "enable.auto.commit": False,
+            "fetch.wait.max.ms": 50,
+            "log_level": 3,
+        })
+        self._consumer.assign([TopicPartition(self.topic, 0, OFFSET_BEGINNING)])
+
+    @staticmethod
+    def ensure_topic(bootstrap: str, group_id: str) -> None:
+        """Create the control topic if it does not exist."""
+        ensure_topics(bootstrap, [control_topic_spec(group_id)])
+
+    def poll(self, timeout_seconds: float = 0.0) -> int:
+        """Read whatever is new (waiting up to `timeout_seconds` for the first record); return how
+        many records were folded into `state`."""
+        n = 0
+        wait = timeout_seconds
+        while True:
+            batch = self._consumer.consume(500, wait)
+            for m in batch:
+                if m.error() is None:
+                    self.state.apply(m.key(), m.value())
+                    n += 1
+            if len(batch) < 500:
+                return n
+            wait = 0.0
+
+    def catch_up(self, timeout_seconds: float = 10.0) -> None:
+        """Read up to the end of the topic as it is now, so decisions start from the newest epoch."""
+        deadline = time.monotonic() + timeout_seconds
+        _, high = self._consumer.get_watermark_offsets(TopicPartition(self.topic, 0), timeout=timeout_seconds)
+        while time.monotonic() < deadline:
+            self.poll(0.1)
+            positions = self._consumer.position([TopicPartition(self.topic, 0)])
+            if positions[0].offset >= high or high <= 0:
+                # One more short read: the high watermark may lag behind a record just written.
+                self.poll(0.1)
+                return
+
+    def publish(self, publication: Publication) -> None:
+        """Write an assignment record (controller only) and wait until the broker has it."""
+        self._write(ASSIGNMENT_KEY, publication.encode())
+
+    def report(self, report: WorkerReport) -> None:
+        """Write a worker report and wait until the broker has it."""
+        self._write(f"{WORKER_KEY_PREFIX}{report.worker}".encode(), report.encode())
+
+    def _write(self, key: bytes, value: bytes) -> None:
+        errors: list[Any] = []
+        self._producer.produce(self.topic, value, key, on_delivery=lambda err, _m: errors.append(err))
+        remaining = self._producer.flush(10.0)
+        if remaining or (errors and errors[0] is not None):
+            raise RuntimeError(f"control record to {self.topic} not delivered: {errors[:1] or 'timeout'}")
+
+    def close(self) -> None:
+        """Flush and close the clients."""
+        self._producer.flush(5.0)
+        self._consumer.close()
+
+
+def now_ms() -> int:
+    """Wall-clock epoch milliseconds (control records carry wall time for humans and status)."""
+    return int(time.time() * 1000)
+
+
+def describe_reports(reports: Mapping[int, WorkerReport]) -> str:
+    """A one-line summary of worker reports, for logs."""
+    return " ".join(f"w{w}@{r.epoch}[{_slots_json(r.held)}]" for w, r in sorted(reports.items()))

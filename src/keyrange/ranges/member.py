@@ -1,0 +1,106 @@
+"""The worker's side of the control channel: follow the newest publication, release, acquire, report.
+
+A worker in controlled mode runs one `RangeMember` next to its engine. On every newer epoch it
+first releases what the epoch does not allow it (fencing: a slot it does not hold in the newest
+epoch it has seen is never handled again), reports, then acquires what the epoch newly allows,
+and reports again. Between epochs it sends a heartbeat report every `heartbeat_seconds`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+from collections.abc import Collection, Set
+from typing import Protocol
+
+from keyrange.ranges.control import ControlChannel, WorkerReport, now_ms
+from keyrange.ranges.slots import format_slot_list
+
+log = logging.getLogger(__name__)
+
+
+class SlotOwner(Protocol):
+    """The engine API a member drives (keyrange.worker.Worker provides it)."""
+
+    @property
+    def held_slots(self) -> Set[int]:
+        """Slots the engine consumes now."""
+        ...
+
+    async def acquire(self, slots: Collection[int]) -> None:
+        """Restore state and the dedup window of `slots`, then consume them from committed offsets."""
+        ...
+
+    async def release(self, slots: Collection[int]) -> None:
+        """Stop fetching `slots`, finish in-flight work, commit outputs, state and offsets."""
+        ...
+
+
+class RangeMember:
+    """Keeps one worker's held slots equal to what the newest publication allows it."""
+
+    def __init__(self, engine: SlotOwner, channel: ControlChannel, worker: int,
+                 heartbeat_seconds: float = 1.0, poll_seconds: float = 0.05) -> None:
+        self.engine = engine
+        self.channel = channel
+        self.worker = worker
+        self.heartbeat_seconds = heartbeat_seconds
+        self.poll_seconds = poll_seconds
+        self.applied_epoch = 0
+        """The newest epoch this worker has fully applied (released and acquired)."""
+        self._last_report = 0.0
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Follow the control topic until `stop` is set; then report holding nothing the engine
+        no longer holds (call after the engine stopped, or release first)."""
+        await asyncio.to_thread(self.channel.catch_up)
+        while not stop.is_set():
+            await self.sync_once()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), self.poll_seconds)
+
+    async def sync_once(self) -> None:
+        """One round: read new control records, apply the newest epoch, heartbeat when due."""
+        await asyncio.to_thread(self.channel.poll, 0.0)
+        pub = self.channel.state.publication
+        if pub is None:
+            return
+        loop = asyncio.get_running_loop()
+        if pub.epoch != self.applied_epoch:
+            allowed = pub.allowed_slots(self.worker)
+            revoked = set(self.engine.held_slots) - allowed
+            if revoked:
+                log.info("w%d epoch %d: releasing %s", self.worker, pub.epoch, format_slot_list(sorted(revoked)))
+                await self.engine.release(revoked)
+            await self.report(pub.epoch)
+            await asyncio.to_thread(self.channel.poll, 0.0)
+            newest = self.channel.state.publication
+            if newest is not None and newest.epoch != pub.epoch:
+                return  # a newer epoch arrived while releasing: apply that one first
+            granted = allowed - set(self.engine.held_slots)
+            if granted:
+                log.info("w%d epoch %d: acquiring %s", self.worker, pub.epoch, format_slot_list(sorted(granted)))
+                await self.engine.acquire(granted)
+                await self.report(pub.epoch)
+            self.applied_epoch = pub.epoch
+        elif loop.time() - self._last_report >= self.heartbeat_seconds:
+            await self.report(self.applied_epoch)
+
+    async def report(self, epoch: int) -> None:
+        """Write this worker's report: `epoch` applied, the slots the engine holds now."""
+        self._last_report = asyncio.get_running_loop().time()
+        report = WorkerReport(self.worker, epoch, frozenset(self.engine.held_slots), now_ms(), os.getpid())
+        await asyncio.to_thread(self.channel.report, report)
+
+
+def ordinal_from_hostname(hostname: str) -> int:
+    """The StatefulSet ordinal in a pod's hostname (`payments-3` -> 3); ValueError if there is none."""
+    _, _, tail = hostname.rpartition("-")
+    if not tail.isdigit():
+        raise ValueError(
+            f"cannot take a worker id from hostname {hostname!r}: expected <name>-<ordinal> as in a StatefulSet; "
+            "pass --worker-id"
+        )
+    return int(tail)
