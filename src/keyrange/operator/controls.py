@@ -1,0 +1,59 @@
+"""One RangeControl per StreamConsumer, kept for the operator's lifetime.
+
+The registry is shared by the kopf handlers and the alert webhook (which finds a consumer's
+control by namespace and name to request a split or merge).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+
+from keyrange.operator.rangecontrol import RangeControl, StaticRangeControl
+from keyrange.spec import StreamConsumerSpec
+
+RangeControlFactory = Callable[[str, str, StreamConsumerSpec], RangeControl]
+"""(namespace, name, spec) -> the consumer's range control."""
+
+
+def default_range_control(namespace: str, name: str, spec: StreamConsumerSpec) -> RangeControl:
+    """The range control used in a cluster (see rangecontrol.py for the contract)."""
+    return StaticRangeControl(spec)
+
+
+class ControlRegistry:
+    """Range controls by (namespace, name); thread-safe (kopf runs sync handlers in threads)."""
+
+    def __init__(self, factory: RangeControlFactory = default_range_control) -> None:
+        self._factory = factory
+        self._controls: dict[tuple[str, str], RangeControl] = {}
+        self._lock = threading.Lock()
+
+    def ensure(self, namespace: str, name: str, spec: StreamConsumerSpec) -> RangeControl:
+        """The consumer's control, created on first use; later calls pass the newest spec on."""
+        with self._lock:
+            control = self._controls.get((namespace, name))
+            if control is None:
+                control = self._controls[(namespace, name)] = self._factory(namespace, name, spec)
+                return control
+        control.update_spec(spec)
+        return control
+
+    def get(self, namespace: str, name: str) -> RangeControl | None:
+        """The consumer's control, or None when the operator does not run that consumer."""
+        with self._lock:
+            return self._controls.get((namespace, name))
+
+    def close(self, namespace: str, name: str) -> None:
+        """Stop and forget one consumer's control (no-op when there is none)."""
+        with self._lock:
+            control = self._controls.pop((namespace, name), None)
+        if control is not None:
+            control.close()
+
+    def close_all(self) -> None:
+        """Stop every control (operator shutdown)."""
+        with self._lock:
+            controls, self._controls = list(self._controls.values()), {}
+        for control in controls:
+            control.close()

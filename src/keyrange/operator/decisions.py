@@ -1,0 +1,33 @@
+"""Recording a scaling decision where users look: status.lastScaling and a Kubernetes Event.
+
+Called by the alert webhook (and by anything else that asks a range control to rescale) after
+`RangeControl.request_scale`, so `kubectl describe streamconsumer` tells what happened and why.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from keyrange.operator.kube import Kube
+from keyrange.operator.rangecontrol import ScaleOutcome
+from keyrange.operator.status import scaling_record
+from keyrange.spec import API_VERSION, KIND
+
+SCALED_REASON = "Rescaled"
+REFUSED_REASON = "RescaleRefused"
+
+
+def record_scaling_decision(kube: Kube, namespace: str, name: str, outcome: ScaleOutcome, reason: str,
+                            now: datetime) -> None:
+    """Write status.lastScaling and post an Event on the StreamConsumer `namespace/name`."""
+    consumer = kube.get(API_VERSION, KIND, namespace, name)
+    if consumer is None:
+        return  # deleted meanwhile: nothing to record on
+    verb = "scaling" if outcome.accepted else "not scaling"
+    message = f"{verb} from {outcome.from_workers} to {outcome.to_workers} workers ({reason})"
+    if outcome.message:
+        message += f": {outcome.message}"
+    record = scaling_record(outcome.from_workers, outcome.to_workers, reason, message, now)
+    kube.patch(API_VERSION, KIND, namespace, name, {"status": {"lastScaling": record}}, subresource="status")
+    kube.event(consumer, SCALED_REASON if outcome.accepted else REFUSED_REASON, message, now,
+               "Normal" if outcome.accepted else "Warning")

@@ -1,0 +1,156 @@
+"""The kopf handlers: thin glue from a StreamConsumer to rendered objects, applied, and status.
+
+Each handler does `spec -> parse_spec -> rendering -> Kube.apply -> status`. They are registered
+into a kopf registry by `register_handlers` (not at import), so the refresh interval comes from
+OperatorSettings and tests can run the real operator with a short one.
+
+- create / resume / spec update: render and apply the ConfigMap, headless Service, StatefulSet
+  (and a ServiceMonitor / PrometheusRule when those CRDs exist), then write status. A spec change
+  changes the pod template's spec hash, so the StatefulSet rolls its pods one at a time; each
+  worker releases its ranges on SIGTERM, so a rollout is a series of ordinary handoffs.
+- a timer per consumer: asks the range control how many workers it needs, scales the StatefulSet,
+  reports ready pods back, refreshes status (epoch, ranges, lag, conditions).
+- an invalid spec: status Degraded with the reason, and kopf.PermanentError so kopf does not
+  retry it (no crash loop) until the spec changes.
+- delete: children go with their owner references; the optional delete handler stops the range
+  control (kopf keeps its finalizer only because a timer must be stopped before deletion).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from datetime import UTC, datetime
+from typing import Any
+
+import kopf
+
+from keyrange.operator import rendering
+from keyrange.operator.controls import ControlRegistry, RangeControlFactory, default_range_control
+from keyrange.operator.kube import Kube, plural_of
+from keyrange.operator.rangecontrol import RangeControl
+from keyrange.operator.settings import OperatorSettings
+from keyrange.operator.status import Observed, changed_fields, render_status
+from keyrange.spec import SpecError, StreamConsumerSpec, parse_spec
+
+GROUP, VERSION, PLURAL = "keyrange.dev", "v1alpha1", "streamconsumers"
+Clock = Callable[[], datetime]
+Logger = logging.Logger | logging.LoggerAdapter[Any]
+
+
+def utc_now() -> datetime:
+    """The real clock."""
+    return datetime.now(UTC)
+
+
+def operator_memo(settings: OperatorSettings, kube: Kube | None = None,
+                  range_control_factory: RangeControlFactory = default_range_control,
+                  clock: Clock = utc_now) -> kopf.Memo:
+    """The operator-wide memo kopf copies into each consumer's memo (shared values stay shared)."""
+    return kopf.Memo(settings=settings, kube=kube or Kube(), controls=ControlRegistry(range_control_factory),
+                     clock=clock)
+
+
+def _parse(name: str, spec: Any) -> StreamConsumerSpec:
+    model = parse_spec(dict(spec), name)
+    rendering.check_cluster_spec(name, model)
+    return model
+
+
+def _ready(sts: dict[str, Any] | None) -> int:
+    return int(((sts or {}).get("status") or {}).get("readyReplicas") or 0)
+
+
+def _write_status(patch: kopf.Patch, status: Any, seen: Observed, control: RangeControl | None,
+                  now: datetime) -> None:
+    new = render_status(seen, control.status() if control else None, now, dict(status or {}))
+    for key, value in changed_fields(new, dict(status or {})).items():
+        patch.status[key] = value
+
+
+def _apply_children(kube: Kube, settings: OperatorSettings, body: Any, model: StreamConsumerSpec,
+                    replicas: int) -> dict[str, Any]:
+    name, namespace = body["metadata"]["name"], body["metadata"]["namespace"]
+    owner = dict(body)
+    kube.apply(rendering.render_configmap(name, namespace, model, owner))
+    kube.apply(rendering.render_service(name, namespace, owner, settings))
+    sts = kube.apply(rendering.render_statefulset(name, namespace, model, replicas, owner, settings))
+    for obj in rendering.render_optional(name, namespace, model, owner, settings):
+        if kube.has_resource(obj["apiVersion"], plural_of(obj["kind"])):
+            kube.apply(obj)
+    return sts
+
+
+def reconcile(*, name: str, namespace: str | None, body: kopf.Body, spec: kopf.Spec, meta: kopf.Meta,
+              status: kopf.Status, patch: kopf.Patch, memo: Any, logger: Logger, **_: Any) -> None:
+    """Create or update everything a StreamConsumer needs, then its status."""
+    assert namespace is not None  # StreamConsumers are namespaced (the CRD's scope)
+    now, generation = memo.clock(), int(meta.get("generation") or 1)
+    selector = rendering.selector_string(name)
+    try:
+        model = _parse(name, spec)
+    except SpecError as exc:
+        memo.controls.close(namespace, name)
+        _write_status(patch, status, Observed(generation, 0, 0, selector, error=str(exc)), None, now)
+        raise kopf.PermanentError(str(exc)) from None
+    control = memo.controls.ensure(namespace, name, model)
+    replicas = rendering.desired_replicas(model, control.desired_workers())
+    sts = _apply_children(memo.kube, memo.settings, body, model, replicas)
+    control.workers_available(_ready(sts))
+    logger.info("applied %s with %d workers", rendering.worker_name(name), replicas)
+    _write_status(patch, status, Observed(generation, replicas, _ready(sts), selector), control, now)
+
+
+def refresh(*, name: str, namespace: str | None, spec: kopf.Spec, meta: kopf.Meta, status: kopf.Status,
+            patch: kopf.Patch, memo: Any, logger: Logger, **_: Any) -> None:
+    """Periodically: follow the range control's worker count and refresh status."""
+    assert namespace is not None
+    try:
+        model = _parse(name, spec)
+    except SpecError:
+        return  # reconcile already reported it; nothing runs until the spec is fixed
+    kube: Kube = memo.kube
+    sts = kube.get("apps/v1", "StatefulSet", namespace, rendering.worker_name(name))
+    if sts is None:
+        return  # not created yet (or being deleted): reconcile owns creation
+    control = memo.controls.ensure(namespace, name, model)
+    ready = _ready(sts)
+    control.workers_available(ready)
+    replicas = rendering.desired_replicas(model, control.desired_workers())
+    current = int((sts.get("spec") or {}).get("replicas") or 0)
+    if current != replicas:
+        logger.info("scaling %s from %d to %d workers", rendering.worker_name(name), current, replicas)
+        kube.patch("apps/v1", "StatefulSet", namespace, rendering.worker_name(name),
+                   {"spec": {"replicas": replicas}})
+    seen = Observed(int(meta.get("generation") or 1), replicas, ready, rendering.selector_string(name))
+    _write_status(patch, status, seen, control, memo.clock())
+
+
+def forget(*, name: str, namespace: str | None, memo: Any, **_: Any) -> None:
+    """The consumer is being deleted: stop its range control (children go by owner reference)."""
+    assert namespace is not None
+    memo.controls.close(namespace, name)
+
+
+def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
+    """kopf settings: keyrange's own annotation prefix and finalizer name, quiet event posting."""
+    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix="keyrange.dev")
+    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
+        prefix="keyrange.dev", key="last-handled-configuration")
+    settings.persistence.finalizer = "keyrange.dev/operator"
+    settings.posting.level = logging.WARNING
+    settings.watching.server_timeout = 300
+    settings.watching.client_timeout = 330
+
+
+def register_handlers(registry: kopf.OperatorRegistry, settings: OperatorSettings) -> kopf.OperatorRegistry:
+    """Register every handler into `registry` (refresh interval from `settings`)."""
+    resource = (GROUP, VERSION, PLURAL)
+    kopf.on.startup(registry=registry)(configure)
+    for decorator in (kopf.on.resume, kopf.on.create):
+        decorator(*resource, registry=registry, id="reconcile")(reconcile)
+    kopf.on.update(*resource, registry=registry, id="reconcile", field="spec")(reconcile)
+    kopf.timer(*resource, registry=registry, id="refresh", interval=settings.reconcile_interval_seconds,
+               initial_delay=settings.reconcile_interval_seconds)(refresh)
+    kopf.on.delete(*resource, registry=registry, id="forget", optional=True)(forget)
+    return registry

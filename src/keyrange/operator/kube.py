@@ -1,0 +1,134 @@
+"""The operator's only Kubernetes API calls: get, create-or-patch, delete, discovery, Events.
+
+Raw JSON over the `kubernetes` client's ApiClient, so any kind (built-in or a CRD such as
+ServiceMonitor) goes through one path. Objects are applied as create, else JSON merge patch of
+the whole rendered object: the operator owns these objects entirely, so replacing their lists is
+intended.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+from datetime import datetime
+from typing import Any
+
+import kubernetes
+
+_PLURALS = {"ConfigMap": "configmaps", "Service": "services", "StatefulSet": "statefulsets",
+            "Event": "events", "ServiceMonitor": "servicemonitors", "PrometheusRule": "prometheusrules"}
+
+
+def plural_of(kind: str) -> str:
+    """The resource plural of a kind (the few irregular ones are listed)."""
+    return _PLURALS.get(kind) or kind.lower() + "s"
+
+
+def api_prefix(api_version: str) -> str:
+    """`/api/v1` for the core group, `/apis/<group>/<version>` otherwise."""
+    return f"/api/{api_version}" if "/" not in api_version else f"/apis/{api_version}"
+
+
+def object_path(api_version: str, kind: str, namespace: str, name: str | None = None) -> str:
+    """The URL path of a namespaced object (or of its collection when `name` is None)."""
+    path = f"{api_prefix(api_version)}/namespaces/{namespace}/{plural_of(kind)}"
+    return f"{path}/{name}" if name else path
+
+
+class KubeApiError(Exception):
+    """The API server answered with an error status."""
+
+    def __init__(self, status: int, method: str, path: str, body: bytes) -> None:
+        self.status = status
+        text = body.decode(errors="replace")
+        with contextlib.suppress(ValueError, AttributeError):
+            text = str(json.loads(text).get("message", text))
+        super().__init__(f"{method} {path} failed with HTTP {status}: {text[:500]}")
+
+
+def new_api_client() -> kubernetes.client.ApiClient:
+    """A client from the in-cluster service account, else from $KUBECONFIG / ~/.kube/config."""
+    try:
+        kubernetes.config.load_incluster_config()  # type: ignore[no-untyped-call]
+    except kubernetes.config.ConfigException:
+        kubernetes.config.load_kube_config(config_file=os.environ.get("KUBECONFIG"))  # type: ignore[no-untyped-call]
+    return kubernetes.client.ApiClient()
+
+
+class Kube:
+    """Kubernetes API access for the operator (blocking; kopf runs sync handlers in threads)."""
+
+    def __init__(self, client: kubernetes.client.ApiClient | None = None) -> None:
+        self._client = client or new_api_client()
+
+    def _call(self, method: str, path: str, body: Any = None, content_type: str | None = None) -> Any:
+        headers = {"Accept": "application/json"}
+        if content_type:
+            headers["Content-Type"] = content_type
+        client = self._client
+        method, url, headers, payload, _ = client.param_serialize(
+            method, path, header_params=headers, body=body, auth_settings=["BearerToken"])
+        response = client.call_api(method, url, header_params=headers, body=payload, _request_timeout=30)
+        data = response.read()  # type: ignore[no-untyped-call]
+        if response.status >= 400:
+            raise KubeApiError(response.status, method, path, data or b"")
+        return json.loads(data) if data else None
+
+    def get(self, api_version: str, kind: str, namespace: str, name: str) -> dict[str, Any] | None:
+        """The object, or None when it does not exist."""
+        try:
+            return dict(self._call("GET", object_path(api_version, kind, namespace, name)))
+        except KubeApiError as exc:
+            if exc.status == 404:
+                return None
+            raise
+
+    def apply(self, obj: dict[str, Any]) -> dict[str, Any]:
+        """Create `obj`, or merge-patch the existing object to match it; return the stored object."""
+        meta = obj["metadata"]
+        api_version, kind, ns, name = obj["apiVersion"], obj["kind"], meta["namespace"], meta["name"]
+        if self.get(api_version, kind, ns, name) is None:
+            try:
+                return dict(self._call("POST", object_path(api_version, kind, ns), obj))
+            except KubeApiError as exc:
+                if exc.status != 409:  # created meanwhile by an earlier round: patch it below
+                    raise
+        return dict(self._call("PATCH", object_path(api_version, kind, ns, name), obj,
+                               "application/merge-patch+json"))
+
+    def patch(self, api_version: str, kind: str, namespace: str, name: str,
+              changes: dict[str, Any], subresource: str | None = None) -> dict[str, Any]:
+        """Merge-patch part of an object (e.g. `{"spec": {"replicas": 3}}`)."""
+        path = object_path(api_version, kind, namespace, name)
+        if subresource:
+            path += f"/{subresource}"
+        return dict(self._call("PATCH", path, changes, "application/merge-patch+json"))
+
+    def has_resource(self, api_version: str, plural: str) -> bool:
+        """Whether the cluster serves this resource (e.g. is the ServiceMonitor CRD installed?)."""
+        try:
+            found = self._call("GET", api_prefix(api_version))
+        except KubeApiError as exc:
+            if exc.status == 404:
+                return False
+            raise
+        return any(r.get("name") == plural for r in (found or {}).get("resources", []))
+
+    def event(self, involved: dict[str, Any], reason: str, message: str, now: datetime,
+              event_type: str = "Normal") -> None:
+        """Record a core/v1 Event on `involved` (shown by `kubectl describe`)."""
+        meta = involved["metadata"]
+        stamp = now.strftime("%Y-%m-%dT%H:%M:%SZ")
+        event = {
+            "apiVersion": "v1", "kind": "Event",
+            "metadata": {"generateName": f"{meta['name']}.", "namespace": meta["namespace"],
+                         "name": f"{meta['name']}.{now.strftime('%Y%m%d%H%M%S%f')}"},
+            "involvedObject": {"apiVersion": involved["apiVersion"], "kind": involved["kind"],
+                               "name": meta["name"], "namespace": meta["namespace"],
+                               "uid": meta.get("uid")},
+            "reason": reason, "message": message[:1024], "type": event_type,
+            "source": {"component": "keyrange-operator"},
+            "firstTimestamp": stamp, "lastTimestamp": stamp, "count": 1,
+        }
+        self._call("POST", object_path("v1", "Event", meta["namespace"]), event)

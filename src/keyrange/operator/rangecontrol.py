@@ -1,0 +1,123 @@
+"""The seam between the operator and a consumer's range controller.
+
+In a cluster the operator runs one range controller per StreamConsumer. The controller owns the
+range map and the two-phase handoff; the operator owns pods. They meet here:
+
+- a split: the controller wants one more worker -> `desired_workers()` grows -> the operator scales
+  the StatefulSet up -> `workers_available(n)` reports the ready pods -> only then does the
+  controller publish the epoch that gives the new ordinal slots;
+- a merge: the controller publishes the epoch without the last ordinal, waits for its release,
+  and only then lowers `desired_workers()` -> the operator scales down.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal, Protocol
+
+from keyrange.ranges.rangemap import RangeMap
+from keyrange.spec import StreamConsumerSpec
+
+
+@dataclass(frozen=True)
+class RangeStatus:
+    """What the controller reports for `status` of the StreamConsumer."""
+
+    epoch: int
+    """Epoch of the newest published range map (0: none yet)."""
+    workers: int
+    """Workers the newest range map uses."""
+    ranges: tuple[tuple[int, str], ...] = ()
+    """(worker ordinal, slot list such as "0-5") in slot order."""
+    lag_records: int | None = None
+    """Records not yet handled, summed over ranges; None while unknown."""
+    lag_seconds: float | None = None
+    """Age of the oldest unfinished event; None while unknown."""
+    handoff_in_progress: bool = False
+    """True between publishing an epoch that moves slots and the new owners acquiring them."""
+
+
+@dataclass(frozen=True)
+class ScaleRequest:
+    """A request to split (`up`) or merge (`down`), e.g. from an Alertmanager alert."""
+
+    direction: Literal["up", "down"]
+    reason: str
+    """Why, for status and the Kubernetes Event (e.g. the alert name)."""
+
+
+@dataclass(frozen=True)
+class ScaleOutcome:
+    """What the controller did with a ScaleRequest."""
+
+    accepted: bool
+    from_workers: int
+    to_workers: int
+    message: str = field(default="")
+    """Why it was refused (cooldown, bounds) or what it will do."""
+
+
+class RangeControl(Protocol):
+    """One consumer's range controller as the operator sees it."""
+
+    def desired_workers(self) -> int:
+        """Worker pods the controller needs now (more before a split publishes, fewer after a merge)."""
+
+    def workers_available(self, ready: int) -> None:
+        """Tell the controller how many worker pods (ordinals 0..ready-1) are ready."""
+
+    def request_scale(self, request: ScaleRequest) -> ScaleOutcome:
+        """Ask for a split or a merge; the controller applies its planner's limits and cooldown."""
+
+    def update_spec(self, spec: StreamConsumerSpec) -> None:
+        """The StreamConsumer's spec changed (limits, thresholds)."""
+
+    def status(self) -> RangeStatus:
+        """The current range map and lag."""
+
+    def close(self) -> None:
+        """Stop background work; the consumer was deleted or the operator is stopping."""
+
+
+class StaticRangeControl:
+    """An even range map over a fixed worker count, with no lag-driven planning.
+
+    Used when no range controller is plugged in (see `handlers.range_control_factory`): it follows
+    `workers.replicas` (or `workers.min`) only, and refuses scale requests with a clear message.
+    """
+
+    def __init__(self, spec: StreamConsumerSpec) -> None:
+        self._spec = spec
+        self._ready = 0
+
+    def _workers(self) -> int:
+        spec = self._spec
+        want = spec.workers.replicas or spec.workers.min
+        return max(1, min(want, spec.workers.max, spec.kafka.partitions))
+
+    def desired_workers(self) -> int:
+        """The fixed worker count."""
+        return self._workers()
+
+    def workers_available(self, ready: int) -> None:
+        """Remember the ready pods (reported in status only)."""
+        self._ready = ready
+
+    def request_scale(self, request: ScaleRequest) -> ScaleOutcome:
+        """Always refused: a static map does not rescale."""
+        n = self._workers()
+        return ScaleOutcome(False, n, n, "no range controller is running for this consumer; "
+                                         "set spec.workers.replicas to change the worker count")
+
+    def update_spec(self, spec: StreamConsumerSpec) -> None:
+        """Adopt the new bounds and fixed count."""
+        self._spec = spec
+
+    def status(self) -> RangeStatus:
+        """The even map over the fixed worker count, epoch 1."""
+        m = RangeMap.even(self._spec.kafka.partitions, self._workers(), epoch=1)
+        return RangeStatus(epoch=m.epoch, workers=m.workers,
+                           ranges=tuple((a.worker, str(a.range)) for a in m))
+
+    def close(self) -> None:
+        """Nothing runs in the background."""

@@ -1,0 +1,191 @@
+"""Pure rendering of the Kubernetes objects behind one StreamConsumer.
+
+Plain values in, plain dicts out: no API calls, no clock, so every object can be checked offline
+(kubernetes-validate) and the kopf handlers stay thin. Children carry a controller owner reference
+to the StreamConsumer, so deleting it deletes them (no finalizer needed).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Any
+
+import yaml
+
+from keyrange.operator.settings import WORKER_SPEC_PATH, OperatorSettings
+from keyrange.spec import API_VERSION, KIND, SpecError, StreamConsumerSpec
+
+MAX_NAME_LENGTH = 45
+"""Pod `<name>-worker-<ordinal>` and its controller-revision-hash label must fit in 63 chars."""
+SPEC_HASH_ANNOTATION = "keyrange.dev/spec-hash"
+"""On the pod template: changes with the StreamConsumer document, so a spec change rolls the pods."""
+CONSUMER_LABEL = "keyrange.dev/streamconsumer"
+SPEC_FILE_KEY = "streamconsumer.yaml"
+
+
+def worker_name(name: str) -> str:
+    """Name of the StatefulSet and of its headless Service."""
+    return f"{name}-worker"
+
+
+def config_name(name: str) -> str:
+    """Name of the ConfigMap holding the StreamConsumer document."""
+    return f"{name}-spec"
+
+
+def selector_labels(name: str) -> dict[str, str]:
+    """Stable labels that select one consumer's worker pods (never change them: selectors are immutable)."""
+    return {"app.kubernetes.io/name": "keyrange", "app.kubernetes.io/instance": name, CONSUMER_LABEL: name}
+
+
+def common_labels(name: str, component: str) -> dict[str, str]:
+    """Labels on every object rendered for a consumer."""
+    return {**selector_labels(name), "app.kubernetes.io/component": component,
+            "app.kubernetes.io/managed-by": "keyrange-operator"}
+
+
+def selector_string(name: str) -> str:
+    """The pods' label selector as a string (status.selector, for the scale subresource)."""
+    return ",".join(f"{k}={v}" for k, v in sorted(selector_labels(name).items()))
+
+
+def owner_reference(owner: dict[str, Any]) -> dict[str, Any]:
+    """A controller owner reference to the StreamConsumer `owner` (needs metadata.name and uid)."""
+    meta = owner["metadata"]
+    return {"apiVersion": API_VERSION, "kind": KIND, "name": meta["name"], "uid": meta["uid"],
+            "controller": True, "blockOwnerDeletion": True}
+
+
+def check_cluster_spec(name: str, spec: StreamConsumerSpec) -> None:
+    """Raise SpecError for what spec.py allows locally but a cluster cannot run."""
+    if len(name) > MAX_NAME_LENGTH:
+        raise SpecError(f"StreamConsumer {name!r}: metadata.name must be at most {MAX_NAME_LENGTH} "
+                        "characters (worker pod names derive from it); choose a shorter name")
+    if not spec.kafka.bootstrap_servers:
+        raise SpecError(f"StreamConsumer {name!r}: spec.kafka.bootstrapServers is required in a cluster "
+                        "(there is no embedded broker); set it to your Kafka bootstrap address")
+
+
+def spec_document(name: str, namespace: str, spec: StreamConsumerSpec) -> str:
+    """The StreamConsumer YAML the workers read (`keyrange worker --spec-file`), after defaults."""
+    doc = {"apiVersion": API_VERSION, "kind": KIND, "metadata": {"name": name, "namespace": namespace},
+           "spec": spec.model_dump(mode="json", by_alias=True, exclude_none=True)}
+    return yaml.safe_dump(doc, sort_keys=True)
+
+
+def render_configmap(name: str, namespace: str, spec: StreamConsumerSpec, owner: dict[str, Any]) -> dict[str, Any]:
+    """The ConfigMap mounted into every worker at /etc/keyrange."""
+    return {
+        "apiVersion": "v1", "kind": "ConfigMap",
+        "metadata": {"name": config_name(name), "namespace": namespace,
+                     "labels": common_labels(name, "config"), "ownerReferences": [owner_reference(owner)]},
+        "data": {SPEC_FILE_KEY: spec_document(name, namespace, spec)},
+    }
+
+
+def render_service(name: str, namespace: str, owner: dict[str, Any], settings: OperatorSettings) -> dict[str, Any]:
+    """The headless Service: stable pod DNS for the StatefulSet and a target for metrics scraping."""
+    return {
+        "apiVersion": "v1", "kind": "Service",
+        "metadata": {"name": worker_name(name), "namespace": namespace,
+                     "labels": common_labels(name, "worker"), "ownerReferences": [owner_reference(owner)]},
+        "spec": {
+            "clusterIP": "None",
+            "publishNotReadyAddresses": True,  # scrape workers that are still restoring state
+            "selector": selector_labels(name),
+            "ports": [{"name": "metrics", "port": settings.metrics_port, "targetPort": "metrics",
+                       "protocol": "TCP"}],
+        },
+    }
+
+
+def _container(spec: StreamConsumerSpec, settings: OperatorSettings) -> dict[str, Any]:
+    probe = {"httpGet": {"path": "/metrics", "port": "metrics"}, "periodSeconds": 10, "timeoutSeconds": 5}
+    resources: dict[str, Any] = {}
+    if spec.resources.requests:
+        resources["requests"] = dict(spec.resources.requests)
+    if spec.resources.limits:
+        resources["limits"] = dict(spec.resources.limits)
+    return {
+        "name": "worker",
+        "image": spec.image or settings.image,
+        "imagePullPolicy": settings.image_pull_policy,
+        "command": ["keyrange", "worker", "--spec-file", WORKER_SPEC_PATH,
+                    "--metrics-port", str(settings.metrics_port)],
+        "env": [{"name": "POD_NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}}],
+        "ports": [{"name": "metrics", "containerPort": settings.metrics_port, "protocol": "TCP"}],
+        # Ready once metrics serve; restoring a range's state happens after, under the handoff protocol.
+        "readinessProbe": {**probe, "initialDelaySeconds": 2, "failureThreshold": 3},
+        "livenessProbe": {**probe, "initialDelaySeconds": 30, "failureThreshold": 6},
+        "resources": resources,
+        "securityContext": {"allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True,
+                            "runAsNonRoot": True, "capabilities": {"drop": ["ALL"]}},
+        "volumeMounts": [{"name": "spec", "mountPath": "/etc/keyrange", "readOnly": True},
+                         {"name": "tmp", "mountPath": "/tmp"}],
+    }
+
+
+def render_statefulset(name: str, namespace: str, spec: StreamConsumerSpec, replicas: int,
+                       owner: dict[str, Any], settings: OperatorSettings) -> dict[str, Any]:
+    """The workers: ordinal = worker id in the range map; a rolling update replaces one pod at a time."""
+    spec_hash = hashlib.sha256(spec_document(name, namespace, spec).encode()).hexdigest()[:16]
+    return {
+        "apiVersion": "apps/v1", "kind": "StatefulSet",
+        "metadata": {"name": worker_name(name), "namespace": namespace,
+                     "labels": common_labels(name, "worker"), "ownerReferences": [owner_reference(owner)]},
+        "spec": {
+            "replicas": replicas,
+            "serviceName": worker_name(name),
+            # Parallel: a split's new pod need not wait for its siblings; the range controller, not
+            # pod order, decides when a worker gets slots.
+            "podManagementPolicy": "Parallel",
+            "updateStrategy": {"type": "RollingUpdate", "rollingUpdate": {"partition": 0}},
+            "selector": {"matchLabels": selector_labels(name)},
+            "template": {
+                "metadata": {"labels": common_labels(name, "worker"),
+                             "annotations": {SPEC_HASH_ANNOTATION: spec_hash}},
+                "spec": {
+                    "serviceAccountName": settings.worker_service_account,
+                    "automountServiceAccountToken": False,  # workers never call the Kubernetes API
+                    "terminationGracePeriodSeconds": settings.termination_grace_seconds,
+                    "securityContext": {"runAsNonRoot": True, "runAsUser": 10001, "runAsGroup": 10001,
+                                        "fsGroup": 10001, "seccompProfile": {"type": "RuntimeDefault"}},
+                    "containers": [_container(spec, settings)],
+                    "volumes": [{"name": "spec", "configMap": {"name": config_name(name)}},
+                                {"name": "tmp", "emptyDir": {}}],
+                },
+            },
+        },
+    }
+
+
+def render_service_monitor(name: str, namespace: str, owner: dict[str, Any],
+                           settings: OperatorSettings) -> dict[str, Any]:
+    """A Prometheus Operator ServiceMonitor for the workers' metrics (only if that CRD exists)."""
+    return {
+        "apiVersion": "monitoring.coreos.com/v1", "kind": "ServiceMonitor",
+        "metadata": {"name": worker_name(name), "namespace": namespace,
+                     "labels": {**common_labels(name, "metrics"), **settings.monitoring_labels},
+                     "ownerReferences": [owner_reference(owner)]},
+        "spec": {
+            "selector": {"matchLabels": selector_labels(name)},
+            "namespaceSelector": {"matchNames": [namespace]},
+            "endpoints": [{"port": "metrics", "path": "/metrics", "interval": "5s"}],
+        },
+    }
+
+
+def desired_replicas(spec: StreamConsumerSpec, planned: int | None) -> int:
+    """Worker pods to run: a fixed `workers.replicas` wins, else the range controller's plan, within bounds."""
+    want = spec.workers.replicas or planned or spec.workers.min
+    return max(spec.workers.min, min(spec.workers.max, want))
+
+
+def render_optional(name: str, namespace: str, spec: StreamConsumerSpec, owner: dict[str, Any],
+                    settings: OperatorSettings) -> list[dict[str, Any]]:
+    """Objects of optional CRDs (ServiceMonitor, PrometheusRule): applied only where the CRD exists."""
+    from keyrange.operator.rules import render_prometheus_rule
+
+    rule = render_prometheus_rule(name, namespace, spec, labels=dict(settings.monitoring_labels))
+    rule["metadata"]["ownerReferences"] = [owner_reference(owner)]
+    return [render_service_monitor(name, namespace, owner, settings), rule]

@@ -1,0 +1,115 @@
+"""Pure rendering of a StreamConsumer's `status`: phase, range map, lag and conditions.
+
+Conditions follow the Kubernetes convention (type, status, reason, message, lastTransitionTime,
+observedGeneration); a condition keeps its lastTransitionTime while its status does not change,
+so the clock is injected (`now`) and the previous conditions are passed in.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from keyrange.operator.rangecontrol import RangeStatus
+
+
+@dataclass(frozen=True)
+class Observed:
+    """What the operator saw this round."""
+
+    generation: int
+    """metadata.generation of the StreamConsumer."""
+    desired_workers: int
+    """Replicas the StatefulSet should have."""
+    ready_workers: int
+    """Ready pods of the StatefulSet."""
+    selector: str
+    """The worker pods' label selector."""
+    error: str | None = None
+    """Why the consumer cannot run (invalid spec, failed apply), else None."""
+    error_reason: str = "InvalidSpec"
+    """CamelCase reason for `error`."""
+
+
+def _timestamp(now: datetime) -> str:
+    return now.strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def condition(kind: str, true: bool, reason: str, message: str, generation: int, now: datetime,
+              previous: Sequence[Mapping[str, Any]] = ()) -> dict[str, Any]:
+    """One condition; lastTransitionTime moves only when the status flips."""
+    status = "True" if true else "False"
+    since = _timestamp(now)
+    for old in previous:
+        if old.get("type") == kind and old.get("status") == status and old.get("lastTransitionTime"):
+            since = str(old["lastTransitionTime"])
+    return {"type": kind, "status": status, "reason": reason, "message": message,
+            "lastTransitionTime": since, "observedGeneration": generation}
+
+
+def _phase_and_reasons(seen: Observed, ranges: RangeStatus | None) -> tuple[str, str, str, str]:
+    if seen.error is not None:
+        return "Degraded", seen.error_reason, "Unchanged", seen.error
+    handoff = ranges is not None and ranges.handoff_in_progress
+    if seen.ready_workers < seen.desired_workers:
+        starting = f"{seen.ready_workers} of {seen.desired_workers} workers ready"
+        return ("Scaling" if seen.ready_workers else "Pending"), "WorkersStarting", "ScalingUp", starting
+    if ranges is not None and ranges.workers > seen.desired_workers:
+        return "Scaling", "AllWorkersReady", "ScalingDown", "a merge is releasing ranges before pods stop"
+    if handoff:
+        return "Scaling", "AllWorkersReady", "Handoff", "ranges are moving between workers"
+    return "Running", "AllWorkersReady", "Stable", f"{seen.ready_workers} workers ready"
+
+
+def render_status(seen: Observed, ranges: RangeStatus | None, now: datetime,
+                  previous: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """The whole status block for one round of reconciliation."""
+    previous_conditions = list((previous or {}).get("conditions") or [])
+    phase, ready_reason, scaling_reason, message = _phase_and_reasons(seen, ranges)
+    g = seen.generation
+    conditions = [
+        condition("Ready", phase == "Running", ready_reason,
+                  message if phase != "Running" else "all workers ready and the range map is settled",
+                  g, now, previous_conditions),
+        condition("Scaling", phase == "Scaling", scaling_reason,
+                  message if phase == "Scaling" else "no rescale in progress", g, now, previous_conditions),
+        condition("Degraded", seen.error is not None, seen.error_reason if seen.error else "AsExpected",
+                  seen.error or "", g, now, previous_conditions),
+    ]
+    status: dict[str, Any] = {
+        "phase": phase,
+        "observedGeneration": g,
+        "selector": seen.selector,
+        "readyWorkers": seen.ready_workers,
+        "conditions": conditions,
+    }
+    if ranges is not None:
+        status.update({
+            "epoch": ranges.epoch,
+            "workers": ranges.workers,
+            "rangeCount": len(ranges.ranges),
+            "ranges": [{"worker": w, "slots": s} for w, s in ranges.ranges],
+        })
+        lag: dict[str, Any] = {}
+        if ranges.lag_records is not None:
+            lag["records"] = ranges.lag_records
+        if ranges.lag_seconds is not None:
+            lag["seconds"] = ranges.lag_seconds
+        if lag:
+            status["lag"] = lag
+    return status
+
+
+def scaling_record(from_workers: int, to_workers: int, reason: str, message: str,
+                   now: datetime) -> dict[str, Any]:
+    """status.lastScaling for one scaling decision (also sent as a Kubernetes Event)."""
+    return {"time": _timestamp(now), "fromWorkers": from_workers, "toWorkers": to_workers,
+            "reason": reason, "message": message}
+
+
+def changed_fields(new: Mapping[str, Any], old: Mapping[str, Any] | None) -> dict[str, Any]:
+    """The top-level status fields that differ, so an unchanged round patches nothing."""
+    old = old or {}
+    return {k: v for k, v in new.items() if old.get(k) != v}
