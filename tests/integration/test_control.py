@@ -124,19 +124,18 @@ async def test_forced_rescales_never_let_two_workers_hold_a_slot(bootstrap: str,
                 direction_up = False
             elif controller.publication.map.workers <= 1:
                 direction_up = True
-            before = len(controller.rescales)
-            controller.request_scale("up" if direction_up else "down", f"test {i}")
-            await asyncio.to_thread(controller.step)
-            assert len(controller.rescales) == before + 1, controller.last_decision
-            if i % 6 == 3:
-                # Crash an old owner in the middle of the handoff; it restarts and catches up.
-                victim = min(controller.publication.awaiting or {0})
-                await asyncio.sleep(rng.uniform(0, 0.05))
-                await stop_member(victim, crash=True)
-                crashes += 1
-            for _ in range(500):
-                await asyncio.to_thread(controller.step)
-                if not controller.publication.transit:
+            result = await asyncio.to_thread(controller.request_scale, "up" if direction_up else "down", f"test {i}")
+            assert result.applied, result.detail
+            crash_now = i % 6 == 3
+            for _ in range(1000):
+                pub = await asyncio.to_thread(controller.step)
+                if crash_now and pub.transit:
+                    # Crash an old owner in the middle of the handoff; it restarts and catches up.
+                    await asyncio.sleep(rng.uniform(0, 0.05))
+                    await stop_member(min(pub.awaiting), crash=True)
+                    crashes += 1
+                    crash_now = False
+                if not pub.transit and not controller.status().starting:
                     break
                 await asyncio.sleep(0.02)
             assert not controller.publication.transit, f"handoff {i} did not complete: {controller.status()}"
@@ -165,8 +164,11 @@ def test_controller_resumes_from_the_newest_epoch(bootstrap: str, topic_name: st
     first = Controller(ControlChannel(bootstrap, topic_name, "c1"), SLOTS, limits, NoLag())
     pub = first.start()
     assert pub.map.describe() == "epoch 1: w0=0-11"
-    first.request_scale("up", "test")
-    first.step()  # epoch 2 with slots in transit; nobody reports, so it stays pending
+    assert first.request_scale("down", "test").detail == "already at workers.min=1"
+    first.start_timeout_seconds = 0  # nobody runs w1: publish the split without waiting for it
+    assert first.request_scale("up", "test").applied
+    # epoch 2 has slots in transit; w0 never reports, so the handoff stays pending
+    assert first.request_scale("up", "again").detail.startswith("a rescale is in progress")
     first.channel.close()
     second = Controller(ControlChannel(bootstrap, topic_name, "c2"), SLOTS, limits, NoLag())
     resumed = second.start()

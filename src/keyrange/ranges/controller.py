@@ -5,7 +5,8 @@ given the bootstrap servers, the group, the slot count, the scaling limits, a la
 fleet (who starts and stops worker processes or pods); it measures lag, asks the pure planner,
 and drives the two-phase handoff over the control topic (see `control.py`):
 
-    decide -> fleet.scale_to(max(old, new)) -> publish epoch E (moved slots in transit)
+    decide -> fleet.scale_to(max(old, new)) -> [split: the new worker reports it runs]
+           -> publish epoch E (moved slots in transit)
            -> every old owner reports E without them -> publish E+1 (nothing in transit)
            -> fleet.scale_to(new)
 
@@ -25,7 +26,7 @@ from typing import Protocol
 
 from keyrange.errors import UserError
 from keyrange.ranges.control import ControlChannel, Publication, describe_reports, now_ms
-from keyrange.ranges.planner import Direction, Planner, ScalingLimits, SlotLag, range_lag, with_epoch
+from keyrange.ranges.planner import Decision, Direction, Planner, ScalingLimits, SlotLag, range_lag, with_epoch
 from keyrange.ranges.rangemap import RangeMap
 
 log = logging.getLogger(__name__)
@@ -60,6 +61,8 @@ class Rescale:
     moved_slots: frozenset[int]
     decided_ms: int
     """Wall-clock time of the decision (epoch ms)."""
+    published_ms: int
+    """Wall-clock time the epoch was published (after a new worker started, for a split)."""
     settled_ms: int | None = None
     """Wall-clock time the new owners were allowed to acquire."""
 
@@ -74,15 +77,30 @@ class ControllerStatus:
     """Lag per range, in map order."""
     handoff_awaiting: frozenset[int]
     """Workers whose release the current handoff waits for (empty when settled)."""
+    starting: bool
+    """True while a split waits for its new worker to start."""
     last_decision: str
     rescales: tuple[Rescale, ...] = field(default=())
+
+
+@dataclass(frozen=True)
+class ScaleResult:
+    """What `request_scale` did."""
+
+    applied: bool
+    """True when a split or merge started."""
+    detail: str
+    """The planner's reason, or why nothing happened (cooldown, limits, a rescale in progress)."""
+    from_workers: int
+    to_workers: int
 
 
 class Controller:
     """Plans and publishes range maps for one consumer (see the module docstring)."""
 
     def __init__(self, channel: ControlChannel, slot_count: int, limits: ScalingLimits, lag_source: LagSource,
-                 fleet: WorkerFleet | None = None, clock: Callable[[], float] = time.monotonic) -> None:
+                 fleet: WorkerFleet | None = None, clock: Callable[[], float] = time.monotonic,
+                 start_timeout_seconds: float = 60.0) -> None:
         self.channel = channel
         self.slot_count = slot_count
         self.planner = Planner(limits)
@@ -91,8 +109,9 @@ class Controller:
         self.clock = clock
         self.rescales: list[Rescale] = []
         self.last_decision = "starting"
-        self._forced: tuple[Direction, str] | None = None
-        self._lock = threading.Lock()
+        self.start_timeout_seconds = start_timeout_seconds
+        self._pending: tuple[Decision, int] | None = None
+        self._lock = threading.RLock()
         self._lag: Mapping[int, SlotLag] = {}
         self._stuck_logged_at = 0.0
 
@@ -123,39 +142,71 @@ class Controller:
             self.fleet.scale_to(max(pub.map.workers, max(pub.awaiting, default=-1) + 1))
         return pub
 
-    def request_scale(self, direction: Direction, reason: str) -> None:
-        """Ask for one split ("up") or merge ("down") at the next step, skipping lag thresholds
-        but not limits or cooldown (the alert webhook calls this). Thread-safe."""
+    def request_scale(self, direction: Direction, reason: str) -> ScaleResult:
+        """Split ("up") or merge ("down") once now, skipping the lag thresholds but not the limits or
+        the cooldown (the alert webhook calls this). Thread-safe; returns what happened."""
         if direction not in ("up", "down"):
             raise ValueError(f"direction must be 'up' or 'down', got {direction!r}")
         with self._lock:
-            self._forced = (direction, reason)
+            self.channel.poll(0.0)
+            pub = self.publication
+            before = pub.map.workers
+            if pub.transit or self._pending is not None:
+                return ScaleResult(False, f"a rescale is in progress ({pub.map.describe()})", before, before)
+            decision = self.planner.decide(pub.map, self._lag, self.clock(), direction)
+            log.info("scale %s requested (%s): %s", direction, reason, decision.reason)
+            self.last_decision = decision.reason
+            if decision.next_map is None:
+                return ScaleResult(False, decision.reason, before, before)
+            self._begin(pub, decision)
+            return ScaleResult(True, decision.reason, before, decision.next_map.workers)
 
     def step(self) -> Publication:
-        """Read the control topic, advance a pending handoff or plan the next map; return the newest."""
-        self.channel.poll(0.0)
-        pub = self.publication
-        if pub.transit:
-            return self._advance_handoff(pub)
-        self._lag = self.lag_source.slot_lag()
+        """Read the control topic, advance a pending rescale or plan the next one; return the newest
+        publication. Thread-safe."""
         with self._lock:
-            forced, self._forced = self._forced, None
-        decision = self.planner.decide(pub.map, self._lag, self.clock(), forced[0] if forced else None)
-        if forced:
-            log.info("scale %s requested (%s): %s", forced[0], forced[1], decision.reason)
-        self.last_decision = decision.reason
-        if decision.next_map is None:
+            self.channel.poll(0.0)
+            pub = self.publication
+            if pub.transit:
+                return self._advance_handoff(pub)
+            if self._pending is not None:
+                return self._publish_when_ready(pub)
+            self._lag = self.lag_source.slot_lag()
+            decision = self.planner.decide(pub.map, self._lag, self.clock())
+            self.last_decision = decision.reason
+            if decision.next_map is None:
+                return pub
+            return self._begin(pub, decision)
+
+    def _begin(self, pub: Publication, decision: Decision) -> Publication:
+        assert decision.next_map is not None
+        self._pending = (decision, now_ms())
+        if self.fleet is not None:
+            self.fleet.scale_to(max(pub.map.workers, decision.next_map.workers))
+        return self._publish_when_ready(pub)
+
+    def _publish_when_ready(self, pub: Publication) -> Publication:
+        assert self._pending is not None
+        decision, decided_ms = self._pending
+        assert decision.next_map is not None
+        new_workers = range(pub.map.workers, decision.next_map.workers)
+        # A split waits until the new worker runs (it reported after the decision), so the moved
+        # slots keep flowing at their old owner while the new process starts.
+        waiting = [w for w in new_workers if (r := self.channel.state.reports.get(w)) is None or r.at_ms < decided_ms]
+        if waiting and now_ms() - decided_ms < self.start_timeout_seconds * 1000:
             return pub
+        if waiting:
+            log.warning("worker(s) %s did not report within %.0f s; publishing anyway", waiting,
+                        self.start_timeout_seconds)
+        self._pending = None
         new_map = with_epoch(decision.next_map, pub.epoch + 1)
         moved = decision.moved_slots
         awaiting = frozenset(pub.map.owner_of(s) for s in moved)
-        if self.fleet is not None:
-            self.fleet.scale_to(max(pub.map.workers, new_map.workers))
         nxt = Publication(new_map, moved, awaiting, decision.reason, now_ms())
         self.channel.publish(nxt)
         self.channel.state.publication = nxt
         self.rescales.append(Rescale(decision.action, decision.reason, new_map.epoch, pub.map.workers,
-                                     new_map.workers, moved, nxt.published_ms))
+                                     new_map.workers, moved, decided_ms, nxt.published_ms))
         log.info("published %s: %s; waiting for w%s to release %d slots", new_map.describe(), decision.reason,
                  ",w".join(map(str, sorted(awaiting))), len(moved))
         return self._advance_handoff(nxt)
@@ -187,7 +238,7 @@ class Controller:
         pub = self.publication
         lags = tuple(range_lag(a, self._lag) for a in pub.map.assignments)
         return ControllerStatus(pub.epoch, pub.map, lags, pub.awaiting if pub.transit else frozenset(),
-                                self.last_decision, tuple(self.rescales))
+                                self._pending is not None, self.last_decision, tuple(self.rescales))
 
     def run(self, stop: threading.Event, interval_seconds: float = 0.2) -> None:
         """Step until `stop` is set (run it in a thread)."""
