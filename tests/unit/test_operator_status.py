@@ -1,0 +1,67 @@
+"""Status rendering: phase, conditions with stable transition times, range map and lag."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+from keyrange.operator.rangecontrol import RangeStatus
+from keyrange.operator.status import Observed, changed_fields, render_status, scaling_record
+
+T0 = datetime(2026, 1, 1, 12, 0, 0, tzinfo=UTC)
+RANGES = RangeStatus(epoch=7, workers=2, ranges=((0, "0-5"), (1, "6-11")), lag_records=42, lag_seconds=0.5)
+
+
+def _conditions(status: dict) -> dict:  # type: ignore[type-arg]
+    return {c["type"]: c for c in status["conditions"]}
+
+
+def test_running_when_all_workers_are_ready() -> None:
+    status = render_status(Observed(3, 2, 2, "a=b"), RANGES, T0)
+    assert status["phase"] == "Running"
+    assert status["epoch"] == 7 and status["workers"] == 2 and status["rangeCount"] == 2
+    assert status["ranges"] == [{"worker": 0, "slots": "0-5"}, {"worker": 1, "slots": "6-11"}]
+    assert status["lag"] == {"records": 42, "seconds": 0.5}
+    assert status["observedGeneration"] == 3 and status["selector"] == "a=b"
+    c = _conditions(status)
+    assert c["Ready"]["status"] == "True" and c["Scaling"]["status"] == "False"
+    assert c["Degraded"]["status"] == "False" and c["Degraded"]["reason"] == "AsExpected"
+
+
+def test_pending_then_scaling_up_then_down_then_handoff() -> None:
+    assert render_status(Observed(1, 2, 0, "s"), None, T0)["phase"] == "Pending"
+    up = render_status(Observed(1, 3, 2, "s"), RANGES, T0)
+    assert up["phase"] == "Scaling" and _conditions(up)["Scaling"]["reason"] == "ScalingUp"
+    down = render_status(Observed(1, 1, 1, "s"), RANGES, T0)
+    assert down["phase"] == "Scaling" and _conditions(down)["Scaling"]["reason"] == "ScalingDown"
+    moving = RangeStatus(epoch=8, workers=2, ranges=RANGES.ranges, handoff_in_progress=True)
+    handoff = render_status(Observed(1, 2, 2, "s"), moving, T0)
+    assert _conditions(handoff)["Scaling"]["reason"] == "Handoff"
+    assert _conditions(handoff)["Ready"]["status"] == "False"
+
+
+def test_degraded_carries_the_reason_and_message() -> None:
+    status = render_status(Observed(4, 0, 0, "s", error="spec.workers.min: too big"), None, T0)
+    c = _conditions(status)
+    assert status["phase"] == "Degraded"
+    assert c["Degraded"]["status"] == "True" and c["Degraded"]["reason"] == "InvalidSpec"
+    assert c["Degraded"]["message"] == "spec.workers.min: too big"
+    assert c["Ready"]["status"] == "False" and c["Ready"]["reason"] == "InvalidSpec"
+    assert all(x["observedGeneration"] == 4 for x in status["conditions"])
+
+
+def test_transition_time_moves_only_when_the_status_flips() -> None:
+    first = render_status(Observed(1, 2, 2, "s"), RANGES, T0)
+    later = render_status(Observed(1, 2, 2, "s"), RANGES, T0 + timedelta(minutes=5), first)
+    assert later["conditions"] == first["conditions"]
+    assert changed_fields(later, first) == {}
+    flipped = render_status(Observed(1, 3, 2, "s"), RANGES, T0 + timedelta(minutes=6), later)
+    ready = _conditions(flipped)["Ready"]
+    assert ready["status"] == "False" and ready["lastTransitionTime"] == "2026-01-01T12:06:00Z"
+    assert _conditions(flipped)["Degraded"]["lastTransitionTime"] == "2026-01-01T12:00:00Z"
+    assert set(changed_fields(flipped, later)) == {"phase", "conditions"}
+
+
+def test_scaling_record() -> None:
+    assert scaling_record(2, 3, "KeyrangeLagHighRecords", "split", T0) == {
+        "time": "2026-01-01T12:00:00Z", "fromWorkers": 2, "toWorkers": 3,
+        "reason": "KeyrangeLagHighRecords", "message": "split"}
