@@ -22,6 +22,7 @@ import logging
 import os
 import threading
 import time
+from collections import Counter
 from collections.abc import Awaitable, Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -109,6 +110,8 @@ class AlertReceiver:
         self._clock = clock
         self._targets: dict[ConsumerRef, tuple[ScaleTarget, float]] = {}
         self._lock = asyncio.Lock()
+        self.verdicts: Counter[str] = Counter()
+        """How many alerts got each outcome (`scale`, `repeat`, `resolved`, ...) since start."""
 
     def register(self, consumer: ConsumerRef, target: ScaleTarget, cooldown_seconds: float) -> None:
         """Route alerts about `consumer` to `target` (again with new settings when its spec changes)."""
@@ -147,6 +150,7 @@ class AlertReceiver:
                 if decision is not None:
                     decisions.append(decision)
         for verdict in plan.verdicts:
+            self.verdicts[verdict.outcome] += 1
             level = logging.INFO if verdict.outcome in ("unknown-consumer", "flapping") else logging.DEBUG
             log.log(level, "alert %s for %s: %s (%s)", verdict.alert, verdict.consumer or "-",
                     verdict.outcome, verdict.detail)

@@ -1,0 +1,170 @@
+"""Real Prometheus and Alertmanager (the Debian binaries) on 127.0.0.1, in a temp dir, fast.
+
+Scrape and rule evaluation every second, `group_wait: 0s`, `group_interval: 1s`, so an alert with
+`for: 1s` reaches the webhook a few seconds after its metric crosses. Targets are a file_sd file
+that tests and benchmarks rewrite as workers come and go (Prometheus watches it with inotify).
+Used by tests/integration/test_autoscale*.py and benchmarks/bench_scale_reaction.py.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import time
+import urllib.parse
+import urllib.request
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+
+def free_port() -> int:
+    """A TCP port free on 127.0.0.1 right now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _binary(name: str) -> str:
+    path = shutil.which(name)
+    if not path:
+        raise RuntimeError(f"{name} not found: run `make tools` (scripts/install-tools.sh installs it)")
+    return path
+
+
+class PrometheusStack:
+    """Prometheus scraping `set_targets`' endpoints with `rules`, alerting to an Alertmanager that
+    posts every notification to `webhook_url` with a bearer token."""
+
+    def __init__(self, workdir: Path, rules: Mapping[str, Any], webhook_url: str, token: str,
+                 repeat_interval: str = "1m") -> None:
+        self.dir = workdir
+        self.prometheus_port, self.alertmanager_port = free_port(), free_port()
+        self._procs: list[subprocess.Popen[bytes]] = []
+        self._rules, self._webhook_url, self._token = rules, webhook_url, token
+        self._repeat_interval = repeat_interval
+
+    @property
+    def prometheus_url(self) -> str:
+        """Prometheus's HTTP API base URL."""
+        return f"http://127.0.0.1:{self.prometheus_port}"
+
+    @property
+    def alertmanager_url(self) -> str:
+        """Alertmanager's HTTP API base URL."""
+        return f"http://127.0.0.1:{self.alertmanager_port}"
+
+    def set_targets(self, targets: Sequence[tuple[str, Mapping[str, str]]]) -> None:
+        """Scrape exactly these `host:port` endpoints, each with its target labels."""
+        groups = [{"targets": [addr], "labels": dict(labels)} for addr, labels in targets]
+        tmp = self.dir / "targets.json.tmp"
+        tmp.write_text(json.dumps(groups))
+        os.replace(tmp, self.dir / "targets.json")  # atomic: Prometheus never reads half a file
+
+    def start(self) -> PrometheusStack:
+        """Write the configs, start both servers and wait until they are ready."""
+        (self.dir / "rules.yml").write_text(yaml.safe_dump(dict(self._rules), sort_keys=False))
+        if not (self.dir / "targets.json").exists():
+            self.set_targets([])
+        (self.dir / "prometheus.yml").write_text(yaml.safe_dump({
+            "global": {"scrape_interval": "1s", "evaluation_interval": "1s", "scrape_timeout": "900ms"},
+            "rule_files": [str(self.dir / "rules.yml")],
+            "alerting": {"alertmanagers": [{"static_configs": [{"targets": [f"127.0.0.1:{self.alertmanager_port}"]}]}]},
+            "scrape_configs": [{
+                "job_name": "keyrange-workers",
+                "honor_labels": True,
+                "file_sd_configs": [{"files": [str(self.dir / "targets.json")], "refresh_interval": "1s"}],
+            }],
+        }))
+        (self.dir / "alertmanager.yml").write_text(yaml.safe_dump(alertmanager_config(
+            self._webhook_url, self._token, repeat_interval=self._repeat_interval)))
+        self._spawn("alertmanager", [
+            _binary("prometheus-alertmanager"), f"--config.file={self.dir / 'alertmanager.yml'}",
+            f"--storage.path={self.dir / 'am-data'}", f"--web.listen-address=127.0.0.1:{self.alertmanager_port}",
+            "--cluster.listen-address=", "--log.level=warn",
+        ])
+        self._spawn("prometheus", [
+            _binary("prometheus"), f"--config.file={self.dir / 'prometheus.yml'}",
+            f"--storage.tsdb.path={self.dir / 'prom-data'}", f"--web.listen-address=127.0.0.1:{self.prometheus_port}",
+            "--log.level=warn",
+        ])
+        for url in (self.alertmanager_url, self.prometheus_url):
+            self._wait_ready(url)
+        return self
+
+    def _spawn(self, name: str, argv: list[str]) -> None:
+        log = (self.dir / f"{name}.log").open("wb")
+        self._procs.append(subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, cwd=self.dir))
+
+    def _wait_ready(self, base: str, timeout_seconds: float = 60.0) -> None:
+        deadline = time.monotonic() + timeout_seconds
+        while time.monotonic() < deadline:
+            for proc in self._procs:
+                if proc.poll() is not None:
+                    raise RuntimeError(f"{proc.args[0]} exited ({proc.returncode}); see {self.dir}/*.log")
+            try:
+                with urllib.request.urlopen(f"{base}/-/ready", timeout=2) as resp:
+                    if resp.status == 200:
+                        return
+            except OSError:
+                pass
+            time.sleep(0.1)
+        raise RuntimeError(f"{base} not ready after {timeout_seconds} s; see {self.dir}/*.log")
+
+    def query(self, promql: str) -> list[dict[str, Any]]:
+        """An instant query's result vector."""
+        url = f"{self.prometheus_url}/api/v1/query?" + urllib.parse.urlencode({"query": promql})
+        with urllib.request.urlopen(url, timeout=5) as resp:
+            return list(json.load(resp)["data"]["result"])
+
+    def alerts(self) -> list[dict[str, Any]]:
+        """Prometheus's active alerts (pending and firing)."""
+        with urllib.request.urlopen(f"{self.prometheus_url}/api/v1/alerts", timeout=5) as resp:
+            return list(json.load(resp)["data"]["alerts"])
+
+    def stop(self) -> None:
+        """Terminate both servers."""
+        for proc in self._procs:
+            proc.terminate()
+        for proc in self._procs:
+            try:
+                proc.wait(10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        self._procs.clear()
+
+    def __enter__(self) -> PrometheusStack:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def alertmanager_config(webhook_url: str, token: str, group_wait: str = "0s", group_interval: str = "1s",
+                        repeat_interval: str = "1m") -> dict[str, Any]:
+    """An Alertmanager config routing keyrange's alerts to the receiver (docs/autoscaling.md shows
+    the production version: the same receiver with slower grouping)."""
+    return {
+        "route": {
+            "receiver": "keyrange",
+            "group_by": ["namespace", "streamconsumer", "alertname"],
+            "group_wait": group_wait,
+            "group_interval": group_interval,
+            "repeat_interval": repeat_interval,
+        },
+        "receivers": [{
+            "name": "keyrange",
+            "webhook_configs": [{
+                "url": webhook_url,
+                "send_resolved": True,
+                "http_config": {"authorization": {"type": "Bearer", "credentials": token}},
+            }],
+        }],
+    }
+
