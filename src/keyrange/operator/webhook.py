@@ -53,10 +53,25 @@ class ScaleOutcome:
     """One human line: the new map, or why not (cooldown, workers.max reached, ...)."""
 
 
-class ScaleTarget(Protocol):
-    """A consumer's range controller, as the receiver sees it (sync or async)."""
+class ScaleReply(Protocol):
+    """What a controller answers (`ScaleOutcome`, or the range controller's `ScaleResult`)."""
 
-    def request_scale(self, direction: Direction, reason: str) -> ScaleOutcome | Awaitable[ScaleOutcome]:
+    @property
+    def applied(self) -> bool:
+        """True if a split or merge started."""
+        ...
+
+    @property
+    def detail(self) -> str:
+        """The new map, or why nothing happened."""
+        ...
+
+
+class ScaleTarget(Protocol):
+    """A consumer's range controller, as the receiver sees it (sync or async);
+    `keyrange.ranges.controller.Controller` is one."""
+
+    def request_scale(self, direction: Direction, reason: str) -> ScaleReply | Awaitable[ScaleReply]:
         """Split (`up`) or merge (`down`) once, within workers.min/max and the cooldown."""
         ...
 
