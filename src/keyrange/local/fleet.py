@@ -1,0 +1,159 @@
+"""Worker processes on this machine: the local stand-in for the StatefulSet.
+
+Each worker is `keyrange worker --spec-file F --worker-id N --metrics-port P` in controlled mode
+(it takes its slots from the control topic). The controller calls `scale_to`; the supervisor
+calls `check` every tick to restart a worker that died (the handoff protocol lets it catch up
+from the newest epoch) and to reap the ones it stopped.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO
+
+from keyrange.local.broker import free_port
+
+log = logging.getLogger(__name__)
+
+STOP_TIMEOUT_SECONDS = 30.0
+"""How long a SIGTERMed worker may take to finish in-flight events and commit before SIGKILL."""
+
+
+@dataclass
+class WorkerProcess:
+    """One worker ordinal and its current process."""
+
+    ordinal: int
+    metrics_port: int
+    process: subprocess.Popen[bytes] | None = None
+    log_file: IO[bytes] | None = None
+    started_at: float = 0.0
+    restarts: int = 0
+    stopping_since: float | None = None
+
+    @property
+    def metrics_url(self) -> str:
+        """The worker's /metrics."""
+        return f"http://127.0.0.1:{self.metrics_port}/metrics"
+
+    def alive(self) -> bool:
+        """True while the process runs."""
+        return self.process is not None and self.process.poll() is None
+
+
+@dataclass
+class ProcessFleet:
+    """Runs worker ordinals 0..n-1 as subprocesses (see the module docstring)."""
+
+    spec_file: Path
+    bootstrap: str
+    log_dir: Path
+    extra_args: tuple[str, ...] = ()
+    """More `keyrange worker` arguments (tests pass e.g. a commit interval)."""
+    workers: dict[int, WorkerProcess] = field(default_factory=dict)
+    desired: int = 0
+    _lock: threading.RLock = field(default_factory=threading.RLock)
+    _retired: list[WorkerProcess] = field(default_factory=list)
+
+    def scale_to(self, workers: int) -> None:
+        """Run ordinals 0..workers-1: start the missing ones, SIGTERM those above (they commit)."""
+        with self._lock:
+            self.desired = workers
+            for ordinal in range(workers):
+                w = self.workers.get(ordinal)
+                if w is None or (not w.alive() and w.stopping_since is None):
+                    self._start(ordinal)
+            for ordinal in [o for o in self.workers if o >= workers]:
+                self._retire(self.workers.pop(ordinal))
+
+    def check(self) -> list[int]:
+        """Restart workers that died; reap retired ones (SIGKILL past the stop timeout).
+        Returns the ordinals restarted."""
+        restarted = []
+        with self._lock:
+            for ordinal in range(self.desired):
+                w = self.workers.get(ordinal)
+                if w is not None and not w.alive():
+                    code = w.process.returncode if w.process else None
+                    log.warning("worker %d exited with code %s; restarting it", ordinal, code)
+                    self._start(ordinal)
+                    restarted.append(ordinal)
+            now = time.monotonic()
+            for w in list(self._retired):
+                if not w.alive():
+                    self._retired.remove(w)
+                    self._close_log(w)
+                elif w.stopping_since is not None and now - w.stopping_since > STOP_TIMEOUT_SECONDS:
+                    assert w.process is not None
+                    w.process.kill()
+        return restarted
+
+    def kill(self, ordinal: int, sig: int = signal.SIGKILL) -> None:
+        """Send a signal to one worker (tests and the demo use SIGKILL to show a crash)."""
+        with self._lock:
+            w = self.workers[ordinal]
+            if w.process is not None and w.alive():
+                os.kill(w.process.pid, sig)
+
+    def stop(self) -> None:
+        """SIGTERM every worker and wait for them to commit and exit."""
+        with self._lock:
+            self.desired = 0
+            for w in list(self.workers.values()):
+                self._retire(w)
+            self.workers.clear()
+            deadline = time.monotonic() + STOP_TIMEOUT_SECONDS
+            for w in self._retired:
+                if w.process is not None:
+                    try:
+                        w.process.wait(max(0.1, deadline - time.monotonic()))
+                    except subprocess.TimeoutExpired:
+                        w.process.kill()
+                        w.process.wait()
+                self._close_log(w)
+            self._retired.clear()
+
+    def urls(self) -> dict[int, str]:
+        """Ordinal -> /metrics URL of every wanted worker."""
+        with self._lock:
+            return {o: w.metrics_url for o, w in self.workers.items()}
+
+    def _start(self, ordinal: int) -> None:
+        w = self.workers.get(ordinal)
+        if w is None:
+            w = WorkerProcess(ordinal, free_port())
+            self.workers[ordinal] = w
+        else:
+            w.restarts += 1
+            self._close_log(w)
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        w.log_file = open(self.log_dir / f"worker-{ordinal}.log", "ab")  # noqa: SIM115 - closed in _close_log
+        command = [sys.executable, "-m", "keyrange.cli", "worker", "--spec-file", str(self.spec_file),
+                   "--bootstrap", self.bootstrap, "--worker-id", str(ordinal),
+                   "--metrics-port", str(w.metrics_port), *self.extra_args]
+        w.process = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=w.log_file,
+                                     stderr=subprocess.STDOUT, start_new_session=True)
+        w.started_at = time.monotonic()
+        w.stopping_since = None
+        log.info("started worker %d (pid %d, metrics on :%d)", ordinal, w.process.pid, w.metrics_port)
+
+    def _retire(self, w: WorkerProcess) -> None:
+        if w.alive():
+            assert w.process is not None
+            w.process.terminate()
+        w.stopping_since = time.monotonic()
+        self._retired.append(w)
+
+    @staticmethod
+    def _close_log(w: WorkerProcess) -> None:
+        if w.log_file is not None:
+            w.log_file.close()
+            w.log_file = None

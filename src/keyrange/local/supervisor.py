@@ -1,0 +1,210 @@
+"""The local supervisor behind `keyrange run`: one StreamConsumer on this machine.
+
+It starts the embedded broker when no bootstrap servers are given, creates the topics, runs the
+range controller in a thread (the same `Controller` the operator runs), runs the workers as
+subprocesses in controlled mode (`ProcessFleet`), restarts a crashed one, scrapes their /metrics
+for lag and the live table, and keeps a history for the demo's report. `stop` SIGTERMs the
+workers (they finish in-flight events and commit) and then stops the broker.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from keyrange.kafkaio import TopicSpec, ensure_topics
+from keyrange.local.broker import EmbeddedBroker
+from keyrange.local.fleet import ProcessFleet
+from keyrange.local.scrape import WorkerSample, bucket_delta, histogram_quantile, merged_lag, scrape
+from keyrange.local.table import Totals, WorkerRow, render
+from keyrange.ranges.control import ControlChannel, now_ms
+from keyrange.ranges.controller import Controller, ControllerStatus, ScaleResult
+from keyrange.ranges.planner import Direction, ScalingLimits, SlotLag
+from keyrange.ranges.slots import format_slot_list
+from keyrange.spec import StreamConsumer
+
+log = logging.getLogger(__name__)
+
+RATE_WINDOW_SECONDS = 5.0
+"""Rates and the p99 latency are computed over this trailing window."""
+
+
+@dataclass(frozen=True)
+class HistoryPoint:
+    """One tick of the run, for the demo's plot and report."""
+
+    at_ms: int
+    rate: float
+    lag_records: int
+    lag_seconds: float
+    p99_latency_seconds: float | None
+    workers: int
+    epoch: int
+    processed: int
+    duplicates: int
+
+
+@dataclass
+class _Counters:
+    """Totals summed from per-worker deltas, so restarts and retired workers do not lose counts."""
+
+    processed: float = 0.0
+    duplicates: float = 0.0
+    dead_letters: float = 0.0
+    last: dict[int, WorkerSample] = field(default_factory=dict)
+
+    def add(self, ordinal: int, sample: WorkerSample) -> None:
+        prev = self.last.get(ordinal)
+        for name in ("processed", "duplicates", "dead_letters"):
+            new, old = getattr(sample, name), getattr(prev, name) if prev else 0.0
+            setattr(self, name, getattr(self, name) + (new - old if new >= old else new))
+        self.last[ordinal] = sample
+
+
+class Supervisor:
+    """Runs one StreamConsumer locally (see the module docstring)."""
+
+    def __init__(self, consumer: StreamConsumer, spec_file: Path, bootstrap: str | None = None,
+                 run_dir: Path | None = None, worker_args: tuple[str, ...] = (), tick_seconds: float = 1.0) -> None:
+        self.consumer = consumer
+        self.spec_file = spec_file
+        self.bootstrap = bootstrap or consumer.spec.kafka.bootstrap_servers
+        self.run_dir = run_dir or Path(".keyrange") / consumer.name
+        self.worker_args = worker_args
+        self.tick_seconds = tick_seconds
+        self.broker: EmbeddedBroker | None = None
+        self.controller: Controller | None = None
+        self.fleet: ProcessFleet | None = None
+        self.history: list[HistoryPoint] = []
+        self.started = time.monotonic()
+        self._samples: dict[int, WorkerSample] = {}
+        self._window: list[tuple[float, float, dict[float, float]]] = []
+        self._counters = _Counters()
+        self._worker_window: dict[int, list[tuple[float, float]]] = {}
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    # --- lifecycle ---------------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Broker (if needed), topics, controller thread, first workers."""
+        if not self.bootstrap:
+            self.broker = EmbeddedBroker()
+            self.bootstrap = self.broker.start()
+            log.info("embedded broker at %s", self.bootstrap)
+        spec = self.consumer.spec
+        group = self.consumer.group_id
+        counts = ensure_topics(self.bootstrap, [TopicSpec(spec.kafka.topic, spec.kafka.partitions)])
+        ControlChannel.ensure_topic(self.bootstrap, group)
+        self.fleet = ProcessFleet(self.spec_file, self.bootstrap, self.run_dir / "logs", self.worker_args)
+        channel = ControlChannel(self.bootstrap, group, "keyrange-run")
+        self.controller = Controller(channel, counts[spec.kafka.topic], ScalingLimits.from_spec(spec), self,
+                                     self.fleet)
+        self.controller.start()
+        self.started = time.monotonic()
+        self._thread = threading.Thread(target=self.controller.run, args=(self._stop,), name="keyrange-controller",
+                                        daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Stop planning, SIGTERM the workers (they commit), stop the broker we started."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=10)
+        if self.fleet is not None:
+            self.fleet.stop()
+        if self.controller is not None:
+            self.controller.channel.close()
+        if self.broker is not None:
+            self.broker.stop()
+
+    # --- the controller's hooks --------------------------------------------------------------
+
+    def slot_lag(self) -> Mapping[int, SlotLag]:
+        """LagSource for the controller: the newest scrape of every worker."""
+        return merged_lag(self._samples.values())
+
+    def request_scale(self, direction: Direction, reason: str) -> ScaleResult:
+        """One split or merge now (the alert webhook's entry point), within limits and cooldown."""
+        assert self.controller is not None, "supervisor not started"
+        return self.controller.request_scale(direction, reason)
+
+    # --- ticking -----------------------------------------------------------------------------
+
+    def tick(self) -> HistoryPoint:
+        """Restart dead workers, scrape every worker, record a history point."""
+        assert self.fleet is not None and self.controller is not None
+        self.fleet.check()
+        now = time.monotonic()
+        samples: dict[int, WorkerSample] = {}
+        for ordinal, url in self.fleet.urls().items():
+            sample = scrape(url, now)
+            if sample is not None:
+                samples[ordinal] = sample
+                self._counters.add(ordinal, sample)
+                points = self._worker_window.setdefault(ordinal, [])
+                points.append((now, sample.processed))
+                while len(points) > 2 and now - points[0][0] > RATE_WINDOW_SECONDS:
+                    points.pop(0)
+        self._samples = samples
+        buckets: dict[float, float] = {}
+        for sample in samples.values():
+            for le, count in sample.latency_buckets.items():
+                buckets[le] = buckets.get(le, 0.0) + count
+        self._window.append((now, self._counters.processed, buckets))
+        while len(self._window) > 2 and now - self._window[0][0] > RATE_WINDOW_SECONDS:
+            self._window.pop(0)
+        status = self.controller.status()
+        lag = self.slot_lag()
+        point = HistoryPoint(
+            now_ms(), self._rate(), sum(x.records for x in lag.values()),
+            max((x.seconds for x in lag.values()), default=0.0), self._p99(), status.map.workers, status.epoch,
+            int(self._counters.processed), int(self._counters.duplicates),
+        )
+        self.history.append(point)
+        return point
+
+    def _rate(self) -> float:
+        if len(self._window) < 2:
+            return 0.0
+        (t0, p0, _), (t1, p1, _) = self._window[0], self._window[-1]
+        return (p1 - p0) / (t1 - t0) if t1 > t0 else 0.0
+
+    def _p99(self) -> float | None:
+        if len(self._window) < 2:
+            return None
+        return histogram_quantile(0.99, bucket_delta(self._window[-1][2], self._window[0][2]))
+
+    def status(self) -> ControllerStatus:
+        """The controller's status."""
+        assert self.controller is not None, "supervisor not started"
+        return self.controller.status()
+
+    def table(self) -> str:
+        """The live table as text."""
+        assert self.fleet is not None and self.controller is not None
+        status = self.controller.status()
+        reports = self.controller.channel.state.reports
+        rows = []
+        for ordinal, w in sorted(self.fleet.workers.items()):
+            sample = self._samples.get(ordinal)
+            lag = SlotLag()
+            if sample is not None:
+                lag = SlotLag(sum(x.records for x in sample.slot_lag.values()),
+                              max((x.seconds for x in sample.slot_lag.values()), default=0.0))
+            report = reports.get(ordinal)
+            held = format_slot_list(sorted(report.held)) if report and report.held else ""
+            rows.append(WorkerRow(ordinal, w.alive(), held, self._worker_rate(ordinal), lag, w.restarts))
+        totals = Totals(time.monotonic() - self.started, int(self._counters.processed), self._rate(), self._p99(),
+                        int(self._counters.duplicates), int(self._counters.dead_letters))
+        return render(self.consumer.name, status, rows, totals, now_ms())
+
+    def _worker_rate(self, ordinal: int) -> float:
+        points = self._worker_window.get(ordinal, [])
+        if len(points) < 2 or points[-1][0] <= points[0][0]:
+            return 0.0
+        return max(0.0, (points[-1][1] - points[0][1]) / (points[-1][0] - points[0][0]))
