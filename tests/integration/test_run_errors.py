@@ -1,0 +1,58 @@
+"""`keyrange run` on a bad StreamConsumer: exit 2 and a message naming the problem, no traceback."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+GOOD = """apiVersion: keyrange.dev/v1alpha1
+kind: StreamConsumer
+metadata: {name: payments}
+spec:
+  kafka: {topic: payments}
+"""
+
+CASES = {
+    "not-yaml": ("spec: [unclosed", "is not valid YAML"),
+    "wrong-kind": (GOOD.replace("kind: StreamConsumer", "kind: Deployment"), "expected exactly one StreamConsumer"),
+    "bad-api-version": (GOOD.replace("v1alpha1", "v9"), "expected apiVersion: keyrange.dev/v1alpha1"),
+    "bad-field": (GOOD + "  concurrency: 0\n", "spec.concurrency: Input should be greater than or equal to 1"),
+    "unknown-field": (GOOD + "  concurency: 8\n", "spec.concurency: Extra inputs are not permitted"),
+    "bad-bounds": (GOOD + "  workers: {min: 5, max: 2}\n", "workers.min (5) must not exceed workers.max (2)"),
+}
+
+
+def run_keyrange(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "keyrange.cli", "run", *args], capture_output=True, text=True,
+                          timeout=60)
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_bad_yaml_exits_2_with_a_clear_message(case: str, tmp_path: Path) -> None:
+    text, expected = CASES[case]
+    path = tmp_path / "consumer.yaml"
+    path.write_text(text)
+    result = run_keyrange("-f", str(path), "--duration", "1")
+    assert result.returncode == 2, result.stderr
+    assert "Traceback" not in result.stderr
+    first_line = result.stderr.splitlines()[0]
+    assert first_line.startswith("keyrange run: error: ") and str(path) in first_line
+    assert expected in result.stderr
+
+
+def test_missing_file_is_one_line(tmp_path: Path) -> None:
+    result = run_keyrange("-f", str(tmp_path / "nope.yaml"))
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines() == [f"keyrange run: error: cannot read {tmp_path / 'nope.yaml'}: "
+                                                  "No such file or directory"]
+
+
+def test_bad_options_are_rejected_before_starting_anything(tmp_path: Path) -> None:
+    path = tmp_path / "consumer.yaml"
+    path.write_text(GOOD)
+    result = run_keyrange("-f", str(path), "--produce", "-5")
+    assert result.returncode == 2
+    assert result.stderr.strip() == "keyrange run: error: --produce must be a positive rate, got -5.0"
