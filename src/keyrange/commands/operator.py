@@ -40,6 +40,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="how often each consumer's workers and status are refreshed")
     parser.add_argument("--monitoring-label", action="append", default=[], metavar="KEY=VALUE",
                         help="label for ServiceMonitors/PrometheusRules (a Prometheus Operator selector)")
+    parser.add_argument("--webhook-port", type=int, default=0,
+                        help="serve the Alertmanager webhook (POST /alertmanager/webhook) on this port; "
+                             "0 (default) disables it; see docs/autoscaling.md")
+    parser.add_argument("--webhook-token", default=None,
+                        help="bearer token Alertmanager must send (default $KEYRANGE_WEBHOOK_TOKEN, or "
+                             "the file named by $KEYRANGE_WEBHOOK_TOKEN_FILE, e.g. a mounted Secret)")
 
 
 def settings_from_args(args: argparse.Namespace) -> OperatorSettings:
@@ -66,7 +72,12 @@ def side_services(args: argparse.Namespace, memo: Any) -> list[Coroutine[Any, An
     consumer's range control in `memo.controls` (ControlRegistry), calls `request_scale`, and
     records the outcome with `keyrange.operator.decisions.record_scaling_decision(memo.kube, ...)`.
     """
-    return []
+    if not args.webhook_port:
+        return []
+    from keyrange.operator.alerting import serve_alert_webhook
+    from keyrange.operator.webhook import load_token
+
+    return [serve_alert_webhook(memo, "0.0.0.0", args.webhook_port, load_token(args.webhook_token))]
 
 
 async def run_operator(args: argparse.Namespace, settings: OperatorSettings) -> None:

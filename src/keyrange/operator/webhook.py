@@ -90,6 +90,10 @@ class ScaleDecision:
 
 
 DecisionSink = Callable[[ScaleDecision], Awaitable[None] | None]
+Resolved = tuple[ScaleTarget, float] | None
+TargetResolver = Callable[[ConsumerRef], Resolved | Awaitable[Resolved]]
+"""Finds a consumer's target and cooldownSeconds on demand (the operator's live registry);
+returns None for a consumer that is not managed here."""
 
 
 def load_token(token: str | None = None) -> str:
@@ -115,13 +119,14 @@ class AlertReceiver:
     """Turns authenticated Alertmanager notifications into scale requests to registered consumers."""
 
     def __init__(self, token: str, tracker: AlertTracker | None = None,
-                 on_decision: DecisionSink | None = None,
+                 on_decision: DecisionSink | None = None, resolver: TargetResolver | None = None,
                  clock: Callable[[], float] = time.monotonic) -> None:
         if not token:
             raise WebhookTokenError("the alert webhook token must not be empty")
         self._token = f"Bearer {token}".encode()
         self._tracker = tracker or AlertTracker()
         self._on_decision = on_decision
+        self._resolver = resolver
         self._clock = clock
         self._targets: dict[ConsumerRef, tuple[ScaleTarget, float]] = {}
         self._lock = asyncio.Lock()
@@ -156,11 +161,12 @@ class AlertReceiver:
         except (ValueError, PayloadError) as exc:
             return web.json_response({"error": f"not an Alertmanager webhook payload: {exc}"}, status=400)
         async with self._lock:
+            targets = {ref: await self._resolve(ref) for ref in {a.consumer for a in alerts} if ref}
             now = self._clock()
-            plan = self._tracker.plan(alerts, now, self._cooldown_for)
+            plan = self._tracker.plan(alerts, now, lambda ref: _cooldown(targets.get(ref)))
             decisions, failed = [], False
             for req in plan.requests:
-                decision = await self._apply(req, now)
+                decision = await self._apply(req, targets[req.consumer], now)
                 failed = failed or decision is None
                 if decision is not None:
                     decisions.append(decision)
@@ -176,12 +182,21 @@ class AlertReceiver:
         }
         return web.json_response(body, status=500 if failed else 200)
 
-    def _cooldown_for(self, consumer: ConsumerRef) -> float | None:
-        entry = self._targets.get(consumer)
-        return entry[1] if entry else None
+    async def _resolve(self, ref: ConsumerRef) -> Resolved:
+        if ref in self._targets:
+            return self._targets[ref]
+        if self._resolver is None:
+            return None
+        try:
+            found = self._resolver(ref)
+            return await found if inspect.isawaitable(found) else found
+        except Exception:
+            log.exception("looking up StreamConsumer %s failed; treating it as unknown", ref)
+            return None
 
-    async def _apply(self, req: ScaleRequest, now: float) -> ScaleDecision | None:
-        target, cooldown = self._targets[req.consumer]
+    async def _apply(self, req: ScaleRequest, resolved: Resolved, now: float) -> ScaleDecision | None:
+        assert resolved is not None  # the tracker only requests scaling for resolved consumers
+        target, cooldown = resolved
         try:
             result = target.request_scale(req.direction, req.reason)
             outcome = await result if inspect.isawaitable(result) else result
@@ -203,6 +218,10 @@ class AlertReceiver:
             except Exception:
                 log.exception("recording the decision for %s failed", req.consumer)
         return decision
+
+
+def _cooldown(resolved: Resolved) -> float | None:
+    return resolved[1] if resolved else None
 
 
 class ReceiverServer:
