@@ -1,0 +1,1 @@
+"""Aggregating processed records with Spark (see docs/aggregation.md)."""

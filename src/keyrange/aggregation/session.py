@@ -1,0 +1,66 @@
+"""Starting Spark for keyrange, with the environment problems turned into one-line errors."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import shutil
+import sys
+from typing import Any
+
+from keyrange.errors import UserError
+
+
+class SparkSetupError(UserError, RuntimeError):
+    """Spark cannot start here: pyspark, pyarrow or Java is missing."""
+
+
+def check_environment() -> None:
+    """Raise SparkSetupError naming what is missing and how to install it."""
+    missing = [m for m in ("pyspark", "pyarrow") if importlib.util.find_spec(m) is None]
+    if missing:
+        raise SparkSetupError(
+            f"{' and '.join(missing)} not installed; the aggregation job needs the spark extra: "
+            "pip install 'keyrange[spark]'"
+        )
+    java_home = os.environ.get("JAVA_HOME")
+    has_java = bool(java_home and os.access(os.path.join(java_home, "bin", "java"), os.X_OK))
+    if not has_java and shutil.which("java") is None:
+        raise SparkSetupError(
+            "Java is not installed (Spark needs Java 17 or 21); install a JRE "
+            "(e.g. apt-get install openjdk-17-jre-headless) or set JAVA_HOME"
+        )
+
+
+def spark_session(master: str = "local[2]", app_name: str = "keyrange-aggregate",
+                  shuffle_partitions: int | None = None, extra_conf: dict[str, str] | None = None) -> Any:
+    """A SparkSession with the `keyrange-kafka` source registered.
+
+    Python workers use this interpreter unless PYSPARK_PYTHON says otherwise, so executors see
+    the same keyrange and confluent-kafka as the driver.
+    """
+    check_environment()
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    from pyspark.sql import SparkSession
+
+    from keyrange.aggregation.source import register
+
+    local = master.startswith("local")
+    builder = (
+        SparkSession.builder.master(master)
+        .appName(app_name)
+        # Few cores locally: the default 200 shuffle partitions would be 200 tiny tasks per batch.
+        .config("spark.sql.shuffle.partitions", str(shuffle_partitions or (4 if local else 64)))
+        # Idempotent replays overwrite only the partitions a micro-batch writes.
+        .config("spark.sql.sources.partitionOverwriteMode", "dynamic")
+        .config("spark.sql.session.timeZone", "UTC")
+        .config("spark.ui.showConsoleProgress", "false")
+    )
+    if local:
+        builder = builder.config("spark.ui.enabled", "false")
+    for key, value in (extra_conf or {}).items():
+        builder = builder.config(key, value)
+    spark = builder.getOrCreate()
+    spark.sparkContext.setLogLevel("WARN")
+    register(spark)
+    return spark
