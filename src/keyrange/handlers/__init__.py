@@ -1,0 +1,74 @@
+"""Handlers: built-in ones by name (`sleep`, `ledger`, `noop`) and user ones as `module:function`.
+
+A handler is `handler(event: dict, ctx: HandlerContext) -> JSON-able result`, a plain function
+(run in the worker's thread pool) or a coroutine function (awaited on the worker's loop). A
+built-in name maps to a factory that validates `handlerConfig` and returns the handler.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from keyrange.errors import UserError
+from keyrange.handlers import builtin
+
+
+class HandlerError(UserError, ValueError):
+    """A handler name cannot be resolved or its config is invalid."""
+
+
+@dataclass(frozen=True)
+class Handler:
+    """A resolved handler and how to call it."""
+
+    name: str
+    """As given: a built-in name or `module:function`."""
+    function: Callable[..., Any]
+    """The callable taking (event, ctx)."""
+    is_async: bool
+    """True: awaited on the loop; False: run in the thread pool."""
+
+
+FACTORIES: dict[str, Callable[[dict[str, Any]], Callable[..., Any]]] = {
+    "sleep": builtin.sleep_handler,
+    "ledger": builtin.ledger_handler,
+    "noop": builtin.noop_handler,
+}
+
+
+def _is_async(function: Callable[..., Any]) -> bool:
+    if inspect.iscoroutinefunction(function):
+        return True
+    call = getattr(function, "__call__", None)  # noqa: B004 - callable objects with async __call__
+    return call is not None and inspect.iscoroutinefunction(call)
+
+
+def load_handler(name: str, config: dict[str, Any] | None = None) -> Handler:
+    """Resolve `name` (built-in or `module:function`); raise HandlerError saying what to fix."""
+    config = dict(config or {})
+    factory = FACTORIES.get(name)
+    if factory is not None:
+        try:
+            function = factory(config)
+        except (TypeError, ValueError) as exc:
+            raise HandlerError(f"bad handlerConfig for the {name!r} handler: {exc}") from None
+        return Handler(name, function, _is_async(function))
+    module_name, sep, attr = name.partition(":")
+    if not sep or not module_name or not attr:
+        raise HandlerError(
+            f"unknown handler {name!r}: use one of {', '.join(sorted(FACTORIES))} or module:function"
+        )
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise HandlerError(
+            f"cannot import handler module {module_name!r} ({exc}); check the name and that it is on PYTHONPATH"
+        ) from None
+    found = getattr(module, attr, None)
+    if found is None or not callable(found):
+        raise HandlerError(f"module {module_name!r} has no callable {attr!r} to use as a handler")
+    return Handler(name, found, _is_async(found))

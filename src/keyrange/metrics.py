@@ -1,0 +1,62 @@
+"""Every `keyrange_*` Prometheus metric, declared once here and grouped by subject.
+
+Names and labels are a contract (DESIGN.md, alerts, dashboards). Labels are `consumer`,
+`worker` and `partition` where relevant; never a client id (unbounded cardinality).
+"""
+
+from __future__ import annotations
+
+from prometheus_client import Counter, Gauge, Histogram
+
+# --- Worker: events ------------------------------------------------------------------------
+_WP = ("consumer", "worker", "partition")
+
+EVENTS_CONSUMED = Counter(
+    "keyrange_events_consumed", "Input records fetched by the worker (before dedup).", _WP
+)
+EVENTS_PROCESSED = Counter(
+    "keyrange_events_processed", "Events whose handler returned and whose output was committed.", _WP
+)
+DUPLICATES_DROPPED = Counter(
+    "keyrange_duplicates_dropped", "Events dropped because their uuid was seen within the TTL.", _WP
+)
+DEAD_LETTERS = Counter(
+    "keyrange_dead_letters", "Records sent to the dead-letter topic (bad input or handler failures).",
+    (*_WP, "reason"),
+)
+
+# --- Worker: queues, dedup, backpressure, lag ----------------------------------------------
+DEDUP_ENTRIES = Gauge("keyrange_dedup_entries", "uuids remembered by the TTL dedup window.", _WP)
+PENDING_EVENTS = Gauge(
+    "keyrange_pending_events", "Fetched events of the partition not yet committable.", _WP
+)
+PARTITION_PAUSED = Gauge(
+    "keyrange_partition_paused", "1 while the partition is paused for backpressure (max pending).", _WP
+)
+CONSUMER_LAG = Gauge(
+    "keyrange_consumer_lag", "Records between the committable offset and the partition's high watermark.", _WP
+)
+CONSUMER_LAG_SECONDS = Gauge(
+    "keyrange_consumer_lag_seconds", "Age of the oldest unfinished event of the partition (0 when none).", _WP
+)
+
+# --- Worker: latency -------------------------------------------------------------------------
+# Fine buckets between 1 and 100 ms so that p50/p99 around the kata's 10-50 ms can be read.
+_LATENCY_BUCKETS = (
+    0.001, 0.002, 0.003, 0.005, 0.0075, 0.01, 0.0125, 0.015, 0.0175, 0.02, 0.025, 0.03, 0.04,
+    0.05, 0.075, 0.1, 0.15, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
+)
+EVENT_LATENCY = Histogram(
+    "keyrange_event_latency_seconds", "Time from the event's `created` to its handler's start.",
+    ("consumer", "worker"), buckets=_LATENCY_BUCKETS,
+)
+HANDLER_SECONDS = Histogram(
+    "keyrange_handler_seconds", "Duration of one handler call (each attempt).",
+    ("consumer", "worker"), buckets=_LATENCY_BUCKETS,
+)
+
+# --- Worker: transactions ------------------------------------------------------------------
+TRANSACTIONS = Counter(
+    "keyrange_transactions", "Output transactions committed (outputs, state and offsets).", ("consumer", "worker")
+)
+HELD_SLOTS = Gauge("keyrange_held_slots", "Slots (partitions) the worker currently holds.", ("consumer", "worker"))

@@ -1,0 +1,91 @@
+"""Everything a worker keeps for one held partition (slot): its lease on the work."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Callable
+from typing import Any
+
+from keyrange import metrics
+from keyrange.worker.commits import CommitWindow
+from keyrange.worker.dedup import TtlSet
+from keyrange.worker.restore import RestoredPartition
+from keyrange.worker.transactions import OutputRecord
+
+
+class PartitionMetrics:
+    """The metric children of one partition, bound once (label lookups are slow per event)."""
+
+    __slots__ = (
+        "consumed", "dead_letters", "dedup_entries", "duplicates", "labels", "lag", "lag_seconds",
+        "paused", "pending", "processed",
+    )
+
+    def __init__(self, consumer: str, worker: str, partition: int) -> None:
+        self.labels = (consumer, worker, str(partition))
+        self.consumed = metrics.EVENTS_CONSUMED.labels(*self.labels)
+        self.processed = metrics.EVENTS_PROCESSED.labels(*self.labels)
+        self.duplicates = metrics.DUPLICATES_DROPPED.labels(*self.labels)
+        self.dead_letters = metrics.DEAD_LETTERS
+        self.dedup_entries = metrics.DEDUP_ENTRIES.labels(*self.labels)
+        self.pending = metrics.PENDING_EVENTS.labels(*self.labels)
+        self.paused = metrics.PARTITION_PAUSED.labels(*self.labels)
+        self.lag = metrics.CONSUMER_LAG.labels(*self.labels)
+        self.lag_seconds = metrics.CONSUMER_LAG_SECONDS.labels(*self.labels)
+
+    def dead_letter(self, reason: str) -> None:
+        """Count one dead letter with its reason code."""
+        self.dead_letters.labels(*self.labels, reason).inc()
+
+    def remove(self) -> None:
+        """Drop the gauges of a released partition so they do not report stale values."""
+        for gauge in (metrics.DEDUP_ENTRIES, metrics.PENDING_EVENTS, metrics.PARTITION_PAUSED,
+                      metrics.CONSUMER_LAG, metrics.CONSUMER_LAG_SECONDS):
+            with contextlib.suppress(KeyError):
+                gauge.remove(*self.labels)
+
+
+class PartitionState:
+    """A held partition: commit window, dedup window, keyed state and outputs not yet committed."""
+
+    def __init__(self, partition: int, restored: RestoredPartition, ttl_seconds: float,
+                 clock: Callable[[], float], wall_clock: Callable[[], float],
+                 partition_metrics: PartitionMetrics) -> None:
+        self.partition = partition
+        self.window = CommitWindow(restored.start_offset)
+        self.committed_offset = restored.start_offset
+        """The offset last committed for this partition (or where it started)."""
+        self.skip = restored.finished_offsets
+        """Offsets already finished before this acquire (outputs exist): not run again."""
+        self.dedup = TtlSet(ttl_seconds, clock)
+        offset_s = clock() - wall_clock()
+        for uuid, seen_wall_s in restored.seen:
+            self.dedup.add_seen_at(uuid, seen_wall_s + offset_s)
+        self.store: dict[int, Any] = restored.state
+        """clientId -> committed keyed state (as applied by finished events)."""
+        self.outputs: list[OutputRecord] = []
+        """Processed records and dead letters finished since the last transaction."""
+        self.dirty_state: dict[int, bytes | None] = {}
+        """clientId -> encoded state to changelog in the next transaction (None: tombstone)."""
+        self.processed_uncommitted = 0
+        self.revoked = False
+        """Set on release: nothing more of this partition starts; queued events are skipped."""
+        self.paused = False
+        self.running = 0
+        """Handler calls in flight for this partition."""
+        self.drained = asyncio.Event()
+        self.drained.set()
+        self.metrics = partition_metrics
+
+    def take_outputs(self, state_topic: str) -> tuple[list[OutputRecord], int]:
+        """Hand over the outputs and state changes for a transaction; return them and the processed count."""
+        records = self.outputs
+        self.outputs = []
+        if self.dirty_state:
+            p = self.partition
+            records.extend(OutputRecord(state_topic, p, str(client).encode(), value)
+                           for client, value in self.dirty_state.items())
+            self.dirty_state = {}
+        processed, self.processed_uncommitted = self.processed_uncommitted, 0
+        return records, processed

@@ -1,0 +1,113 @@
+"""Per-client serial execution with a global concurrency limit and no head-of-line blocking.
+
+Each client with work has its own FIFO queue and one drain coroutine that runs the client's
+items one at a time in submission (log) order; a semaphore caps how many items run at once
+across all clients. A slow client only ever holds one permit, so the others keep flowing.
+There are no fixed lanes shared by clients and no asyncio Task per item: a drain coroutine is
+started when a client goes from idle to busy and ends when its queue is empty.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import deque
+from collections.abc import Awaitable, Callable
+from typing import Generic, TypeVar
+
+T = TypeVar("T")
+
+log = logging.getLogger(__name__)
+
+YIELD_EVERY_ITEMS = 64
+"""A drain coroutine whose handler never suspends yields to the loop this often, so fetching
+and committing are not starved by one long queue."""
+
+
+class ClientScheduler(Generic[T]):
+    """Runs `run(item)` for submitted items: serially per client, `concurrency` at most overall."""
+
+    def __init__(
+        self,
+        run: Callable[[T], Awaitable[None]],
+        concurrency: int,
+        skip: Callable[[T], bool] | None = None,
+    ) -> None:
+        if concurrency < 1:
+            raise ValueError(f"concurrency must be at least 1, got {concurrency}")
+        self._run = run
+        self._skip = skip
+        self._permits = asyncio.Semaphore(concurrency)
+        self._queues: dict[int, deque[T]] = {}
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._queued = 0
+        self._idle = asyncio.Event()
+        self._idle.set()
+
+    @property
+    def active_clients(self) -> int:
+        """Clients with queued or running items."""
+        return len(self._queues)
+
+    @property
+    def queued(self) -> int:
+        """Items submitted and not yet finished (running ones included)."""
+        return self._queued
+
+    def submit(self, client_id: int, item: T) -> None:
+        """Queue `item` behind the client's earlier items; start the client's drain if idle."""
+        self._queued += 1
+        self._idle.clear()
+        queue = self._queues.get(client_id)
+        if queue is not None:
+            queue.append(item)
+            return
+        queue = deque((item,))
+        self._queues[client_id] = queue
+        task = asyncio.get_running_loop().create_task(self._drain(client_id, queue))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def wait_idle(self) -> None:
+        """Return once every submitted item has finished or been skipped."""
+        await self._idle.wait()
+
+    async def cancel(self) -> None:
+        """Cancel every drain coroutine (used when the worker dies, not on a graceful stop)."""
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+
+    async def _drain(self, client_id: int, queue: deque[T]) -> None:
+        permits = self._permits
+        skip = self._skip
+        since_yield = 0
+        try:
+            while queue:
+                item = queue[0]
+                if skip is not None and skip(item):
+                    queue.popleft()
+                    self._finished()
+                    continue
+                await permits.acquire()
+                try:
+                    queue.popleft()
+                    await self._run(item)
+                except Exception:
+                    # `run` handles its own failures (retries, dead letters); anything that
+                    # escapes is a bug, logged so that one item cannot stop its client's queue.
+                    log.exception("unexpected error running an item of client %s", client_id)
+                finally:
+                    permits.release()
+                    self._finished()
+                since_yield += 1
+                if since_yield >= YIELD_EVERY_ITEMS:
+                    since_yield = 0
+                    await asyncio.sleep(0)
+        finally:
+            del self._queues[client_id]
+
+    def _finished(self) -> None:
+        self._queued -= 1
+        if self._queued == 0:
+            self._idle.set()

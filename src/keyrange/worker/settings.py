@@ -1,0 +1,89 @@
+"""What one worker process needs to know, with units in the names and bounds checked."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass(frozen=True)
+class WorkerSettings:
+    """Settings of one worker; see docs/worker.md for how each one shapes behaviour."""
+
+    bootstrap: str
+    """Kafka bootstrap servers."""
+    topic: str
+    """The input topic."""
+    group_id: str
+    """Consumer group whose committed offsets the worker reads and commits (no group membership)."""
+    worker_id: str = "0"
+    """This worker's identity; part of the transactional.id, so keep it stable across restarts."""
+    consumer_name: str | None = None
+    """The `consumer` metric label; defaults to group_id."""
+    sink_topic: str | None = None
+    """Processed-record topic; defaults to `<topic>.processed`."""
+    dlq_topic: str | None = None
+    """Dead-letter topic; defaults to `<topic>.dlq`."""
+    state_topic: str | None = None
+    """Compacted keyed-state changelog; defaults to `<group_id>.state`."""
+    concurrency: int = 64
+    """Handler calls in flight at once across all clients (also the sync handlers' thread pool)."""
+    max_pending: int = 1000
+    """Unfinished events per partition above which the partition is paused."""
+    ttl_seconds: float = 10.0
+    """A uuid seen within this many seconds is dropped as a duplicate."""
+    max_retries: int = 3
+    """Handler attempts beyond the first before an event is dead-lettered."""
+    retry_backoff_ms: int = 50
+    """Wait before the first retry; doubles per attempt, capped at 2 s."""
+    commit_interval_ms: int = 100
+    """How often one transaction carries finished outputs, state and offsets."""
+    fetch_batch_size: int = 1000
+    """Records taken from the consumer per call."""
+    handler_config: dict[str, Any] = field(default_factory=dict)
+    """Passed to handlers as `ctx.config`."""
+    restore_clock_slack_seconds: float = 60.0
+    """Extra history read on restore to tolerate clock skew between hosts."""
+    kafka_timeout_seconds: float = 30.0
+    """Timeout of a single Kafka admin, restore or transaction call."""
+
+    def __post_init__(self) -> None:
+        checks = [
+            (self.concurrency >= 1, f"concurrency must be at least 1, got {self.concurrency}"),
+            (self.max_pending >= 1, f"max_pending must be at least 1, got {self.max_pending}"),
+            (self.ttl_seconds > 0, f"ttl_seconds must be positive, got {self.ttl_seconds}"),
+            (self.max_retries >= 0, f"max_retries must be 0 or more, got {self.max_retries}"),
+            (self.commit_interval_ms >= 1, f"commit_interval_ms must be at least 1, got {self.commit_interval_ms}"),
+            (self.fetch_batch_size >= 1, f"fetch_batch_size must be at least 1, got {self.fetch_batch_size}"),
+            (bool(self.topic), "topic must not be empty"),
+            (bool(self.group_id), "group_id must not be empty"),
+            (bool(self.worker_id), "worker_id must not be empty"),
+        ]
+        for ok, message in checks:
+            if not ok:
+                raise ValueError(message)
+
+    @property
+    def sink(self) -> str:
+        """The processed-record topic after defaults."""
+        return self.sink_topic or f"{self.topic}.processed"
+
+    @property
+    def dlq(self) -> str:
+        """The dead-letter topic after defaults."""
+        return self.dlq_topic or f"{self.topic}.dlq"
+
+    @property
+    def state(self) -> str:
+        """The keyed-state changelog topic after defaults."""
+        return self.state_topic or f"{self.group_id}.state"
+
+    @property
+    def transactional_id(self) -> str:
+        """One transactional producer per worker; a restart with the same id fences the old one."""
+        return f"keyrange-{self.group_id}-{self.worker_id}"
+
+    @property
+    def metrics_consumer(self) -> str:
+        """The `consumer` label value."""
+        return self.consumer_name or self.group_id
