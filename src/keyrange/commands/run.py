@@ -33,6 +33,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--clients", type=int, default=100, help="with --produce: distinct clients (default 100)")
     parser.add_argument("--run-dir", type=Path, help="where worker logs go (default .keyrange/<name>)")
     parser.add_argument("--quiet", action="store_true", help="no live table")
+    parser.add_argument("--webhook-port", type=int, metavar="PORT",
+                        help="scale from Prometheus alerts: serve the Alertmanager webhook on 127.0.0.1:PORT and "
+                             "write Prometheus/Alertmanager configs to <run-dir>/prometheus (docs/autoscaling.md); "
+                             "default: the planner reads lag directly")
+    parser.add_argument("--webhook-token", help="bearer token for --webhook-port (default $KEYRANGE_WEBHOOK_TOKEN)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -45,13 +50,22 @@ def run(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     stop = threading.Event()
     previous = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGINT, signal.SIGTERM)}
-    supervisor = Supervisor(consumer, args.file.resolve(), args.bootstrap, args.run_dir)
+    alerting = None
+    if args.webhook_port is not None:
+        from keyrange.local.alerting import AlertingOptions
+        from keyrange.operator.webhook import load_token
+
+        alerting = AlertingOptions(args.webhook_port, load_token(args.webhook_token))
+    supervisor = Supervisor(consumer, args.file.resolve(), args.bootstrap, args.run_dir, alerting=alerting)
     load_thread: threading.Thread | None = None
     load = LoadTotals()
     try:
         supervisor.start()
         print(f"keyrange run {consumer.name}: broker {supervisor.bootstrap}, topic {consumer.spec.kafka.topic}, "
               f"worker logs in {supervisor.run_dir / 'logs'} (Ctrl-C to stop)", flush=True)
+        if supervisor.alerts is not None:
+            print(f"scaling from alerts: webhook {supervisor.alerts.webhook_url}, Prometheus and Alertmanager "
+                  f"configs in {supervisor.alerts.dir}", flush=True)
         if args.produce:
             assert supervisor.bootstrap is not None
             shape = LoadShape(rate=args.produce, clients=args.clients, ledger=args.ledger)

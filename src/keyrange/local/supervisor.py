@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from keyrange.kafkaio import TopicSpec, ensure_topics
+from keyrange.local.alerting import AlertingOptions, LocalAlertPath, without_lag_thresholds
 from keyrange.local.broker import EmbeddedBroker
 from keyrange.local.fleet import ProcessFleet
 from keyrange.local.scrape import WorkerSample, bucket_delta, histogram_quantile, merged_lag, scrape
@@ -69,7 +70,8 @@ class Supervisor:
     """Runs one StreamConsumer locally (see the module docstring)."""
 
     def __init__(self, consumer: StreamConsumer, spec_file: Path, bootstrap: str | None = None,
-                 run_dir: Path | None = None, worker_args: tuple[str, ...] = (), tick_seconds: float = 1.0) -> None:
+                 run_dir: Path | None = None, worker_args: tuple[str, ...] = (), tick_seconds: float = 1.0,
+                 alerting: AlertingOptions | None = None) -> None:
         self.consumer = consumer
         self.spec_file = spec_file
         self.bootstrap = bootstrap or consumer.spec.kafka.bootstrap_servers
@@ -87,6 +89,8 @@ class Supervisor:
         self._worker_window: dict[int, list[tuple[float, float]]] = {}
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self.alerts = LocalAlertPath(alerting, consumer, self.run_dir) if alerting else None
+        """The alert path (`--webhook-port`): Alertmanager decides instead of the planner's lag triggers."""
 
     # --- lifecycle ---------------------------------------------------------------------------
 
@@ -102,9 +106,13 @@ class Supervisor:
         ControlChannel.ensure_topic(self.bootstrap, group)
         self.fleet = ProcessFleet(self.spec_file, self.bootstrap, self.run_dir / "logs", self.worker_args)
         channel = ControlChannel(self.bootstrap, group, "keyrange-run")
-        self.controller = Controller(channel, counts[spec.kafka.topic], ScalingLimits.from_spec(spec), self,
-                                     self.fleet)
+        limits = ScalingLimits.from_spec(spec)
+        if self.alerts is not None:
+            limits = without_lag_thresholds(limits)
+        self.controller = Controller(channel, counts[spec.kafka.topic], limits, self, self.fleet)
         self.controller.start()
+        if self.alerts is not None:
+            self.alerts.start(self)
         self.started = time.monotonic()
         self._thread = threading.Thread(target=self.controller.run, args=(self._stop,), name="keyrange-controller",
                                         daemon=True)
@@ -113,6 +121,8 @@ class Supervisor:
     def stop(self) -> None:
         """Stop planning, SIGTERM the workers (they commit), stop the broker we started."""
         self._stop.set()
+        if self.alerts is not None:
+            self.alerts.stop()
         if self._thread is not None:
             self._thread.join(timeout=10)
         if self.fleet is not None:
@@ -151,6 +161,8 @@ class Supervisor:
                 while len(points) > 2 and now - points[0][0] > RATE_WINDOW_SECONDS:
                     points.pop(0)
         self._samples = samples
+        if self.alerts is not None:
+            self.alerts.update_targets(self.fleet.urls())
         buckets: dict[float, float] = {}
         for sample in samples.values():
             for le, count in sample.latency_buckets.items():

@@ -1,0 +1,166 @@
+"""The alert path of `keyrange run --webhook-port P`: scaling driven by Prometheus and Alertmanager.
+
+Without `--webhook-port` the supervisor's planner reads lag from the workers and decides itself.
+With it, the decisions come from alerts, exactly as in a cluster: the supervisor serves the same
+webhook receiver as the operator, turns off the planner's own lag thresholds (limits and cooldown
+stay), and writes into `<run-dir>/prometheus/` everything a local Prometheus and Alertmanager need:
+
+    rules.yml          the consumer's alerts (keyrange.operator.rules), namespace label "default"
+    targets.json       file_sd targets: every worker's /metrics, rewritten as workers come and go
+    prometheus.yml     scrape + rules + alerting to Alertmanager on 127.0.0.1:9093
+    alertmanager.yml   one webhook receiver pointing at this process, with the bearer token
+
+    prometheus --config.file <run-dir>/prometheus/prometheus.yml
+    prometheus-alertmanager --config.file <run-dir>/prometheus/alertmanager.yml --cluster.listen-address=
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import math
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from keyrange.operator.alerts import DEFAULT_NAMESPACE, ConsumerRef
+from keyrange.operator.rules import RuleOptions, render_rule_groups
+from keyrange.operator.webhook import AlertReceiver, ReceiverServer, ScaleDecision, ScaleTarget
+from keyrange.ranges.planner import ScalingLimits
+from keyrange.spec import StreamConsumer
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class AlertingOptions:
+    """How `keyrange run` serves the alert path."""
+
+    webhook_port: int
+    """Port of the webhook receiver on 127.0.0.1 (0: any free port)."""
+    token: str
+    """Bearer token Alertmanager must send."""
+    alertmanager_port: int = 9093
+    """Where the written prometheus.yml expects Alertmanager."""
+    lag_high_for_seconds: float = 5.0
+    """`for:` of the lag-high alerts (the scale reaction time grows with it)."""
+
+
+def without_lag_thresholds(limits: ScalingLimits) -> ScalingLimits:
+    """The planner's limits with its own lag triggers off: alerts decide, forced requests still
+    respect workers.min/max and the cooldown."""
+    return dataclasses.replace(limits, lag_high_records=2**62, lag_high_seconds=math.inf, lag_low_records=0)
+
+
+def prometheus_config(rules_file: Path, targets_file: Path, alertmanager: str,
+                      interval: str = "1s") -> dict[str, Any]:
+    """A Prometheus config scraping the file_sd targets, evaluating keyrange's rules, alerting."""
+    return {
+        "global": {"scrape_interval": interval, "evaluation_interval": interval},
+        "rule_files": [str(rules_file)],
+        "alerting": {"alertmanagers": [{"static_configs": [{"targets": [alertmanager]}]}]},
+        "scrape_configs": [{
+            "job_name": "keyrange-workers",
+            "honor_labels": True,  # keep the workers' own consumer/worker labels
+            "file_sd_configs": [{"files": [str(targets_file)], "refresh_interval": "1s"}],
+        }],
+    }
+
+
+def alertmanager_config(webhook_url: str, token: str, group_wait: str = "0s", group_interval: str = "1s",
+                        repeat_interval: str = "1m") -> dict[str, Any]:
+    """An Alertmanager config sending keyrange's alerts to the receiver (docs/autoscaling.md has the
+    cluster version of the same route)."""
+    return {
+        "route": {
+            "receiver": "keyrange",
+            "group_by": ["namespace", "streamconsumer", "alertname"],
+            "group_wait": group_wait,
+            "group_interval": group_interval,
+            "repeat_interval": repeat_interval,
+        },
+        "receivers": [{
+            "name": "keyrange",
+            "webhook_configs": [{
+                "url": webhook_url,
+                "send_resolved": True,
+                "http_config": {"authorization": {"type": "Bearer", "credentials": token}},
+            }],
+        }],
+    }
+
+
+class LocalAlertPath:
+    """Serves the receiver for one local consumer and keeps the Prometheus files current."""
+
+    def __init__(self, options: AlertingOptions, consumer: StreamConsumer, run_dir: Path) -> None:
+        self.options = options
+        self.consumer = consumer
+        self.ref = ConsumerRef(consumer.metadata.namespace or DEFAULT_NAMESPACE, consumer.name)
+        self.dir = run_dir / "prometheus"
+        self.decisions: list[ScaleDecision] = []
+        """Every scale request the alerts caused, with its outcome (newest last)."""
+        self.receiver = AlertReceiver(options.token, on_decision=self.decisions.append)
+        self._server: ReceiverServer | None = None
+        self._targets: list[tuple[int, str]] | None = None
+
+    @property
+    def targets_file(self) -> Path:
+        """The file_sd file Prometheus watches."""
+        return self.dir / "targets.json"
+
+    @property
+    def rules_file(self) -> Path:
+        """The rendered alert rules."""
+        return self.dir / "rules.yml"
+
+    def start(self, target: ScaleTarget) -> str:
+        """Serve the receiver for `target` and write the config files; return the webhook URL."""
+        self.receiver.register(self.ref, target, self.consumer.spec.scaling.cooldown_seconds)
+        self._server = ReceiverServer(self.receiver, "127.0.0.1", self.options.webhook_port).start()
+        self.dir.mkdir(parents=True, exist_ok=True)
+        rules = render_rule_groups(self.ref.name, self.ref.namespace, self.consumer.spec, RuleOptions(
+            lag_high_for_seconds=self.options.lag_high_for_seconds, match_namespace=False))
+        self.rules_file.write_text(yaml.safe_dump(rules, sort_keys=False))
+        self.update_targets({})
+        am = f"127.0.0.1:{self.options.alertmanager_port}"
+        (self.dir / "prometheus.yml").write_text(
+            yaml.safe_dump(prometheus_config(self.rules_file, self.targets_file, am), sort_keys=False))
+        am_config = self.dir / "alertmanager.yml"
+        am_config.write_text(yaml.safe_dump(alertmanager_config(self._server.url, self.options.token),
+                                            sort_keys=False))
+        am_config.chmod(0o600)  # it holds the token
+        log.info("alert webhook at %s; Prometheus files in %s", self._server.url, self.dir)
+        return self._server.url
+
+    def update_targets(self, metrics_urls: Mapping[int, str]) -> None:
+        """Point Prometheus at the workers now running (ordinal -> /metrics URL); atomic, and only
+        when the set changed."""
+        current = sorted(metrics_urls.items())
+        if current == self._targets:
+            return
+        groups = []
+        for ordinal, url in current:
+            address = url.removeprefix("http://").removesuffix("/metrics")
+            groups.append({"targets": [address], "labels": {"consumer": self.ref.name, "worker": str(ordinal)}})
+        tmp = self.targets_file.with_suffix(".tmp")
+        tmp.write_text(json.dumps(groups, indent=1))
+        os.replace(tmp, self.targets_file)  # Prometheus must never read half a file
+        self._targets = current
+
+    @property
+    def webhook_url(self) -> str:
+        """The receiver's URL (after `start`)."""
+        assert self._server is not None, "LocalAlertPath.start() was not called"
+        return self._server.url
+
+    def stop(self) -> None:
+        """Stop serving."""
+        if self._server is not None:
+            self._server.close()
+
