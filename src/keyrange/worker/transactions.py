@@ -17,6 +17,7 @@ from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException, Producer, TopicPartition
 
+from keyrange.events import MAX_EVENT_BYTES
 from keyrange.worker.settings import WorkerSettings
 
 log = logging.getLogger(__name__)
@@ -62,6 +63,8 @@ class TransactionalOutput:
                 "partitioner": "murmur2_random",
                 "linger.ms": 5,
                 "transaction.timeout.ms": 60_000,
+                # Dead letters carry the original value, which may be just over the input limit.
+                "message.max.bytes": 2 * MAX_EVENT_BYTES + 100_000,
                 "log_level": 3,
             })
             self._producer.init_transactions(s.kafka_timeout_seconds)

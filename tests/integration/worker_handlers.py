@@ -1,0 +1,31 @@
+"""User handlers loaded by the worker tests as `module:function`, like a user's own code."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from typing import Any
+
+FAIL_MARK = "fail-always"
+"""Events whose body has `"mode": FAIL_MARK` make the handlers below raise on every attempt."""
+
+
+def sync_counter(event: dict[str, Any], ctx: Any) -> dict[str, Any]:
+    """A sync handler (runs in the worker's thread pool): keyed count of the client's events."""
+    if event.get("mode") == FAIL_MARK:
+        raise RuntimeError("this event always fails")
+    time.sleep(0.001)
+    count = ctx.state.get(0) + 1
+    ctx.state.set(count)
+    return {"count": count, "thread": threading.current_thread().name.split("_")[0]}
+
+
+async def async_counter(event: dict[str, Any], ctx: Any) -> dict[str, Any]:
+    """An async handler (awaited on the worker's loop): keyed count of the client's events."""
+    if event.get("mode") == FAIL_MARK:
+        raise RuntimeError("this event always fails")
+    await asyncio.sleep(0.001)
+    count = ctx.state.get(0) + 1
+    ctx.state.set(count)
+    return {"count": count, "attempt": ctx.attempt}
