@@ -22,6 +22,8 @@ from typing import Any
 
 import yaml
 
+from keyrange.local.alerting import alertmanager_config, prometheus_config
+
 
 def free_port() -> int:
     """A TCP port free on 127.0.0.1 right now."""
@@ -42,8 +44,10 @@ class PrometheusStack:
     posts every notification to `webhook_url` with a bearer token."""
 
     def __init__(self, workdir: Path, rules: Mapping[str, Any], webhook_url: str, token: str,
-                 repeat_interval: str = "1m") -> None:
+                 repeat_interval: str = "1m", targets_file: Path | None = None) -> None:
         self.dir = workdir
+        self.targets_file = targets_file or workdir / "targets.json"
+        """The file_sd file (`keyrange run --webhook-port` writes its own: pass that one)."""
         self.prometheus_port, self.alertmanager_port = free_port(), free_port()
         self._procs: list[subprocess.Popen[bytes]] = []
         self._rules, self._webhook_url, self._token = rules, webhook_url, token
@@ -62,25 +66,19 @@ class PrometheusStack:
     def set_targets(self, targets: Sequence[tuple[str, Mapping[str, str]]]) -> None:
         """Scrape exactly these `host:port` endpoints, each with its target labels."""
         groups = [{"targets": [addr], "labels": dict(labels)} for addr, labels in targets]
-        tmp = self.dir / "targets.json.tmp"
+        tmp = self.targets_file.with_suffix(".tmp")
         tmp.write_text(json.dumps(groups))
-        os.replace(tmp, self.dir / "targets.json")  # atomic: Prometheus never reads half a file
+        os.replace(tmp, self.targets_file)  # atomic: Prometheus never reads half a file
 
     def start(self) -> PrometheusStack:
         """Write the configs, start both servers and wait until they are ready."""
+        self.dir.mkdir(parents=True, exist_ok=True)
         (self.dir / "rules.yml").write_text(yaml.safe_dump(dict(self._rules), sort_keys=False))
-        if not (self.dir / "targets.json").exists():
+        if not self.targets_file.exists():
             self.set_targets([])
-        (self.dir / "prometheus.yml").write_text(yaml.safe_dump({
-            "global": {"scrape_interval": "1s", "evaluation_interval": "1s", "scrape_timeout": "900ms"},
-            "rule_files": [str(self.dir / "rules.yml")],
-            "alerting": {"alertmanagers": [{"static_configs": [{"targets": [f"127.0.0.1:{self.alertmanager_port}"]}]}]},
-            "scrape_configs": [{
-                "job_name": "keyrange-workers",
-                "honor_labels": True,
-                "file_sd_configs": [{"files": [str(self.dir / "targets.json")], "refresh_interval": "1s"}],
-            }],
-        }))
+        config = prometheus_config(self.dir / "rules.yml", self.targets_file, f"127.0.0.1:{self.alertmanager_port}")
+        config["global"]["scrape_timeout"] = "900ms"
+        (self.dir / "prometheus.yml").write_text(yaml.safe_dump(config))
         (self.dir / "alertmanager.yml").write_text(yaml.safe_dump(alertmanager_config(
             self._webhook_url, self._token, repeat_interval=self._repeat_interval)))
         self._spawn("alertmanager", [
@@ -144,27 +142,4 @@ class PrometheusStack:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
-
-
-def alertmanager_config(webhook_url: str, token: str, group_wait: str = "0s", group_interval: str = "1s",
-                        repeat_interval: str = "1m") -> dict[str, Any]:
-    """An Alertmanager config routing keyrange's alerts to the receiver (docs/autoscaling.md shows
-    the production version: the same receiver with slower grouping)."""
-    return {
-        "route": {
-            "receiver": "keyrange",
-            "group_by": ["namespace", "streamconsumer", "alertname"],
-            "group_wait": group_wait,
-            "group_interval": group_interval,
-            "repeat_interval": repeat_interval,
-        },
-        "receivers": [{
-            "name": "keyrange",
-            "webhook_configs": [{
-                "url": webhook_url,
-                "send_resolved": True,
-                "http_config": {"authorization": {"type": "Bearer", "credentials": token}},
-            }],
-        }],
-    }
 
