@@ -186,7 +186,10 @@ class Worker:
             assign[s] = restored[s].start_offset
         await self._consumer.assign(assign)
         self._held_gauge.set(len(self.held_slots))
-        log.info("acquired slots %s at offsets %s", sorted(assign), assign)
+        log.info("acquired slots %s at offsets %s (restored %d finished-after-commit offsets, %d uuids, "
+                 "%d client states)", sorted(assign), assign,
+                 sum(len(restored[s].finished_offsets) for s in assign),
+                 sum(len(restored[s].seen) for s in assign), sum(len(restored[s].state) for s in assign))
 
     async def release(self, slots: Iterable[int], commit: bool = True) -> None:
         """Stop the slots: no new handler starts, in-flight calls finish, and (with `commit`) their
