@@ -1,0 +1,172 @@
+"""Scale reaction time: from lag crossing lagHighRecords to the new owner handling its first event.
+
+Through the alert path (real Prometheus and Alertmanager: scrape and evaluation every 1 s, the
+lag-high alert's default `for: 5s`, `group_wait: 0s`, then the webhook, the controller's split, a
+new worker process, its restore and first event), side by side in the same run with the baseline:
+`keyrange run` without Alertmanager, where the planner reads the workers' lag itself every second.
+
+Lag is created by producing 1000 events/s into a `sleep` consumer that handles ~400/s. The crossing
+time is when worker 0's own `keyrange_consumer_lag` (summed over its partitions, the series the
+alert reads) first exceeds the threshold, polled every 100 ms; the end is the earliest `startedAt`
+of a processed record from worker 1. Goal <= 15 s (KEDA's default loop is >= 45 s).
+
+    python -m benchmarks.bench_scale_reaction [--quick]
+"""
+
+from __future__ import annotations
+
+import statistics
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import yaml
+from prometheus_client.parser import text_string_to_metric_families
+
+from keyrange.loadgen import LoadShape
+from keyrange.local.alerting import AlertingOptions
+from keyrange.local.broker import EmbeddedBroker
+from keyrange.local.load import Phase, produce_phases
+from keyrange.local.supervisor import Supervisor
+from keyrange.spec import load_file
+
+LAG_HIGH_RECORDS = 500
+GOAL_SECONDS = 15.0
+TOKEN = "bench-token"
+
+
+def _spec(path: Path, topic: str) -> Path:
+    path.write_text(yaml.safe_dump({
+        "apiVersion": "keyrange.dev/v1alpha1", "kind": "StreamConsumer", "metadata": {"name": "reaction"},
+        "spec": {
+            "kafka": {"topic": topic, "partitions": 8},
+            "handler": "sleep", "handlerConfig": {"meanMs": 10, "stddevMs": 1},
+            "concurrency": 4, "maxPending": 100_000,
+            "workers": {"min": 1, "max": 2},
+            # Only the records threshold can fire: the seconds one is out of reach here.
+            "scaling": {"lagHighRecords": LAG_HIGH_RECORDS, "lagHighSeconds": 3600, "lagLowRecords": 10,
+                        "cooldownSeconds": 300},
+        },
+    }))
+    return path
+
+
+def _worker_lag(url: str) -> float | None:
+    try:
+        with urllib.request.urlopen(url, timeout=1) as resp:
+            text = resp.read().decode()
+    except OSError:
+        return None
+    return sum(s.value for f in text_string_to_metric_families(text) for s in f.samples
+               if s.name == "keyrange_consumer_lag")
+
+
+def _first_event_of(bootstrap: str, topic: str, worker: str, deadline: float) -> int:
+    """The earliest startedAt (epoch ms) of a processed record from `worker`."""
+    from tests.kafkatools import read_processed
+
+    while time.monotonic() < deadline:
+        started = [r["startedAt"] for r in read_processed(bootstrap, topic, timeout_seconds=10)
+                   if str(r["worker"]) == worker]
+        if started:
+            return int(min(started))
+        time.sleep(0.5)
+    raise TimeoutError(f"worker {worker} handled no event before the deadline")
+
+
+def measure(alerts: bool, workdir: Path) -> dict[str, float]:
+    """One run: seconds from the crossing to the decision and to the new owner's first event."""
+    from tests.integration.prometheus.stack import PrometheusStack
+
+    with EmbeddedBroker() as broker:
+        topic = f"reaction-{'alerts' if alerts else 'planner'}-{time.time_ns()}"
+        spec_file = _spec(workdir / "consumer.yaml", topic)
+        options = AlertingOptions(0, TOKEN) if alerts else None
+        sup = Supervisor(load_file(spec_file), spec_file, broker.bootstrap, workdir / "run", alerting=options)
+        stop = threading.Event()
+        sup.start()
+
+        def ticking() -> None:  # what `keyrange run`'s main loop does
+            while not stop.wait(sup.tick_seconds):
+                sup.tick()
+
+        ticker = threading.Thread(target=ticking, daemon=True)
+        ticker.start()
+        stack = None
+        try:
+            assert sup.fleet is not None and sup.controller is not None
+            if sup.alerts is not None:
+                rules = yaml.safe_load(sup.alerts.rules_file.read_text())
+                stack = PrometheusStack(workdir / "prom", rules, sup.alerts.webhook_url, TOKEN,
+                                        targets_file=sup.alerts.targets_file).start()
+                _wait(lambda: len(stack.query('up{consumer="reaction"} == 1')) == 1, 60)
+            else:
+                _wait(lambda: _worker_lag(sup.fleet.urls()[0]) is not None, 60)  # type: ignore[union-attr]
+            load = threading.Thread(target=produce_phases, daemon=True, args=(
+                broker.bootstrap, topic, LoadShape(rate=1000, duplicate_ratio=0.0, seed=1), [Phase(90, 1000)], stop))
+            load.start()
+            url = sup.fleet.urls()[0]
+            crossed_ms = 0
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline:
+                lag = _worker_lag(url)
+                if lag is not None and lag > LAG_HIGH_RECORDS:
+                    crossed_ms = int(time.time() * 1000)
+                    break
+                time.sleep(0.1)
+            assert crossed_ms, "lag never crossed the threshold"
+            _wait(lambda: bool(sup.controller.rescales), 90)  # type: ignore[union-attr]
+            decided_ms = sup.controller.rescales[0].decided_ms
+            first_ms = _first_event_of(broker.bootstrap, sup.consumer.spec.sink_topic, "1", time.monotonic() + 90)
+            return {"decision_s": (decided_ms - crossed_ms) / 1000, "reaction_s": (first_ms - crossed_ms) / 1000}
+        finally:
+            stop.set()
+            if stack is not None:
+                stack.stop()
+            ticker.join(10)
+            sup.stop()
+
+
+def _wait(condition: Any, timeout_seconds: float) -> None:
+    deadline = time.monotonic() + timeout_seconds
+    while not condition():
+        if time.monotonic() > deadline:
+            raise TimeoutError("benchmark setup timed out")
+        time.sleep(0.2)
+
+
+def run(quick: bool) -> list[dict[str, Any]]:
+    """Rows for BENCHMARKS.md: the alert path and the direct-planner baseline, medians of N runs."""
+    repeats = 1 if quick else 3
+    results: dict[bool, list[dict[str, float]]] = {True: [], False: []}
+    for _ in range(repeats):
+        for alerts in (True, False):
+            with tempfile.TemporaryDirectory(prefix="keyrange-bench-") as tmp:
+                results[alerts].append(measure(alerts, Path(tmp)))
+
+    def median(alerts: bool, key: str) -> float:
+        return statistics.median(r[key] for r in results[alerts])
+
+    via, direct = median(True, "reaction_s"), median(False, "reaction_s")
+    runs = f"median of {repeats} run(s)"
+    return [
+        {"name": "scale reaction: lag crossing -> new owner's first event, via Prometheus + Alertmanager",
+         "value": round(via, 2), "unit": "s", "goal": f"<= {GOAL_SECONDS:g} s",
+         "baseline": round(direct, 2), "ratio": round(via / direct, 2) if direct else None,
+         "notes": f"baseline: the planner reading lag directly (keyrange run without Alertmanager); "
+                  f"lag-high alert for: 5s, scrape/eval 1 s; {runs}; "
+                  f"all runs via alerts: {[r['reaction_s'] for r in results[True]]}"},
+        {"name": "scale reaction: lag crossing -> split decision, via Prometheus + Alertmanager",
+         "value": round(median(True, "decision_s"), 2), "unit": "s", "goal": None,
+         "baseline": round(median(False, "decision_s"), 2), "ratio": None,
+         "notes": "the rest of the reaction is the new worker process starting, restoring and acquiring"},
+    ]
+
+
+if __name__ == "__main__":
+    for row in run(quick="--quick" in sys.argv):
+        print(row)
