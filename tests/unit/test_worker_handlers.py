@@ -1,0 +1,81 @@
+"""Built-in handlers, handler loading, staged keyed state, settings bounds."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from keyrange.handlers import HandlerError, load_handler
+from keyrange.worker.context import ClientState, HandlerContext
+from keyrange.worker.settings import WorkerSettings
+
+
+def ctx_for(state: ClientState) -> HandlerContext:
+    return HandlerContext(client_id=1, partition=0, offset=0, attempt=1, worker="w", config={}, state=state)
+
+
+def test_ledger_follows_the_design_semantics() -> None:
+    ledger = load_handler("ledger")
+    assert ledger.is_async
+    stored = None
+    results = []
+    for event in ({"op": "increment", "amount": 5}, {"op": "increment", "amount": 2}, {"op": "drain"},
+                  {"op": "increment", "amount": 1}):
+        state = ClientState(stored)
+        results.append(asyncio.run(ledger.function(event, ctx_for(state))))
+        stored = state.staged
+    assert results == [{"value": 5, "returned": 5}, {"value": 7, "returned": 7}, {"value": 0, "returned": 7},
+                       {"value": 1, "returned": 1}]
+
+
+def test_ledger_rejects_unknown_ops_without_touching_state() -> None:
+    state = ClientState(3)
+    with pytest.raises(ValueError, match="ledger op"):
+        asyncio.run(load_handler("ledger").function({"op": "steal"}, ctx_for(state)))
+    assert not state.changed and state.get() == 3
+
+
+def test_state_writes_are_staged() -> None:
+    state = ClientState({"n": 1})
+    assert state.get() == {"n": 1} and not state.changed
+    state.set({"n": 2})
+    assert state.get() == {"n": 2} and state.changed and state.staged == {"n": 2}
+    assert ClientState(None).get(0) == 0
+
+
+@pytest.mark.parametrize(("name", "config", "message"), [
+    ("sleep", {"meanMs": -1}, "meanMs must be a non-negative number"),
+    ("sleep", {"meanMS": 3}, "unknown keys"),
+    ("ledger", {"delayMs": "5"}, "delayMs must be a non-negative number"),
+    ("noop", {"x": 1}, "unknown keys"),
+])
+def test_bad_handler_config_names_the_problem(name: str, config: dict[str, object], message: str) -> None:
+    with pytest.raises(HandlerError, match=message):
+        load_handler(name, config)
+
+
+def test_user_handlers_resolve_sync_and_async() -> None:
+    assert not load_handler("tests.integration.worker_handlers:sync_counter").is_async
+    assert load_handler("tests.integration.worker_handlers:async_counter").is_async
+    with pytest.raises(HandlerError, match="cannot import handler module"):
+        load_handler("no_such_module_here:f")
+    with pytest.raises(HandlerError, match="has no callable 'nope'"):
+        load_handler("tests.integration.worker_handlers:nope")
+    with pytest.raises(HandlerError, match="unknown handler"):
+        load_handler("sleepy")
+
+
+def test_sleep_handler_sleeps_about_its_mean() -> None:
+    handler = load_handler("sleep", {"meanMs": 1, "stddevMs": 0})
+    assert asyncio.run(handler.function({}, None)) is None
+
+
+def test_settings_check_bounds_and_defaults() -> None:
+    s = WorkerSettings(bootstrap="b", topic="events", group_id="payments", worker_id="3")
+    assert (s.sink, s.dlq, s.state, s.transactional_id) == (
+        "events.processed", "events.dlq", "payments.state", "keyrange-payments-3")
+    with pytest.raises(ValueError, match="concurrency must be at least 1"):
+        WorkerSettings(bootstrap="b", topic="t", group_id="g", concurrency=0)
+    with pytest.raises(ValueError, match="ttl_seconds must be positive"):
+        WorkerSettings(bootstrap="b", topic="t", group_id="g", ttl_seconds=0)
