@@ -170,7 +170,10 @@ def render_service_monitor(name: str, namespace: str, owner: dict[str, Any],
         "spec": {
             "selector": {"matchLabels": selector_labels(name)},
             "namespaceSelector": {"matchNames": [namespace]},
-            "endpoints": [{"port": "metrics", "path": "/metrics", "interval": "5s"}],
+            # `consumer` on the target too, so the worker-down alert's `up{consumer=...}` matches.
+            "endpoints": [{"port": "metrics", "path": "/metrics", "interval": "5s", "relabelings": [
+                {"sourceLabels": ["__meta_kubernetes_pod_label_keyrange_dev_streamconsumer"],
+                 "targetLabel": "consumer"}]}],
         },
     }
 
