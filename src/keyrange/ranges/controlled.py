@@ -1,0 +1,71 @@
+"""Controlled mode of `keyrange worker`: the worker takes its slots from the control topic.
+
+`keyrange worker` without `--partitions` runs `run_controlled`: start the engine, follow the
+control topic with a RangeMember until stopped, then stop the engine (it finishes in-flight
+events and commits) and report holding nothing, so a pending handoff completes at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+from typing import Protocol
+
+from keyrange.ranges.control import ControlChannel
+from keyrange.ranges.member import RangeMember, SlotOwner, ordinal_from_hostname
+
+log = logging.getLogger(__name__)
+
+
+class Engine(SlotOwner, Protocol):
+    """What controlled mode needs from the worker engine besides acquire/release."""
+
+    async def start(self) -> None:
+        """Connect and get ready to acquire."""
+
+    async def wait(self) -> None:
+        """Return when the engine stopped; raise what killed it."""
+
+    async def stop(self) -> None:
+        """Release everything (committing) and close."""
+
+
+def default_worker_ordinal(explicit: str | None) -> int:
+    """`--worker-id` if given, else the StatefulSet ordinal from $HOSTNAME (`payments-3` -> 3)."""
+    if explicit is not None:
+        if not explicit.isdigit():
+            raise ValueError(f"--worker-id must be a worker ordinal (0, 1, ...) in controlled mode, got {explicit!r}")
+        return int(explicit)
+    return ordinal_from_hostname(os.environ.get("HOSTNAME", ""))
+
+
+async def run_controlled(engine: Engine, bootstrap: str, group_id: str, ordinal: int,
+                         stop: asyncio.Event, heartbeat_seconds: float = 1.0) -> None:
+    """Run `engine` under the control topic of `group_id` as worker `ordinal` until `stop` is set
+    or the engine fails (its error is raised after the final report)."""
+    await asyncio.to_thread(ControlChannel.ensure_topic, bootstrap, group_id)
+    channel = await asyncio.to_thread(ControlChannel, bootstrap, group_id, f"worker-{ordinal}")
+    member = RangeMember(engine, channel, ordinal, heartbeat_seconds=heartbeat_seconds)
+    await engine.start()
+    member_task = asyncio.create_task(member.run(stop))
+    engine_task = asyncio.create_task(engine.wait())
+    stop_task = asyncio.create_task(stop.wait())
+    try:
+        done, _ = await asyncio.wait({member_task, engine_task, stop_task}, return_when=asyncio.FIRST_COMPLETED)
+        for task in done:
+            if task is not stop_task:
+                task.result()  # raise what ended the member or the engine
+    finally:
+        stop.set()
+        for task in (member_task, stop_task):
+            task.cancel()
+        await asyncio.gather(member_task, stop_task, return_exceptions=True)
+        await engine.stop()
+        with contextlib.suppress(Exception):
+            await member.report(member.applied_epoch)
+        engine_task.cancel()
+        await asyncio.gather(engine_task, return_exceptions=True)
+        await asyncio.to_thread(channel.close)
+        log.info("worker %d stopped", ordinal)
