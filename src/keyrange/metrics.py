@@ -60,3 +60,13 @@ TRANSACTIONS = Counter(
     "keyrange_transactions", "Output transactions committed (outputs, state and offsets).", ("consumer", "worker")
 )
 HELD_SLOTS = Gauge("keyrange_held_slots", "Slots (partitions) the worker currently holds.", ("consumer", "worker"))
+
+# --- Autoscaling: the alert webhook (operator and `keyrange run --webhook-port`) ---------------
+ALERT_VERDICTS = Counter(
+    "keyrange_alert_verdicts",
+    "Alerts received by the webhook, by verdict (scale, repeat, flapping, unknown-consumer, ...).", ("outcome",)
+)
+SCALE_REQUESTS = Counter(
+    "keyrange_scale_requests", "Scale requests the alert webhook made to a controller, and whether applied.",
+    ("namespace", "consumer", "direction", "applied"),
+)

@@ -30,6 +30,7 @@ from typing import Any, Protocol
 
 from aiohttp import web
 
+from keyrange import metrics
 from keyrange.errors import UserError
 from keyrange.operator.alerts import AlertTracker, ConsumerRef, Direction, PayloadError, ScaleRequest, parse_payload
 
@@ -172,6 +173,7 @@ class AlertReceiver:
                     decisions.append(decision)
         for verdict in plan.verdicts:
             self.verdicts[verdict.outcome] += 1
+            metrics.ALERT_VERDICTS.labels(verdict.outcome).inc()
             level = logging.INFO if verdict.outcome in ("unknown-consumer", "flapping") else logging.DEBUG
             log.log(level, "alert %s for %s: %s (%s)", verdict.alert, verdict.consumer or "-",
                     verdict.outcome, verdict.detail)
@@ -206,6 +208,8 @@ class AlertReceiver:
             return None
         if outcome.applied:
             self._tracker.applied(req, now, cooldown)
+        metrics.SCALE_REQUESTS.labels(req.consumer.namespace, req.consumer.name, req.direction,
+                                      str(outcome.applied).lower()).inc()
         decision = ScaleDecision(req.consumer, req.direction, req.reason, outcome.applied, outcome.detail,
                                  time.time())
         log.info("scale %s of %s (%s): %s - %s", req.direction, req.consumer, req.reason,
