@@ -215,3 +215,20 @@ def test_token_sources(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
         load_token(None)
     with pytest.raises(WebhookTokenError):
         AlertReceiver("")
+
+
+async def test_verdicts_and_requests_are_counted_in_metrics(client: TestClient[Any, Any],
+                                                            receiver: AlertReceiver) -> None:
+    from prometheus_client import REGISTRY
+
+    def value(name: str, labels: dict[str, str]) -> float:
+        return REGISTRY.get_sample_value(name, labels) or 0.0
+
+    requests = {"namespace": "shop", "consumer": "payments", "direction": "up", "applied": "true"}
+    before = (value("keyrange_scale_requests_total", requests),
+              value("keyrange_alert_verdicts_total", {"outcome": "repeat"}))
+    receiver.register(PAYMENTS, Controller(), 60)
+    await post(client, payload(alert()))
+    await post(client, payload(alert()))
+    assert value("keyrange_scale_requests_total", requests) == before[0] + 1
+    assert value("keyrange_alert_verdicts_total", {"outcome": "repeat"}) == before[1] + 1
