@@ -221,3 +221,30 @@ async def test_release_during_acquire_never_handles_the_slot(bootstrap: str, top
     processed = read_processed(bootstrap, f"{topic_name}.processed", in_zero)
     assert {r["partition"] for r in processed} == {0}
     check_order_per_client(log, processed)
+
+
+async def test_dedup_after_handoff_counts_from_handling_not_creation(bootstrap: str, topic_name: str) -> None:
+    """Under lag, events are handled long after `created`; a duplicate arriving after a handoff,
+    within the TTL of the handling, must still be dropped by the new owner."""
+    from keyrange.kafkaio import TopicSpec, ensure_topics
+    from keyrange.loadgen import make_producer
+
+    ensure_topics(bootstrap, [TopicSpec(topic_name, 2)])
+    producer = make_producer(bootstrap)
+    created = int(time.time() * 1000) - 30_000  # older than the TTL when handled
+    records = [encode_input(1000 + i % 120, f"old-{i}", created, op="increment", amount=1) for i in range(300)]
+    for key, value in records:
+        producer.produce(topic_name, value, key, timestamp=created)
+    assert producer.flush(30) == 0
+    settings = dict(ttl_seconds=20.0, handler_config={})
+    first = await run_worker_until(settings_for(bootstrap, topic_name, worker_id="a", **settings), "ledger", [0, 1],
+                                   lambda w: w.stats.processed >= len(records))
+    assert first.stats.processed == len(records)
+    for key, value in records[:100]:
+        producer.produce(topic_name, value, key, timestamp=created)
+    assert producer.flush(30) == 0
+    log = read_input_log(bootstrap, topic_name, len(records) + 100)
+    second = await run_worker_until(settings_for(bootstrap, topic_name, worker_id="b", **settings), "ledger", [0, 1],
+                                    lambda w: w.stats.consumed >= 100 and w.stats.pending == 0)
+    assert second.stats.duplicates == 100
+    check_all(log, read_processed(bootstrap, f"{topic_name}.processed", len(records)), ledger=True)

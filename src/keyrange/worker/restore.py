@@ -3,6 +3,9 @@
 On acquire (and on start) nothing is trusted from memory. For each input partition:
 - the input from about now - TTL up to the committed offset gives the uuids handled within the
   TTL (everything below the committed offset is finished), so their duplicates are dropped;
+- the sink and dead-letter records over the same time say when each of those was handled
+  (`startedAt`): an entry expires TTL after its handling, as on the previous owner, not after its
+  `created` (under lag, handling can be long after creation);
 - the sink and dead-letter records of offsets at or above the committed offset are events that
   finished after the last commit (outputs commit in the same transaction as offsets, and events
   finish out of order): they are skipped, not run again, and their uuids join the window;
@@ -41,7 +44,9 @@ class RestoredPartition:
     finished_offsets: set[int] = field(default_factory=set)
     """Offsets >= start_offset already handled or dead-lettered: skip them."""
     seen: list[tuple[str, float]] = field(default_factory=list)
-    """(uuid, wall-clock seconds) of events handled within the TTL, oldest first."""
+    """(uuid, wall-clock seconds when handled) of events handled within the TTL, oldest first."""
+    handled_at: dict[str, float] = field(default_factory=dict, repr=False)
+    """uuid -> when its handler started (or it was dead-lettered), from the outputs."""
     state: dict[int, Any] = field(default_factory=dict)
     """Keyed state per clientId."""
 
@@ -154,12 +159,18 @@ def restore(settings: WorkerSettings, start_offsets: dict[int, int], partition_c
         else:
             restored.state[client] = orjson.loads(value)
     for r in result.values():
-        r.seen.sort(key=lambda pair: pair[1])
+        # Prefer the handling time from the outputs; `created` only when no output says more.
+        merged = dict(r.seen)
+        for uuid, at in r.handled_at.items():
+            merged[uuid] = max(at, merged.get(uuid, at))
+        r.seen = sorted(merged.items(), key=lambda pair: pair[1])
+        r.handled_at.clear()
     return result
 
 
 def _note_finished(result: dict[int, RestoredPartition], dead_letter: bool, m: Message) -> None:
-    """Record an output (processed record or dead letter) of an event after the committed offset."""
+    """Record an output (processed record or dead letter): when it was handled, and whether it is
+    past the committed offset (then it must not run again)."""
     value = m.value()
     if dead_letter:
         headers = dict(m.headers() or [])
@@ -172,16 +183,17 @@ def _note_finished(result: dict[int, RestoredPartition], dead_letter: bool, m: M
             uuid: str | None = parse_input(value).uuid
         except BadEvent:
             uuid = None
-        created_s = m.timestamp()[1] / 1000
+        handled_s = m.timestamp()[1] / 1000
     else:
         if value is None:
             return
         record = decode_processed(value)
         partition, offset, uuid = record["partition"], record["offset"], record["uuid"]
-        created_s = record.get("created", 0) / 1000
+        handled_s = record.get("startedAt", 0) / 1000
     restored = result.get(partition)
-    if restored is None or offset < restored.start_offset:
+    if restored is None:
         return
-    restored.finished_offsets.add(offset)
     if uuid is not None:
-        restored.seen.append((uuid, created_s))
+        restored.handled_at[uuid] = handled_s
+    if offset >= restored.start_offset:
+        restored.finished_offsets.add(offset)
