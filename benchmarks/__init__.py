@@ -1,0 +1,1 @@
+"""keyrange's benchmarks: `python -m benchmarks` (see benchmarks/__main__.py and BENCHMARKS.md)."""

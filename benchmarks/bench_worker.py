@@ -1,0 +1,180 @@
+"""The worker engine's figures (issue 2, item 7), each beside a raw confluent-kafka loop.
+
+- kata: 1000 events/s paced, `sleep` 10 ms, one `keyrange worker` process, 60 s: p50/p99 of
+  created -> handler start from the processed records, per 10 s window (flat, not growing);
+  baseline: created -> receipt in a raw consume loop on the same topic at the same time.
+- noop: a pre-produced backlog drained by one in-process worker (ordered, deduplicated,
+  transactionally committed) vs a raw consume loop draining the same topic.
+- sleep 10 ms: highest sustainable rate = backlog drain rate with 1000 clients.
+- 50 ms I/O with 1000 clients: backlog drain rate.
+- dedup memory per entry (tracemalloc).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+import sys
+import threading
+import time
+import tracemalloc
+import uuid as uuidlib
+from pathlib import Path
+from typing import Any
+
+import orjson
+from confluent_kafka import Consumer, TopicPartition
+
+from benchmarks.harness import percentile, raw_consume_rate, row
+from keyrange.handlers import load_handler
+from keyrange.kafkaio import TopicSpec, ensure_topics
+from keyrange.loadgen import LoadShape, generate, produce_all
+from keyrange.local.broker import EmbeddedBroker
+from keyrange.worker import Worker, WorkerSettings
+from keyrange.worker.dedup import TtlSet
+
+PARTITIONS = 12
+REPO = Path(__file__).resolve().parents[1]
+
+
+def run(quick: bool) -> list[dict[str, Any]]:
+    """All worker benchmarks; `quick` shortens every run."""
+    rows: list[dict[str, Any]] = []
+    rows += bench_dedup_memory()
+    with EmbeddedBroker() as broker:
+        rows += bench_kata(broker.bootstrap, seconds=10 if quick else 60)
+        rows += bench_backlog(broker.bootstrap, "noop", "noop", {}, events=30_000 if quick else 200_000,
+                              clients=1000, concurrency=64, goal=">= 50,000 events/s")
+        rows += bench_backlog(broker.bootstrap, "sleep-10ms", "sleep", {"meanMs": 10, "stddevMs": 1},
+                              events=20_000 if quick else 100_000, clients=1000, concurrency=1000,
+                              goal=">= 10,000 events/s")
+        rows += bench_backlog(broker.bootstrap, "io-50ms-1000-clients", "sleep", {"meanMs": 50, "stddevMs": 0},
+                              events=20_000 if quick else 100_000, clients=1000, concurrency=1000,
+                              goal=">= 15,000 events/s")
+    return rows
+
+
+def bench_dedup_memory(entries: int = 200_000) -> list[dict[str, Any]]:
+    """Bytes per remembered uuid, counting the uuid string itself and without it."""
+    keys = [str(uuidlib.uuid4()) for _ in range(entries)]
+    now = [0.0]
+    tracemalloc.start()
+    before = tracemalloc.get_traced_memory()[0]
+    seen = TtlSet(10.0, lambda: now[0])
+    for k in keys:
+        now[0] += 1 / 25_000  # 25k/s for 8 s: the whole set stays inside the TTL
+        seen.add_if_new(k)
+    structure = (tracemalloc.get_traced_memory()[0] - before) / entries
+    tracemalloc.stop()
+    string_bytes = sys.getsizeof(keys[0])
+    assert len(seen) == entries
+    return [
+        row("dedup bytes per entry (with the uuid string)", structure + string_bytes, "bytes", "<= 150",
+            notes=f"set + expiry bucket {structure:.0f} B, uuid str {string_bytes} B"),
+    ]
+
+
+def bench_kata(bootstrap: str, seconds: int) -> list[dict[str, Any]]:
+    """The kata at 1000 events/s with a `keyrange worker` subprocess and `keyrange produce`."""
+    topic = f"kata-{time.monotonic_ns()}"
+    ensure_topics(bootstrap, [TopicSpec(topic, PARTITIONS)])
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    worker = subprocess.Popen(
+        [sys.executable, "-m", "keyrange.cli", "worker", "--bootstrap", bootstrap, "--topic", topic,
+         "--group", f"{topic}-g", "--partitions", f"0-{PARTITIONS - 1}", "--handler", "sleep",
+         "--concurrency", "64", "--summary-seconds", "0"],
+        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+    )
+    raw: list[tuple[int, float]] = []
+    stop_raw = threading.Event()
+    raw_thread = threading.Thread(target=_raw_latency_loop, args=(bootstrap, topic, raw, stop_raw), daemon=True)
+    raw_thread.start()
+    try:
+        time.sleep(3)  # the worker restores and assigns before the load starts
+        subprocess.run(
+            [sys.executable, "-m", "keyrange.cli", "produce", "--bootstrap", bootstrap, "--topic", topic,
+             "--rate", "1000", "--duration", str(seconds), "--clients", "100"],
+            env=env, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        )
+        time.sleep(2)
+    finally:
+        stop_raw.set()
+        worker.terminate()
+        worker.wait(60)
+        raw_thread.join(30)
+    records = _read_processed(bootstrap, f"{topic}.processed")
+    latencies = [(r["created"], (r["startedAt"] - r["created"]) / 1000) for r in records]
+    values = [lat for _, lat in latencies]
+    raw_values = [lat for _, lat in raw]
+    rows = [
+        row("kata p50 created->start", percentile(values, 0.5) * 1000, "ms", notes=f"{len(values):,} events"),
+        row("kata p99 created->start", percentile(values, 0.99) * 1000, "ms", "<= 25",
+            baseline=percentile(raw_values, 0.99) * 1000,
+            notes="baseline: raw consume loop, created->receipt, same topic, same time"),
+    ]
+    if latencies:
+        start = min(c for c, _ in latencies)
+        windows: dict[int, list[float]] = {}
+        for created, lat in latencies:
+            windows.setdefault(int((created - start) / 10_000), []).append(lat)
+        ordered = [v for _, v in sorted(windows.items())]
+        trend = [f"{percentile(v, 0.5) * 1000:.0f}/{percentile(v, 0.99) * 1000:.0f}" for v in ordered]
+        growth = percentile(ordered[-1], 0.99) / max(percentile(ordered[0], 0.99), 1e-9)
+        rows.append(row("kata p99 last 10 s / first 10 s", growth, "x", "~1 (flat)",
+                        notes="p50/p99 ms per 10 s: " + " ".join(trend)))
+    return rows
+
+
+def _raw_latency_loop(bootstrap: str, topic: str, out: list[tuple[int, float]], stop: threading.Event) -> None:
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"raw-{time.monotonic_ns()}",
+                         "enable.auto.commit": False, "fetch.wait.max.ms": 20, "log_level": 3})
+    try:
+        consumer.assign([TopicPartition(topic, p, 0) for p in range(PARTITIONS)])
+        while not stop.is_set():
+            for m in consumer.consume(1000, 0.05):
+                if m.error() is None:
+                    created = orjson.loads(m.value())["created"]
+                    out.append((created, time.time() - created / 1000))
+    finally:
+        consumer.close()
+
+
+def _read_processed(bootstrap: str, topic: str) -> list[dict[str, Any]]:
+    from tests.kafkatools import read_processed
+
+    return [dict(r) for r in read_processed(bootstrap, topic)]
+
+
+def bench_backlog(bootstrap: str, name: str, handler: str, config: dict[str, Any], events: int, clients: int,
+                  concurrency: int, goal: str) -> list[dict[str, Any]]:
+    """Drain a pre-produced backlog with one in-process worker; compare with a raw consume loop."""
+    topic = f"{name}-{time.monotonic_ns()}"
+    ensure_topics(bootstrap, [TopicSpec(topic, PARTITIONS)])
+    shape = LoadShape(clients=clients, duplicate_ratio=0.01, seed=11)
+    records = list(generate(shape, count=events))
+    produce_all(bootstrap, topic, records)
+    distinct = events
+    raw_rate = raw_consume_rate(bootstrap, topic, PARTITIONS, len(records))
+    seconds, stats = asyncio.run(_drain(bootstrap, topic, handler, config, concurrency, distinct))
+    rate = distinct / seconds
+    return [row(f"{name} events/s (one worker)", rate, "events/s", goal, baseline=raw_rate,
+                notes=f"{distinct:,} events, {clients} clients, concurrency {concurrency}; "
+                      f"{stats.duplicates} duplicates dropped; baseline: raw consume loop")]
+
+
+async def _drain(bootstrap: str, topic: str, handler: str, config: dict[str, Any], concurrency: int,
+                 distinct: int) -> tuple[float, Any]:
+    settings = WorkerSettings(bootstrap=bootstrap, topic=topic, group_id=f"{topic}-g", worker_id="bench",
+                              concurrency=concurrency, max_pending=5000, handler_config=config)
+    worker = Worker(settings, load_handler(handler, config))
+    await worker.start()
+    try:
+        await worker.acquire(range(PARTITIONS))
+        started = time.monotonic()
+        deadline = started + 600
+        while worker.stats.processed < distinct and time.monotonic() < deadline:
+            await asyncio.sleep(0.02)
+        return time.monotonic() - started, worker.stats
+    finally:
+        await worker.stop()

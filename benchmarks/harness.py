@@ -1,0 +1,69 @@
+"""A tiny shared harness for `python -m benchmarks`: result rows, percentiles, a raw baseline.
+
+Each benchmark module exposes `run(quick: bool) -> list[dict]`; a row is
+{"name", "value", "unit", "goal", "baseline", "ratio", "notes"}.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from confluent_kafka import Consumer, TopicPartition
+
+from keyrange.worker.stats import percentile
+
+__all__ = ["percentile", "raw_consume_rate", "row"]
+
+
+def row(name: str, value: float, unit: str, goal: str | None = None, baseline: float | None = None,
+        notes: str = "") -> dict[str, Any]:
+    """One result row; `ratio` is value / baseline when there is a baseline."""
+    ratio = value / baseline if baseline else None
+    return {"name": name, "value": value, "unit": unit, "goal": goal, "baseline": baseline,
+            "ratio": ratio, "notes": notes}
+
+
+def raw_consume_rate(bootstrap: str, topic: str, partitions: int, expect: int, timeout_seconds: float = 120.0) -> float:
+    """Records/s of a plain confluent-kafka consume loop reading `expect` records from the start."""
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"raw-{time.monotonic_ns()}",
+                         "enable.auto.commit": False, "isolation.level": "read_committed", "log_level": 3})
+    try:
+        consumer.assign([TopicPartition(topic, p, 0) for p in range(partitions)])
+        seen = 0
+        started = None
+        deadline = time.monotonic() + timeout_seconds
+        while seen < expect and time.monotonic() < deadline:
+            batch = consumer.consume(1000, 0.1)
+            if batch and started is None:
+                started = time.monotonic()
+            seen += sum(1 for m in batch if m.error() is None)
+        if started is None:
+            return 0.0
+        return seen / max(time.monotonic() - started, 1e-9)
+    finally:
+        consumer.close()
+
+
+def format_table(rows: list[dict[str, Any]]) -> str:
+    """Rows as an aligned text table."""
+    header = ("benchmark", "value", "unit", "goal", "baseline", "ratio", "notes")
+    lines = [header]
+    for r in rows:
+        lines.append((
+            r["name"], _num(r["value"]), r["unit"], r.get("goal") or "", _num(r.get("baseline")),
+            _num(r.get("ratio")), r.get("notes") or "",
+        ))
+    widths = [max(len(str(line[i])) for line in lines) for i in range(len(header) - 1)]
+    return "\n".join(
+        "  ".join(str(c).ljust(w) for c, w in zip(line[:-1], widths, strict=True)) + "  " + str(line[-1])
+        for line in lines
+    )
+
+
+def _num(value: Any) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, float):
+        return f"{value:,.3f}" if abs(value) < 10 else f"{value:,.0f}"
+    return str(value)
