@@ -132,6 +132,11 @@ def forget(*, name: str, namespace: str | None, memo: Any, **_: Any) -> None:
     memo.controls.close(namespace, name)
 
 
+def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
+    """Credentials: the pod's service account in a cluster, else $KUBECONFIG / ~/.kube/config."""
+    return kopf.login_with_service_account(**kwargs) or kopf.login_with_kubeconfig(**kwargs)
+
+
 def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
     """kopf settings: keyrange's own annotation prefix and finalizer name, quiet event posting."""
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix="keyrange.dev")
@@ -147,6 +152,7 @@ def register_handlers(registry: kopf.OperatorRegistry, settings: OperatorSetting
     """Register every handler into `registry` (refresh interval from `settings`)."""
     resource = (GROUP, VERSION, PLURAL)
     kopf.on.startup(registry=registry)(configure)
+    kopf.on.login(registry=registry)(login)
     for decorator in (kopf.on.resume, kopf.on.create):
         decorator(*resource, registry=registry, id="reconcile")(reconcile)
     kopf.on.update(*resource, registry=registry, id="reconcile", field="spec")(reconcile)
