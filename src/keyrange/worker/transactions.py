@@ -30,9 +30,9 @@ class TransactionFailed(RuntimeError):
     """The producer hit a fatal error (e.g. fenced by a newer worker with the same id)."""
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class OutputRecord:
-    """One record to write in the next transaction."""
+    """One record to write in the next transaction (not frozen: built once per event, hot path)."""
 
     topic: str
     partition: int | None
