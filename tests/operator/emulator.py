@@ -24,6 +24,7 @@ BUILTIN = {
     "v1/namespaces": ResourceInfo(kind="Namespace", namespaced=False),  # kopf waits to discover it
     "v1/configmaps": ResourceInfo(kind="ConfigMap", namespaced=True),
     "v1/services": ResourceInfo(kind="Service", namespaced=True),
+    "v1/serviceaccounts": ResourceInfo(kind="ServiceAccount", namespaced=True),
     "v1/events": ResourceInfo(kind="Event", namespaced=True),
     "apps/v1/statefulsets": ResourceInfo(kind="StatefulSet", namespaced=True, subresources={"status", "scale"}),
     CRD_RESOURCE: ResourceInfo(kind="CustomResourceDefinition", namespaced=False),

@@ -17,6 +17,7 @@ NS = "shop"
 STS = f"/apis/apps/v1/namespaces/{NS}/statefulsets"
 SVC = f"/api/v1/namespaces/{NS}/services"
 CM = f"/api/v1/namespaces/{NS}/configmaps"
+SA = f"/api/v1/namespaces/{NS}/serviceaccounts"
 SC = SC_PATH.format(ns=NS)
 
 
@@ -44,10 +45,11 @@ async def test_create_renders_children_and_status(cluster: Api, operator: kopf.M
     sts = await eventually(lambda: cluster.get(f"{STS}/payments-worker"), "the StatefulSet")
     svc = await eventually(lambda: cluster.get(f"{SVC}/payments-worker"), "the Service")
     cm = await eventually(lambda: cluster.get(f"{CM}/payments-spec"), "the ConfigMap")
+    sa = await eventually(lambda: cluster.get(f"{SA}/payments-worker"), "the workers' ServiceAccount")
     assert sts["spec"]["replicas"] == 2
     owner = await cluster.get(f"{SC}/payments")
     assert owner is not None
-    for child in (sts, svc, cm):
+    for child in (sts, svc, cm, sa):
         assert child["metadata"]["ownerReferences"][0]["uid"] == owner["metadata"]["uid"]
         stored_only = {"uid", "resourceVersion", "generation", "creationTimestamp"}
         child = {**child, "metadata": {k: v for k, v in child["metadata"].items() if k not in stored_only}}
@@ -120,7 +122,7 @@ async def test_delete_cleans_up(cluster: Api, operator: kopf.Memo) -> None:
     await cluster.delete(f"{SC}/gone")
 
     async def all_gone() -> bool:
-        paths = [f"{SC}/gone", f"{STS}/gone-worker", f"{SVC}/gone-worker", f"{CM}/gone-spec"]
+        paths = [f"{SC}/gone", f"{STS}/gone-worker", f"{SVC}/gone-worker", f"{CM}/gone-spec", f"{SA}/gone-worker"]
         return all([await cluster.get(p) is None for p in paths])
 
     await eventually(all_gone, "the StreamConsumer and its children to be deleted")

@@ -22,6 +22,7 @@ SPEC = parse_spec({"kafka": {"topic": "events", "bootstrapServers": "kafka:9092"
 
 def _all(spec: Any = SPEC, replicas: int = 3) -> list[dict[str, Any]]:
     return [
+        rendering.render_service_account("payments", "shop", OWNER),
         rendering.render_configmap("payments", "shop", spec, OWNER),
         rendering.render_service("payments", "shop", OWNER, SETTINGS),
         rendering.render_statefulset("payments", "shop", spec, replicas, OWNER, SETTINGS),
@@ -53,6 +54,9 @@ def test_statefulset_runs_the_worker_contract() -> None:
     mount = next(m for m in container["volumeMounts"] if m["name"] == "spec")
     assert WORKER_SPEC_PATH.startswith(mount["mountPath"] + "/")
     assert sts["spec"]["selector"]["matchLabels"].items() <= sts["spec"]["template"]["metadata"]["labels"].items()
+    sa = rendering.render_service_account("payments", "shop", OWNER)
+    assert pod["serviceAccountName"] == sa["metadata"]["name"]
+    assert pod["automountServiceAccountToken"] is False and sa["automountServiceAccountToken"] is False
 
 
 def test_spec_image_overrides_the_default() -> None:

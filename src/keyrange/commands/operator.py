@@ -31,8 +31,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="port of the operator's /metrics (default 9090; 0 disables)")
     parser.add_argument("--image", default=os.environ.get("KEYRANGE_IMAGE", OperatorSettings.image),
                         help="worker image when a StreamConsumer sets none (default $KEYRANGE_IMAGE)")
-    parser.add_argument("--worker-service-account", default=OperatorSettings.worker_service_account,
-                        help="ServiceAccount of worker pods")
     parser.add_argument("--termination-grace-seconds", type=int,
                         default=OperatorSettings.termination_grace_seconds,
                         help="time a worker gets to release its ranges on SIGTERM")
@@ -58,7 +56,7 @@ def settings_from_args(args: argparse.Namespace) -> OperatorSettings:
         labels[key] = value
     try:
         return OperatorSettings(
-            image=args.image, worker_service_account=args.worker_service_account,
+            image=args.image,
             termination_grace_seconds=args.termination_grace_seconds,
             reconcile_interval_seconds=args.refresh_seconds, monitoring_labels=labels)
     except ValueError as exc:

@@ -72,6 +72,7 @@ def _apply_children(kube: Kube, settings: OperatorSettings, body: Any, model: St
                     replicas: int) -> dict[str, Any]:
     name, namespace = body["metadata"]["name"], body["metadata"]["namespace"]
     owner = dict(body)
+    kube.apply(rendering.render_service_account(name, namespace, owner))
     kube.apply(rendering.render_configmap(name, namespace, model, owner))
     kube.apply(rendering.render_service(name, namespace, owner, settings))
     sts = kube.apply(rendering.render_statefulset(name, namespace, model, replicas, owner, settings))

@@ -99,6 +99,16 @@ def render_service(name: str, namespace: str, owner: dict[str, Any], settings: O
     }
 
 
+def render_service_account(name: str, namespace: str, owner: dict[str, Any]) -> dict[str, Any]:
+    """The workers' own ServiceAccount: bound to no Role, and its token is never mounted."""
+    return {
+        "apiVersion": "v1", "kind": "ServiceAccount",
+        "metadata": {"name": worker_name(name), "namespace": namespace,
+                     "labels": common_labels(name, "worker"), "ownerReferences": [owner_reference(owner)]},
+        "automountServiceAccountToken": False,
+    }
+
+
 def _container(spec: StreamConsumerSpec, settings: OperatorSettings) -> dict[str, Any]:
     probe = {"httpGet": {"path": "/metrics", "port": "metrics"}, "periodSeconds": 10, "timeoutSeconds": 5}
     resources: dict[str, Any] = {}
@@ -145,7 +155,7 @@ def render_statefulset(name: str, namespace: str, spec: StreamConsumerSpec, repl
                 "metadata": {"labels": common_labels(name, "worker"),
                              "annotations": {SPEC_HASH_ANNOTATION: spec_hash}},
                 "spec": {
-                    "serviceAccountName": settings.worker_service_account,
+                    "serviceAccountName": worker_name(name),
                     "automountServiceAccountToken": False,  # workers never call the Kubernetes API
                     "terminationGracePeriodSeconds": settings.termination_grace_seconds,
                     "securityContext": {"runAsNonRoot": True, "runAsUser": 10001, "runAsGroup": 10001,

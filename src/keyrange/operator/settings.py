@@ -16,8 +16,6 @@ class OperatorSettings:
     """Worker image when a StreamConsumer sets none (the chart passes the operator's own image)."""
     image_pull_policy: str = "IfNotPresent"
     """imagePullPolicy of worker containers."""
-    worker_service_account: str = "keyrange-worker"
-    """ServiceAccount of worker pods (the chart creates it with no API permissions)."""
     metrics_port: int = 9100
     """Port of the workers' Prometheus `/metrics` endpoint."""
     termination_grace_seconds: int = 60
