@@ -13,6 +13,7 @@ from typing import Any
 import orjson
 import pytest
 from confluent_kafka import Producer
+from prometheus_client import REGISTRY
 
 from keyrange.events import DLQ_ATTEMPTS, DLQ_OFFSET, DLQ_PARTITION, DLQ_REASON, encode_input
 from keyrange.handlers import Handler, load_handler
@@ -140,15 +141,21 @@ async def test_partitions_pause_past_max_pending_and_resume(bootstrap: str, topi
     try:
         await worker.acquire([0, 1])
 
+        paused_gauge_seen = False
+
         def sample() -> bool:
-            nonlocal max_seen
+            nonlocal max_seen, paused_gauge_seen
             max_seen = max([max_seen] + [ps.window.pending for ps in worker._partitions.values()])
+            paused_gauge_seen = paused_gauge_seen or any(
+                REGISTRY.get_sample_value("keyrange_partition_paused",
+                                          {"consumer": settings.group_id, "worker": "w0", "partition": p}) == 1
+                for p in ("0", "1"))
             return worker.stats.processed >= sent
 
         await wait_for(sample, what="all events with backpressure")
     finally:
         await worker.stop()
-    assert worker.stats.pauses > 0
+    assert worker.stats.pauses > 0 and paused_gauge_seen
     # Bounded: fetches stop above the limit (plus at most one batch already fetched).
     assert max_seen <= 60 + 50 + 1
     check_all(log, read_processed(bootstrap, f"{topic_name}.processed", sent))
@@ -248,3 +255,34 @@ async def test_dedup_after_handoff_counts_from_handling_not_creation(bootstrap: 
                                     lambda w: w.stats.consumed >= 100 and w.stats.pending == 0)
     assert second.stats.duplicates == 100
     check_all(log, read_processed(bootstrap, f"{topic_name}.processed", len(records)), ledger=True)
+
+
+async def test_metrics_use_the_contract_names_and_labels(bootstrap: str, topic_name: str) -> None:
+    sent = produce_stream(bootstrap, topic_name, 1500, 3, clients=100, duplicate_ratio=0.05)
+    distinct = len(first_occurrences(read_input_log(bootstrap, topic_name, sent)))
+    settings = settings_for(bootstrap, topic_name, worker_id="m1")
+    worker = Worker(settings, load_handler("noop"))
+    await worker.start()
+    labels = {"consumer": settings.group_id, "worker": "m1"}
+
+    def total(name: str) -> float:
+        return sum(REGISTRY.get_sample_value(name, {**labels, "partition": str(p)}) or 0.0 for p in range(3))
+
+    try:
+        await worker.acquire(range(3))
+        await wait_for(lambda: worker.stats.processed >= distinct, what="all events")
+        await worker.update_gauges()
+        assert total("keyrange_events_consumed_total") == sent
+        assert total("keyrange_events_processed_total") == distinct
+        assert total("keyrange_duplicates_dropped_total") == sent - distinct
+        assert total("keyrange_dedup_entries") == distinct
+        assert total("keyrange_pending_events") == 0
+        assert total("keyrange_consumer_lag") == 0
+        assert total("keyrange_consumer_lag_seconds") == 0
+        assert REGISTRY.get_sample_value("keyrange_event_latency_seconds_count", labels) == distinct
+        assert REGISTRY.get_sample_value("keyrange_handler_seconds_count", labels) == distinct
+        assert REGISTRY.get_sample_value("keyrange_held_slots", labels) == 3
+    finally:
+        await worker.stop()
+    # Released partitions stop reporting gauges rather than freezing at stale values.
+    assert REGISTRY.get_sample_value("keyrange_pending_events", {**labels, "partition": "0"}) is None
