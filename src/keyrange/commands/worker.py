@@ -101,14 +101,15 @@ def plan(args: argparse.Namespace) -> WorkerPlan:
             slots = parse_slot_list(args.partitions)
         except ValueError as exc:
             raise UserError(f"--partitions: {exc}") from None
-    worker_id = args.worker_id or (f"slots-{format_slot_list(slots)}" if slots is not None else None)
-    if worker_id is None:
+    if slots is not None:
+        worker_id = args.worker_id or f"slots-{format_slot_list(slots)}"
+    else:
         from keyrange.ranges.controlled import default_worker_ordinal
 
         try:
-            worker_id = str(default_worker_ordinal(None))
+            worker_id = str(default_worker_ordinal(args.worker_id))
         except ValueError as exc:
-            raise UserError(f"{exc}; give --worker-id or --partitions") from None
+            raise UserError(f"{exc}; give --worker-id N or --partitions") from None
     handler_config = values.get("handler_config") or {}
     handler = load_handler(values.get("handler") or "sleep", handler_config)
     try:
