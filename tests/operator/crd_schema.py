@@ -97,6 +97,8 @@ def unknown_fields(value: Any, schema: dict[str, Any], path: str = "") -> list[s
             return errors
         for key, item in value.items():
             sub = schema["properties"].get(key)
+            if sub is None and not path and key in ("apiVersion", "kind", "metadata"):
+                continue  # every object has these, declared in its schema or not
             if sub is None:
                 errors.append(f"{path}.{key}: unknown field")
             else:

@@ -1,0 +1,91 @@
+{{/* Chart name, overridable. */}}
+{{- define "keyrange.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{/* Full name: <release>-keyrange unless the release name already contains it. */}}
+{{- define "keyrange.fullname" -}}
+{{- if .Values.fullnameOverride -}}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" -}}
+{{- else -}}
+{{- $name := default .Chart.Name .Values.nameOverride -}}
+{{- if contains $name .Release.Name -}}
+{{- .Release.Name | trunc 63 | trimSuffix "-" -}}
+{{- else -}}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{/* chart label value */}}
+{{- define "keyrange.chart" -}}
+{{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{/* Selector labels: stable for the release's lifetime (selectors are immutable). */}}
+{{- define "keyrange.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "keyrange.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/component: operator
+{{- end -}}
+
+{{/* Labels on every object of the chart. */}}
+{{- define "keyrange.labels" -}}
+helm.sh/chart: {{ include "keyrange.chart" . }}
+{{ include "keyrange.selectorLabels" . }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+app.kubernetes.io/part-of: keyrange
+{{- end -}}
+
+{{/* The operator's ServiceAccount name. */}}
+{{- define "keyrange.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create -}}
+{{- default (include "keyrange.fullname" .) .Values.serviceAccount.name -}}
+{{- else -}}
+{{- default "default" .Values.serviceAccount.name -}}
+{{- end -}}
+{{- end -}}
+
+{{/* The image reference (tag defaults to the chart's appVersion). */}}
+{{- define "keyrange.image" -}}
+{{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) -}}
+{{- end -}}
+
+{{/* The Secret holding the webhook bearer token. */}}
+{{- define "keyrange.webhookSecretName" -}}
+{{- default (printf "%s-webhook" (include "keyrange.fullname" .)) .Values.webhook.existingSecret -}}
+{{- end -}}
+
+{{/* The peering object name kopf uses (one per release). */}}
+{{- define "keyrange.peeringName" -}}
+{{- include "keyrange.fullname" . -}}
+{{- end -}}
+
+{{/* Rules the operator needs on StreamConsumers' namespaces (least privilege, see docs/kubernetes.md). */}}
+{{- define "keyrange.namespacedRules" -}}
+- apiGroups: [keyrange.dev]
+  resources: [streamconsumers]
+  verbs: [get, list, watch, patch]
+- apiGroups: [keyrange.dev]
+  resources: [streamconsumers/status]
+  verbs: [get, patch]
+- apiGroups: [apps]
+  resources: [statefulsets]
+  verbs: [get, create, patch]
+- apiGroups: [""]
+  resources: [services, configmaps, serviceaccounts]
+  verbs: [get, create, patch]
+- apiGroups: [""]
+  resources: [events]
+  verbs: [create]
+- apiGroups: [events.k8s.io]
+  resources: [events]
+  verbs: [create]
+- apiGroups: [monitoring.coreos.com]
+  resources: [servicemonitors, prometheusrules]
+  verbs: [get, create, patch]
+- apiGroups: [kopf.dev]
+  resources: [kopfpeerings]
+  verbs: [get, list, watch, patch]
+{{- end -}}

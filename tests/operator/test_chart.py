@@ -1,0 +1,172 @@
+"""The Helm chart: lints strictly, renders valid Kubernetes for several values files, and matches the CRD."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import kubernetes_validate
+import pytest
+import yaml
+
+from tests.operator.crd_schema import CRD_PATH, ROOT, admit, admit_streamconsumer
+
+CHART = ROOT / "charts" / "keyrange"
+VALUES = sorted((Path(__file__).parent / "chart_values").glob("*.yaml"))
+VALUE_SETS = [None, *VALUES]
+
+
+def _helm_binary() -> str:
+    found = shutil.which("helm") or str(ROOT / ".tools" / "bin" / "helm")
+    if not os.access(found, os.X_OK):
+        pytest.fail("helm is not installed: run `make tools` (scripts/install-tools.sh)")
+    return found
+
+
+@pytest.fixture(scope="module")
+def helm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """Run helm offline with throwaway cache/config/data homes."""
+    home = tmp_path_factory.mktemp("helm")
+    env = {**os.environ, **{f"HELM_{k}_HOME": str(home / k.lower()) for k in ("CACHE", "CONFIG", "DATA")}}
+    binary = _helm_binary()
+
+    def run(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+        result = subprocess.run([binary, *args], env=env, capture_output=True, text=True, timeout=120)
+        if check and result.returncode != 0:
+            raise AssertionError(f"helm {' '.join(args)} failed:\n{result.stdout}\n{result.stderr}")
+        return result
+
+    yield run
+
+
+def _render(helm: Any, values: Path | None) -> list[dict[str, Any]]:
+    args = ["template", "rel", str(CHART), "--namespace", "keyrange-system", "--include-crds"]
+    if values is not None:
+        args += ["--values", str(values)]
+    return [d for d in yaml.safe_load_all(helm(*args).stdout) if d]
+
+
+def _ids(values: Path | None) -> str:
+    return "defaults" if values is None else values.stem
+
+
+@pytest.mark.parametrize("values", VALUE_SETS, ids=_ids)
+def test_lint_strict(helm: Any, values: Path | None) -> None:
+    args = ["lint", "--strict", str(CHART)] + (["--values", str(values)] if values else [])
+    helm(*args)
+
+
+def _crd_schemas(docs: list[dict[str, Any]]) -> dict[tuple[str, str], dict[str, Any]]:
+    schemas = {}
+    for doc in docs:
+        if doc["kind"] == "CustomResourceDefinition":
+            for version in doc["spec"]["versions"]:
+                key = (f"{doc['spec']['group']}/{version['name']}", doc["spec"]["names"]["kind"])
+                schemas[key] = version["schema"]["openAPIV3Schema"]
+    return schemas
+
+
+@pytest.mark.parametrize("values", VALUE_SETS, ids=_ids)
+def test_rendered_objects_are_valid(helm: Any, values: Path | None) -> None:
+    docs = _render(helm, values)
+    schemas = _crd_schemas(docs)
+    kinds = set()
+    for doc in docs:
+        kinds.add(doc["kind"])
+        key = (doc["apiVersion"], doc["kind"])
+        if doc["apiVersion"] == "keyrange.dev/v1alpha1":
+            _, errors = admit_streamconsumer(doc)
+            assert errors == [], f"{doc['metadata']['name']}: {errors}"
+        elif key in schemas:
+            _, errors = admit(doc, schemas[key])
+            assert errors == [], f"{key}: {errors}"
+        elif doc["apiVersion"].startswith("monitoring.coreos.com/"):
+            assert doc["spec"]["endpoints"] and doc["spec"]["selector"]["matchLabels"]
+        else:
+            kubernetes_validate.validate(doc, "1.30", strict=True)
+    assert {"CustomResourceDefinition", "Deployment", "Service"} <= kinds
+
+
+def _by_kind(docs: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
+    return [d for d in docs if d["kind"] == kind]
+
+
+def test_defaults_run_one_cluster_wide_operator_with_least_privilege(helm: Any) -> None:
+    docs = _render(helm, None)
+    (deployment,) = _by_kind(docs, "Deployment")
+    pod = deployment["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    assert container["args"][0] == "operator"
+    assert not any(a.startswith("--namespace") for a in container["args"])
+    assert "--peering=rel-keyrange" in container["args"]
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert container["livenessProbe"]["httpGet"]["path"] == "/healthz"
+    assert _by_kind(docs, "ClusterKopfPeering")[0]["metadata"]["name"] == "rel-keyrange"
+    rules = [r for role in _by_kind(docs, "ClusterRole") for r in role["rules"]]
+    for rule in rules:
+        assert "*" not in rule["verbs"] and "*" not in rule["resources"]
+        assert not {"delete", "deletecollection", "escalate", "bind", "impersonate"} & set(rule["verbs"])
+    granted = {(g, r) for rule in rules for g in rule["apiGroups"] for r in rule["resources"]}
+    assert ("", "secrets") not in granted and ("", "pods") not in granted
+    assert ("keyrange.dev", "streamconsumers/status") in granted
+    token_env = {e["name"]: e.get("value") for e in container["env"]}
+    assert token_env["KEYRANGE_WEBHOOK_TOKEN_FILE"] == "/var/run/keyrange/webhook/token"
+    assert any(a.startswith("--webhook-port=") for a in container["args"])
+
+
+def test_namespaced_mode_uses_roles_and_namespaced_peering(helm: Any) -> None:
+    docs = _render(helm, Path(__file__).parent / "chart_values" / "namespaced.yaml")
+    (deployment,) = _by_kind(docs, "Deployment")
+    args = deployment["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert "--namespace=team-a" in args and "--namespace=team-b" in args
+    assert {r["metadata"]["namespace"] for r in _by_kind(docs, "Role")} == {"team-a", "team-b"}
+    assert {p["metadata"]["namespace"] for p in _by_kind(docs, "KopfPeering")} == {"team-a", "team-b"}
+    assert [r["metadata"]["name"] for r in _by_kind(docs, "ClusterRole")] == ["rel-keyrange-discovery"]
+    image = deployment["spec"]["template"]["spec"]["containers"][0]["image"]
+    assert image == "registry.example/keyrange:1.2.3" and "--image=registry.example/keyrange:1.2.3" in args
+
+
+def test_chart_crd_is_the_repository_crd() -> None:
+    assert (CHART / "crds" / CRD_PATH.name).read_bytes() == CRD_PATH.read_bytes(), \
+        "copy crds/streamconsumers.keyrange.dev.yaml into charts/keyrange/crds/"
+
+
+def test_invalid_values_are_rejected_by_the_schema(helm: Any, tmp_path: Path) -> None:
+    bad = tmp_path / "bad.yaml"
+    for text in ("operator: {replicas: 0}", "image: {pullPolicy: Sometimes}", "unknownKey: 1",
+                 "exampleConsumer: {name: Not_A_Name}"):
+        bad.write_text(text)
+        result = helm("template", "rel", str(CHART), "--values", str(bad), check=False)
+        assert result.returncode != 0 and "schema" in result.stderr.lower(), text
+
+
+def test_default_values_match_the_schema() -> None:
+    schema = json.loads((CHART / "values.schema.json").read_text())
+    jsonschema.Draft7Validator(schema).validate(yaml.safe_load((CHART / "values.yaml").read_text()))
+
+
+def test_every_value_is_documented() -> None:
+    key = re.compile(r"^(\s*)([A-Za-z][\w.-]*):(.*)$")
+    lines = (CHART / "values.yaml").read_text().splitlines()
+    documented_at: list[int] = []  # indentation levels of documented ancestors
+    undocumented = []
+    for i, line in enumerate(lines):
+        match = key.match(line)
+        if not match:
+            continue
+        indent = len(match.group(1))
+        documented_at = [level for level in documented_at if level < indent]
+        commented = i > 0 and lines[i - 1].strip().startswith("#")
+        if commented:
+            documented_at.append(indent)
+        is_leaf = match.group(3).strip() != ""
+        if is_leaf and not documented_at:
+            undocumented.append(line.strip())
+    assert undocumented == []
