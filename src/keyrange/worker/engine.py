@@ -181,8 +181,9 @@ class Worker:
             if ticket.cancelled or self._stopping:
                 continue
             pm = PartitionMetrics(self.settings.metrics_consumer, self.settings.worker_id, s)
-            self._partitions[s] = PartitionState(s, restored[s], self.settings.ttl_seconds, self._clock,
-                                                 time.time, pm)
+            ps = PartitionState(s, restored[s], self.settings.ttl_seconds, self._clock, time.time, pm)
+            ps.output_partition = self._output_partition(self.settings.sink, ps)
+            self._partitions[s] = ps
             assign[s] = restored[s].start_offset
         await self._consumer.assign(assign)
         self._held_gauge.set(len(self.held_slots))
@@ -296,61 +297,58 @@ class Worker:
         ps.running += 1
         ps.drained.clear()
         try:
-            await self._handle(job)
+            event = job.event
+            s = self.settings
+            started_s = time.time()
+            latency_s = started_s - event.created_ms / 1000
+            self._latency.observe(latency_s)
+            self.stats.note_latency(latency_s)
+            function = self.handler.function
+            attempt = 0
+            while True:
+                attempt += 1
+                state = ClientState(ps.store.get(event.client_id))
+                ctx = HandlerContext(client_id=event.client_id, partition=ps.partition, offset=job.offset,
+                                     attempt=attempt, worker=s.worker_id, config=s.handler_config, state=state)
+                t0 = time.perf_counter()
+                try:
+                    if self.handler.is_async:
+                        result = await function(event.body, ctx)
+                    else:
+                        result = await asyncio.get_running_loop().run_in_executor(
+                            self._pool, function, event.body, ctx
+                        )
+                    self._handler_seconds.observe(time.perf_counter() - t0)
+                    key, value = encode_processed(event, ps.partition, job.offset, s.worker_id,
+                                                  int(started_s * 1000), int(time.time() * 1000), result)
+                    encoded_state = (orjson.dumps(state.staged)
+                                     if state.changed and state.staged is not None else None)
+                except Exception as exc:  # noqa: BLE001 - any handler failure is retried, then dead-lettered
+                    self._handler_seconds.observe(time.perf_counter() - t0)
+                    if ps.revoked:
+                        return  # the slot moved: the new owner runs it again
+                    if attempt <= s.max_retries:
+                        backoff = min(s.retry_backoff_ms / 1000 * 2 ** (attempt - 1), MAX_RETRY_BACKOFF_SECONDS)
+                        await asyncio.sleep(backoff)
+                        continue
+                    self._dead_letter(ps, job.offset, job.key, job.value, "handler-error",
+                                      f"{type(exc).__name__}: {exc}", attempt)
+                    ps.window.finish(job.offset)
+                    return
+                if state.changed:
+                    if state.staged is None:
+                        ps.store.pop(event.client_id, None)
+                    else:
+                        ps.store[event.client_id] = state.staged
+                    ps.dirty_state[event.client_id] = encoded_state
+                ps.outputs.append(OutputRecord(s.sink, ps.output_partition, key, value))
+                ps.processed_uncommitted += 1
+                ps.window.finish(job.offset)
+                return
         finally:
             ps.running -= 1
             if ps.running == 0:
                 ps.drained.set()
-
-    async def _handle(self, job: _Job) -> None:
-        ps, event = job.ps, job.event
-        s = self.settings
-        started_s = time.time()
-        latency_s = started_s - event.created_ms / 1000
-        self._latency.observe(latency_s)
-        self.stats.note_latency(latency_s)
-        function = self.handler.function
-        attempt = 0
-        while True:
-            attempt += 1
-            state = ClientState(ps.store.get(event.client_id))
-            ctx = HandlerContext(client_id=event.client_id, partition=ps.partition, offset=job.offset,
-                                 attempt=attempt, worker=s.worker_id, config=s.handler_config, state=state)
-            t0 = time.perf_counter()
-            try:
-                if self.handler.is_async:
-                    result = await function(event.body, ctx)
-                else:
-                    result = await asyncio.get_running_loop().run_in_executor(
-                        self._pool, function, event.body, ctx
-                    )
-                self._handler_seconds.observe(time.perf_counter() - t0)
-                finished_ms = int(time.time() * 1000)
-                key, value = encode_processed(event, ps.partition, job.offset, s.worker_id,
-                                              int(started_s * 1000), finished_ms, result)
-                encoded_state = orjson.dumps(state.staged) if state.changed and state.staged is not None else None
-            except Exception as exc:  # noqa: BLE001 - any handler failure is retried, then dead-lettered
-                self._handler_seconds.observe(time.perf_counter() - t0)
-                if ps.revoked:
-                    return  # the slot moved: the new owner runs it again
-                if attempt <= s.max_retries:
-                    backoff = min(s.retry_backoff_ms / 1000 * 2 ** (attempt - 1), MAX_RETRY_BACKOFF_SECONDS)
-                    await asyncio.sleep(backoff)
-                    continue
-                self._dead_letter(ps, job.offset, job.key, job.value, "handler-error",
-                                  f"{type(exc).__name__}: {exc}", attempt)
-                ps.window.finish(job.offset)
-                return
-            if state.changed:
-                if state.staged is None:
-                    ps.store.pop(event.client_id, None)
-                else:
-                    ps.store[event.client_id] = state.staged
-                ps.dirty_state[event.client_id] = encoded_state
-            ps.outputs.append(OutputRecord(s.sink, self._output_partition(s.sink, ps), key, value))
-            ps.processed_uncommitted += 1
-            ps.window.finish(job.offset)
-            return
 
     def _output_partition(self, topic: str, ps: PartitionState) -> int | None:
         # Same partition as the input when the layouts match, so a slot's outputs live in one

@@ -77,6 +77,8 @@ class PartitionState:
         self.drained = asyncio.Event()
         self.drained.set()
         self.metrics = partition_metrics
+        self.output_partition: int | None = partition
+        """Sink partition of this partition's processed records (None: the producer picks by key)."""
 
     def take_outputs(self, state_topic: str) -> tuple[list[OutputRecord], int]:
         """Hand over the outputs and state changes for a transaction; return them and the processed count."""

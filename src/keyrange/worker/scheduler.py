@@ -37,7 +37,10 @@ class ClientScheduler(Generic[T]):
             raise ValueError(f"concurrency must be at least 1, got {concurrency}")
         self._run = run
         self._skip = skip
-        self._permits = asyncio.Semaphore(concurrency)
+        self._free = concurrency
+        # Drains waiting for a permit, first come first served; a plain counter and a deque of
+        # futures because asyncio.Semaphore costs two coroutine calls per item on the hot path.
+        self._waiting: deque[asyncio.Future[None]] = deque()
         self._queues: dict[int, deque[T]] = {}
         self._tasks: set[asyncio.Task[None]] = set()
         self._queued = 0
@@ -79,7 +82,6 @@ class ClientScheduler(Generic[T]):
         await asyncio.gather(*self._tasks, return_exceptions=True)
 
     async def _drain(self, client_id: int, queue: deque[T]) -> None:
-        permits = self._permits
         skip = self._skip
         since_yield = 0
         try:
@@ -89,7 +91,10 @@ class ClientScheduler(Generic[T]):
                     queue.popleft()
                     self._finished()
                     continue
-                await permits.acquire()
+                if self._free > 0 and not self._waiting:
+                    self._free -= 1
+                else:
+                    await self._wait_for_permit()
                 try:
                     queue.popleft()
                     await self._run(item)
@@ -98,7 +103,7 @@ class ClientScheduler(Generic[T]):
                     # escapes is a bug, logged so that one item cannot stop its client's queue.
                     log.exception("unexpected error running an item of client %s", client_id)
                 finally:
-                    permits.release()
+                    self._release_permit()
                     self._finished()
                 since_yield += 1
                 if since_yield >= YIELD_EVERY_ITEMS:
@@ -106,6 +111,24 @@ class ClientScheduler(Generic[T]):
                     await asyncio.sleep(0)
         finally:
             del self._queues[client_id]
+
+    async def _wait_for_permit(self) -> None:
+        waiter = asyncio.get_running_loop().create_future()
+        self._waiting.append(waiter)
+        try:
+            await waiter  # the releaser handed its permit over to this waiter
+        except asyncio.CancelledError:
+            if waiter.done() and not waiter.cancelled():
+                self._release_permit()  # handed over, but this drain is gone: pass it on
+            raise
+
+    def _release_permit(self) -> None:
+        while self._waiting:
+            waiter = self._waiting.popleft()
+            if not waiter.done():
+                waiter.set_result(None)
+                return
+        self._free += 1
 
     def _finished(self) -> None:
         self._queued -= 1
