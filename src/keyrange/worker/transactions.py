@@ -62,7 +62,10 @@ class TransactionalOutput:
                 "enable.idempotence": True,
                 "partitioner": "murmur2_random",
                 "linger.ms": 5,
-                "transaction.timeout.ms": 60_000,
+                # Short, so that a transaction a killed worker left open stops holding back
+                # read_committed readers (the next owner's restore) well within its timeout;
+                # a restart with the same worker id aborts it at once anyway (init_transactions).
+                "transaction.timeout.ms": 10_000,
                 # Dead letters carry the original value, which may be just over the input limit.
                 "message.max.bytes": 2 * MAX_EVENT_BYTES + 100_000,
                 "log_level": 3,
