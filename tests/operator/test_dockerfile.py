@@ -1,0 +1,89 @@
+"""The Dockerfile, checked without a Docker engine: what it copies exists, what it runs starts."""
+
+from __future__ import annotations
+
+import fnmatch
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.operator.crd_schema import ROOT
+
+DOCKERFILE = (ROOT / "Dockerfile").read_text()
+INSTRUCTIONS = [line.strip() for line in re.sub(r"\\\n", " ", DOCKERFILE).splitlines()
+                if line.strip() and not line.strip().startswith("#")]
+
+
+def _keyrange_script() -> str:
+    return str(Path(sys.executable).with_name("keyrange"))
+
+
+def _ignored(path: str) -> bool:
+    ignored = False
+    for pattern in (ROOT / ".dockerignore").read_text().splitlines():
+        pattern = pattern.strip()
+        if not pattern or pattern.startswith("#"):
+            continue
+        negate = pattern.startswith("!")
+        pattern = pattern.lstrip("!").rstrip("/")
+        if fnmatch.fnmatch(path, pattern) or path.startswith(pattern + "/"):
+            ignored = not negate
+    return ignored
+
+
+def test_multi_stage_with_a_pinned_base_and_a_non_root_user() -> None:
+    froms = [i for i in INSTRUCTIONS if i.startswith("FROM ")]
+    assert len(froms) >= 2
+    base = next(i for i in INSTRUCTIONS if i.startswith("ARG PYTHON_IMAGE=")).split("=", 1)[1]
+    assert re.fullmatch(r"python:3\.11(\.\d+)?-slim-bookworm(@sha256:[0-9a-f]{64})?", base)
+    user = [i for i in INSTRUCTIONS if i.startswith("USER ")][-1].split()[1]
+    assert user.split(":")[0].isdigit() and user.split(":")[0] != "0"
+    # The worker pods' runAsUser must be the image's user.
+    from keyrange.operator import rendering
+    from keyrange.operator.settings import OperatorSettings
+    from keyrange.spec import parse_spec
+
+    owner = {"metadata": {"name": "x", "uid": "u"}}
+    spec = parse_spec({"kafka": {"topic": "t", "bootstrapServers": "k:9092"}})
+    sts = rendering.render_statefulset("x", "ns", spec, 1, owner, OperatorSettings())
+    assert str(sts["spec"]["template"]["spec"]["securityContext"]["runAsUser"]) == user.split(":")[0]
+
+
+def test_copied_sources_exist_and_are_not_docker_ignored() -> None:
+    for instruction in INSTRUCTIONS:
+        if instruction.startswith("COPY ") and "--from=" not in instruction:
+            *sources, _ = instruction.split()[1:]
+            for source in sources:
+                assert (ROOT / source).exists(), f"{instruction}: {source} does not exist"
+                assert not _ignored(source.rstrip("/")), f"{source} is excluded by .dockerignore"
+    assert _ignored(".venv") and _ignored("tests") and _ignored(".git")
+
+
+def test_the_image_installs_the_extras_it_needs() -> None:
+    pyproject = (ROOT / "pyproject.toml").read_text()
+    assert 'keyrange = "keyrange.cli:main"' in pyproject
+    assert '".[spark]"' in DOCKERFILE and "spark = [" in pyproject
+    entrypoint = next(i for i in INSTRUCTIONS if i.startswith("ENTRYPOINT "))
+    assert entrypoint.endswith('"keyrange"]')
+
+
+_AGGREGATE_LANDED = (ROOT / "src" / "keyrange" / "commands" / "aggregate.py").exists()
+
+
+@pytest.mark.parametrize("command", [
+    "operator", "worker",
+    pytest.param("aggregate", marks=pytest.mark.skipif(
+        not _AGGREGATE_LANDED, reason="`keyrange aggregate` (issue 6) has not landed yet")),
+])
+def test_entrypoint_commands_start(command: str) -> None:
+    result = subprocess.run([_keyrange_script(), command, "--help"], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert f"keyrange {command}" in result.stdout
+
+
+def test_worker_accepts_the_arguments_the_operator_gives_it() -> None:
+    result = subprocess.run([_keyrange_script(), "worker", "--help"], capture_output=True, text=True, timeout=60)
+    assert "--spec-file" in result.stdout and "--metrics-port" in result.stdout
