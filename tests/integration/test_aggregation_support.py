@@ -61,10 +61,11 @@ def transactional_producer(bootstrap: str) -> Producer:
     return producer
 
 
-def processed_records(count: int, clients: int, seed: int, start_ms: int = 1_790_000_000_000,
+def processed_records(count: int, clients: int, seed: int, start_ms: int = 1_790_000_000_000, first_offset: int = 0,
                       workers: Sequence[str] = ("worker-0", "worker-1", "worker-2")) -> list[dict[str, Any]]:
     """Processed-record values for a ledger consumer: `count` events over `clients` clients,
-    spread over a few minutes, with made-up but plausible timings."""
+    spread over a few minutes, with made-up but plausible timings. Input offsets start at
+    `first_offset` (give later batches of one stream higher ones, as a real input log would)."""
     rng = random.Random(seed)
     ledgers: dict[int, int] = {}
     out = []
@@ -79,7 +80,7 @@ def processed_records(count: int, clients: int, seed: int, start_ms: int = 1_790
             amount = rng.randrange(1, 10)
             ledgers[client] = returned = ledgers.get(client, 0) + amount
         event = InputEvent(client, str(uuidlib.UUID(int=rng.getrandbits(128))), created, {})
-        _, value = encode_processed(event, client % 4, i, rng.choice(list(workers)), started, finished,
+        _, value = encode_processed(event, client % 4, first_offset + i, rng.choice(list(workers)), started, finished,
                                     {"value": ledgers[client], "returned": returned})
         out.append(orjson.loads(value))
     return out

@@ -156,7 +156,9 @@ def read_range(settings: ReaderSettings, partition: int, start: int, end: int,
         chunk = RecordChunk(partition, [], [], [], [])
         last_progress = time.monotonic()
         while True:
-            messages = consumer.consume(chunk_rows, 1.0)
+            # A short poll: consume() waits the whole timeout unless `chunk_rows` arrive, and most
+            # ranges are smaller than that.
+            messages = consumer.consume(chunk_rows, 0.1)
             done = False
             for m in messages:
                 if m.error() is not None:

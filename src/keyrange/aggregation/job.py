@@ -1,0 +1,245 @@
+"""The aggregation job: processed topic -> keyrange-kafka stream -> deduplicated Parquet aggregates.
+
+One code path for both modes: a streaming query whose `foreachBatch` deduplicates by uuid and
+merges each micro-batch into the stored tables (see `store` for the layout). `run_once` uses
+Trigger.AvailableNow (everything there is now, then stop); `start_continuous` a processing-time
+trigger. Either way the checkpoint holds the Kafka offsets already aggregated, so a rerun reads
+only new records, and a replayed micro-batch rewrites the same outputs (each record counts once).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from keyrange.aggregation import store, tables
+from keyrange.aggregation.session import spark_session
+from keyrange.errors import UserError
+from keyrange.kafkaio import partition_counts
+
+
+class AggregationError(UserError, RuntimeError):
+    """The aggregation job could not start or failed; the message says why."""
+
+
+@dataclass
+class AggregationSummary:
+    """What a run did (cumulative over the micro-batches of this run)."""
+
+    output: str
+    batches: int = 0
+    records_read: int = 0
+    """Records read from the topic (after read_committed)."""
+    invalid: int = 0
+    """Records that break the processed-record contract (skipped)."""
+    duplicates: int = 0
+    """Records whose uuid was already aggregated (counted once)."""
+    aggregated: int = 0
+    """New unique records added to the aggregates."""
+    clients: int = 0
+    windows: int = 0
+    workers: int = 0
+    """Rows in the newest tables."""
+    seconds: float = 0.0
+    last_batch_id: int | None = None
+    batch_seconds: list[float] = field(default_factory=list)
+
+    def line(self) -> str:
+        """One human-readable line."""
+        return (f"{self.batches} batches, {self.records_read:,} records read, {self.aggregated:,} aggregated, "
+                f"{self.duplicates:,} duplicates, {self.invalid:,} invalid; {self.clients:,} clients, "
+                f"{self.windows:,} minute windows, {self.workers:,} workers -> {self.output}")
+
+
+ProgressCallback = Callable[[int, AggregationSummary], None]
+
+
+class BatchAggregator:
+    """The `foreachBatch` function: merges one micro-batch into the stored aggregates."""
+
+    def __init__(self, spark: Any, output: str, progress: ProgressCallback | None = None) -> None:
+        self._spark = spark
+        self.root = store.normalize(output)
+        self._storage = store.HadoopStorage(spark, self.root)
+        self._progress = progress
+        self.summary = AggregationSummary(self.root)
+
+    def __call__(self, raw: Any, batch_id: int) -> None:
+        """Deduplicate, store the new records, merge the three tables, publish the manifest."""
+        from pyspark.sql import functions as F
+
+        began = time.monotonic()
+        parsed = tables.parse_processed(raw).persist()
+        try:
+            counts = parsed.groupBy("valid", "minute").count().collect()
+            read = sum(r["count"] for r in counts)
+            invalid = sum(r["count"] for r in counts if not r["valid"])
+            minutes = sorted({r["minute"] for r in counts if r["valid"]})
+            fresh = tables.first_delivery(parsed.where("valid")).drop("valid")
+            records_dir = f"{self.root}/records"
+            if minutes and self._storage.exists("records"):
+                earlier = (self._spark.read.option("basePath", records_dir).parquet(records_dir)
+                           .where(F.col("minute").isin(minutes) & (F.col("batch") < batch_id))
+                           .select("uuid"))
+                fresh = fresh.join(earlier, "uuid", "left_anti")
+            fresh = fresh.withColumn("batch", F.lit(batch_id)).persist()
+            added = fresh.count()
+            if added:
+                self._merge(fresh, batch_id, minutes, records_dir)
+        finally:
+            parsed.unpersist()
+        s = self.summary
+        s.batches += 1
+        s.records_read += read
+        s.invalid += invalid
+        s.aggregated += added
+        s.duplicates += read - invalid - added
+        s.last_batch_id = batch_id
+        s.batch_seconds.append(time.monotonic() - began)
+        if self._progress:
+            self._progress(batch_id, s)
+
+    def _merge(self, fresh: Any, batch_id: int, minutes: list[int], records_dir: str) -> None:
+        from pyspark.sql import functions as F
+
+        try:
+            # Dynamic partition overwrite: a replay of this batch id replaces exactly its files.
+            (fresh.repartition("minute").write.mode("overwrite")
+             .partitionBy("minute", "batch").parquet(records_dir))
+            stored = {t: self._stored(t, batch_id) for t in store.TABLES}
+            touched = (self._spark.read.option("basePath", records_dir).parquet(records_dir)
+                       .where(F.col("minute").isin(minutes)))
+            new_tables = {
+                "clients": tables.merge_clients(stored["clients"], tables.client_partials(fresh)),
+                "workers": tables.merge_workers(stored["workers"], tables.worker_partials(fresh)),
+                "windows": tables.merge_windows(stored["windows"], tables.window_stats(touched), minutes),
+            }
+            sizes = {}
+            for name, df in new_tables.items():
+                path = store.table_path(self.root, name, batch_id)
+                df.coalesce(1).write.mode("overwrite").parquet(path)
+                sizes[name] = self._spark.read.parquet(path).count()
+        finally:
+            fresh.unpersist()
+        self._publish(batch_id, sizes)
+
+    def _stored(self, table: str, batch_id: int) -> Any:
+        """The newest version written before this batch (never this batch's own, on a replay)."""
+        older = [v for v in self._storage.versions(table) if v < batch_id]
+        if not older:
+            return None
+        for stale in older[:-1]:
+            self._storage.delete(f"{table}/version={stale}")
+        return self._spark.read.parquet(store.table_path(self.root, table, older[-1]))
+
+    def _publish(self, batch_id: int, sizes: dict[str, int]) -> None:
+        s = self.summary
+        s.clients, s.windows, s.workers = sizes["clients"], sizes["windows"], sizes["workers"]
+        manifest = {
+            "batch": batch_id,
+            "versions": dict.fromkeys(store.TABLES, batch_id),
+            "rows": sizes,
+            "updatedAtMs": int(time.time() * 1000),
+        }
+        self._storage.write_text(store.MANIFEST, json.dumps(manifest, indent=2))
+
+
+def _check_topic(bootstrap: str, topic: str) -> None:
+    if topic not in partition_counts(bootstrap):
+        raise AggregationError(
+            f"topic {topic!r} does not exist on {bootstrap}; it is the workers' sink topic "
+            "(`<input topic>.processed` by default): start the workers first or pass the right --topic"
+        )
+
+
+def _stream(spark: Any, bootstrap: str, topic: str, max_records: int | None) -> Any:
+    reader = spark.readStream.format("keyrange-kafka").option("bootstrap", bootstrap).option("topic", topic)
+    if max_records:
+        reader = reader.option("maxRecordsPerBatch", str(max_records))
+    return reader.load()
+
+
+def run_once(bootstrap: str, topic: str, output: str, checkpoint: str | None = None,
+             master: str = "local[2]", spark: Any = None,
+             progress: ProgressCallback | None = None) -> AggregationSummary:
+    """Aggregate every record not aggregated before (per the checkpoint), then return.
+
+    `checkpoint` defaults to `<output>/_checkpoint`; `spark` lets a caller reuse its session.
+    """
+    _check_topic(bootstrap, topic)
+    spark = spark or spark_session(master)
+    root = store.normalize(output)
+    aggregator = BatchAggregator(spark, root, progress)
+    began = time.monotonic()
+    query = (_stream(spark, bootstrap, topic, None).writeStream.foreachBatch(aggregator)
+             .option("checkpointLocation", store.normalize(checkpoint or f"{root}/_checkpoint"))
+             .trigger(availableNow=True).start())
+    _await(query)
+    aggregator.summary.seconds = time.monotonic() - began
+    return aggregator.summary
+
+
+class ContinuousAggregation:
+    """A running continuous aggregation; `stop()` ends it after the current micro-batch."""
+
+    def __init__(self, query: Any, aggregator: BatchAggregator) -> None:
+        self.query = query
+        self.aggregator = aggregator
+
+    @property
+    def summary(self) -> AggregationSummary:
+        """Cumulative figures so far."""
+        return self.aggregator.summary
+
+    def wait(self, timeout_seconds: float | None = None) -> None:
+        """Block until the query ends (or the timeout); raise AggregationError if it failed."""
+        _await(self.query, timeout_seconds)
+
+    def stop(self) -> None:
+        """Stop the query; the checkpoint keeps every completed micro-batch."""
+        self.query.stop()
+
+
+def start_continuous(bootstrap: str, topic: str, output: str, checkpoint: str | None = None,
+                     master: str = "local[2]", trigger_seconds: float = 5.0,
+                     max_records_per_batch: int | None = 200_000, spark: Any = None,
+                     progress: ProgressCallback | None = None) -> ContinuousAggregation:
+    """Start a streaming aggregation that runs a micro-batch every `trigger_seconds`."""
+    _check_topic(bootstrap, topic)
+    spark = spark or spark_session(master)
+    root = store.normalize(output)
+    aggregator = BatchAggregator(spark, root, progress)
+    query = (_stream(spark, bootstrap, topic, max_records_per_batch).writeStream.foreachBatch(aggregator)
+             .option("checkpointLocation", store.normalize(checkpoint or f"{root}/_checkpoint"))
+             .trigger(processingTime=f"{trigger_seconds} seconds").start())
+    return ContinuousAggregation(query, aggregator)
+
+
+def _await(query: Any, timeout_seconds: float | None = None) -> None:
+    from pyspark.errors import StreamingQueryException
+
+    try:
+        if timeout_seconds is None:
+            query.awaitTermination()
+        else:
+            query.awaitTermination(timeout_seconds)
+    except StreamingQueryException as exc:
+        raise AggregationError(f"the aggregation query failed: {_first_line(exc)}") from exc
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc)
+    for marker in ("KafkaReadError: ", "AggregationError: "):
+        if marker in text:
+            return text.split(marker, 1)[1].splitlines()[0]
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+def summary_dict(summary: AggregationSummary) -> dict[str, Any]:
+    """The summary as JSON-ready data (without the per-batch timings)."""
+    data = asdict(summary)
+    data.pop("batch_seconds")
+    return data

@@ -1,0 +1,127 @@
+"""Where the aggregates live, and how to read them back without Spark.
+
+Layout under the output directory (a local path or any Hadoop/pyarrow URL such as `s3a://`):
+
+    records/minute=<ms>/batch=<id>/   deduplicated processed records (the percentile source)
+    clients/version=<id>/             one Parquet table per micro-batch that changed it
+    windows/version=<id>/
+    workers/version=<id>/
+    _latest.json                      the newest complete version of each table, and totals
+
+A micro-batch writes new versions and never edits old ones, so a replay after a crash (Spark
+re-runs the last uncommitted batch id) rebuilds the very same version from the one before it.
+Versions older than the previous one are deleted.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import urlparse
+
+TABLES = ("clients", "windows", "workers")
+MANIFEST = "_latest.json"
+_VERSION = re.compile(r"^version=(\d+)$")
+
+
+def normalize(path: str) -> str:
+    """Absolute local paths stay paths; URLs (s3a://, hdfs://, file://) pass through."""
+    return path if urlparse(path).scheme else os.path.abspath(path)
+
+
+class HadoopStorage:
+    """Directory listing, deletion and small files through Spark's Hadoop FileSystem, so the
+    same code works for local disks and object stores."""
+
+    def __init__(self, spark: Any, root: str) -> None:
+        self._jvm = spark.sparkContext._jvm
+        self._conf = spark.sparkContext._jsc.hadoopConfiguration()
+        self.root = root.rstrip("/")
+
+    def _path(self, relative: str) -> Any:
+        path = self._jvm.org.apache.hadoop.fs.Path(f"{self.root}/{relative}")
+        return path, path.getFileSystem(self._conf)
+
+    def exists(self, relative: str) -> bool:
+        """True if `root/relative` exists."""
+        path, fs = self._path(relative)
+        return bool(fs.exists(path))
+
+    def versions(self, table: str) -> list[int]:
+        """Complete versions of a table (those with Spark's _SUCCESS marker), oldest first."""
+        path, fs = self._path(table)
+        if not fs.exists(path):
+            return []
+        found = []
+        for status in fs.listStatus(path):
+            match = _VERSION.match(status.getPath().getName())
+            if match and fs.exists(self._jvm.org.apache.hadoop.fs.Path(status.getPath(), "_SUCCESS")):
+                found.append(int(match.group(1)))
+        return sorted(found)
+
+    def delete(self, relative: str) -> None:
+        """Delete `root/relative` recursively (no error if absent)."""
+        path, fs = self._path(relative)
+        fs.delete(path, True)
+
+    def write_text(self, relative: str, text: str) -> None:
+        """Write a small file, replacing it as a whole (write aside, then rename)."""
+        tmp, fs = self._path(f"{relative}.tmp")
+        out = fs.create(tmp, True)
+        try:
+            out.write(bytearray(text.encode("utf-8")))
+        finally:
+            out.close()
+        final, _ = self._path(relative)
+        fs.delete(final, False)
+        fs.rename(tmp, final)
+
+
+def table_path(root: str, table: str, version: int) -> str:
+    """The directory of one version of one table."""
+    return f"{root.rstrip('/')}/{table}/version={version}"
+
+
+@dataclass(frozen=True)
+class AggregateResults:
+    """The newest complete aggregates, as plain Python rows (dicts), sorted for reading."""
+
+    clients: list[dict[str, Any]]
+    """client_id, events, first_seen_ms, last_seen_ms, ledger_value, last_partition, last_offset."""
+    windows: list[dict[str, Any]]
+    """window_start_ms, window_end_ms, events, latency_p50/p95/p99_ms, handler_p50/p95/p99_ms."""
+    workers: list[dict[str, Any]]
+    """worker, events, handler_ms_total, handler_ms_mean, first_finished_ms, last_finished_ms."""
+    manifest: dict[str, Any] = field(default_factory=dict)
+    """The `_latest.json` this was read from (batch id, totals, update time)."""
+
+
+def read_results(output: str) -> AggregateResults:
+    """Read the newest aggregates under `output` with pyarrow (no Spark, no JVM).
+
+    Returns empty tables when the job has not written anything yet.
+    """
+    import pyarrow.fs as pafs
+    import pyarrow.parquet as pq
+
+    root = normalize(output)
+    fs, base = pafs.FileSystem.from_uri(root if urlparse(root).scheme else f"file://{root}")
+    try:
+        with fs.open_input_stream(f"{base}/{MANIFEST}") as stream:
+            manifest = json.loads(stream.read().decode("utf-8"))
+    except (FileNotFoundError, OSError):
+        return AggregateResults([], [], [])
+    tables: dict[str, list[dict[str, Any]]] = {}
+    sort_keys = {"clients": "client_id", "windows": "window_start_ms", "workers": "worker"}
+    for table in TABLES:
+        version = manifest["versions"].get(table)
+        if version is None:
+            tables[table] = []
+            continue
+        rows = pq.read_table(f"{base}/{table}/version={version}", filesystem=fs).to_pylist()
+        key = sort_keys[table]
+        tables[table] = sorted(rows, key=lambda r: (r[key] is None, r[key]))
+    return AggregateResults(tables["clients"], tables["windows"], tables["workers"], manifest)

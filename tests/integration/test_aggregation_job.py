@@ -1,0 +1,142 @@
+"""The aggregation job end to end on the embedded broker and Spark local[2].
+
+Every aggregate is checked against `keyrange.aggregation.reference` (plain Python over the very
+records read back from the topic), with re-delivered records, aborted transactions, invalid
+records, reruns from the checkpoint and a replayed micro-batch.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import pytest
+
+from keyrange.aggregation import read_results, run_once, start_continuous
+from keyrange.aggregation.job import AggregationError, BatchAggregator
+from keyrange.aggregation.reference import Delivery, aggregate
+from tests.integration.test_aggregation_support import (
+    make_topic,
+    processed_records,
+    produce_processed,
+    spark,
+    transactional_producer,
+)
+from tests.kafkatools import read_topic
+
+__all__ = ["spark"]  # the shared session fixture
+
+
+def _deliveries(bootstrap: str, topic: str, expect: int | None) -> list[Delivery]:
+    return [Delivery(m.partition(), m.offset(), m.value()) for m in read_topic(bootstrap, topic, expect)]
+
+
+def _assert_matches(output: str, deliveries: Sequence[Delivery]) -> dict[str, list[dict[str, Any]]]:
+    expected = aggregate(deliveries)
+    results = read_results(output)
+    got = {"clients": results.clients, "windows": results.windows, "workers": results.workers}
+    for table, rows in expected.items():
+        assert len(got[table]) == len(rows), table
+        for want, have in zip(rows, got[table], strict=True):
+            assert set(have) == set(want), table
+            for column, value in want.items():
+                if isinstance(value, float):
+                    assert have[column] == pytest.approx(value, rel=1e-9), (table, column, want)
+                else:
+                    assert have[column] == value, (table, column, want, have)
+    return expected
+
+
+def _with_redeliveries(records: list[dict[str, Any]], every: int) -> list[dict[str, Any]]:
+    """The records, then every `every`-th one again (a worker re-delivering after a crash)."""
+    return records + records[::every]
+
+
+def test_every_aggregate_matches_plain_python_and_duplicates_count_once(spark, bootstrap, topic_name, tmp_path):
+    make_topic(bootstrap, topic_name, 4)
+    records = processed_records(4000, clients=60, seed=11)
+    delivered = produce_processed(bootstrap, topic_name, _with_redeliveries(records, 7), 4, abort_every=4)
+    producer = transactional_producer(bootstrap)
+    producer.begin_transaction()
+    for value in (b"not json", b'{"clientId": 5}', b"[1, 2]"):
+        producer.produce(topic_name, key=b"5", value=value, partition=1)
+    producer.commit_transaction(30)
+
+    summary = run_once(bootstrap, topic_name, str(tmp_path / "out"), spark=spark)
+
+    deliveries = _deliveries(bootstrap, topic_name, len(delivered) + 3)
+    assert len(deliveries) == len(delivered) + 3
+    expected = _assert_matches(str(tmp_path / "out"), deliveries)
+    assert summary.records_read == len(delivered) + 3
+    assert summary.invalid == 3
+    assert summary.aggregated == len(records) == sum(c["events"] for c in expected["clients"])
+    assert summary.duplicates == len(delivered) - len(records)
+    assert sum(w["events"] for w in expected["windows"]) == len(records)
+    assert any(c["ledger_value"] not in (None, 0) for c in expected["clients"])
+
+
+def test_rerun_reads_only_new_records_and_dedups_against_earlier_runs(spark, bootstrap, topic_name, tmp_path):
+    make_topic(bootstrap, topic_name, 3)
+    output = str(tmp_path / "out")
+    first = processed_records(1500, clients=25, seed=12)
+    n1 = len(produce_processed(bootstrap, topic_name, first, 3))
+    s1 = run_once(bootstrap, topic_name, output, spark=spark)
+    assert (s1.records_read, s1.aggregated) == (n1, len(first))
+
+    # New records for the same clients and minutes, plus re-deliveries of records already aggregated.
+    second = processed_records(1200, clients=25, seed=13, start_ms=1_790_000_030_000, first_offset=10_000)
+    n2 = len(produce_processed(bootstrap, topic_name, second + first[::5], 3))
+    s2 = run_once(bootstrap, topic_name, output, spark=spark)
+    assert s2.records_read == n2  # only what is new since the checkpoint
+    assert s2.aggregated == len(second)
+    assert s2.duplicates == len(first[::5])
+
+    _assert_matches(output, _deliveries(bootstrap, topic_name, n1 + n2))
+    assert read_results(output).manifest["batch"] == s2.last_batch_id
+
+
+def test_a_replayed_micro_batch_does_not_count_twice(spark, bootstrap, topic_name, tmp_path):
+    """Spark re-runs the last micro-batch after a crash between writing and committing it."""
+    make_topic(bootstrap, topic_name, 2)
+    records = processed_records(800, clients=10, seed=14)
+    n = len(produce_processed(bootstrap, topic_name, records, 2))
+    batch = spark.read.format("keyrange-kafka").option("bootstrap", bootstrap).option("topic", topic_name).load()
+    output = str(tmp_path / "out")
+
+    first_half = batch.where("offset < 200")
+    aggregator = BatchAggregator(spark, output)
+    aggregator(first_half, 0)
+    aggregator(batch.where("offset >= 200"), 1)
+    aggregator(batch.where("offset >= 200"), 1)  # the replay
+
+    _assert_matches(output, _deliveries(bootstrap, topic_name, n))
+
+
+@pytest.mark.slow
+def test_continuous_mode_makes_new_records_visible(spark, bootstrap, topic_name, tmp_path):
+    make_topic(bootstrap, topic_name, 3)
+    output = str(tmp_path / "out")
+    running = start_continuous(bootstrap, topic_name, output, spark=spark, trigger_seconds=1.0)
+    try:
+        expected_events = 0
+        for round_ in range(2):
+            records = processed_records(500, clients=20, seed=20 + round_,
+                                        start_ms=1_790_000_000_000 + round_ * 60_000, first_offset=round_ * 10_000)
+            produce_processed(bootstrap, topic_name, _with_redeliveries(records, 10), 3)
+            expected_events += len(records)
+            deadline = time.monotonic() + 180
+            while sum(c["events"] for c in read_results(output).clients) < expected_events:
+                assert running.query.exception() is None, running.query.exception()
+                assert time.monotonic() < deadline, f"aggregates never reached {expected_events} events"
+                time.sleep(0.5)
+    finally:
+        running.stop()
+    deliveries = _deliveries(bootstrap, topic_name, None)
+    _assert_matches(output, deliveries)
+    assert running.summary.aggregated == expected_events
+
+
+def test_missing_topic_is_a_clear_error_before_spark_starts(bootstrap, topic_name, tmp_path):
+    with pytest.raises(AggregationError, match=r"does not exist .* start the workers first"):
+        run_once(bootstrap, topic_name, str(tmp_path / "out"))
