@@ -1,0 +1,106 @@
+"""`keyrange run`'s supervisor end to end: worker subprocesses, rescales, a SIGKILL mid-handoff.
+
+The supervisor runs in this process against the session broker; workers are real `keyrange
+worker` subprocesses in controlled mode. Rescales are requested through `request_scale` (the
+alert webhook's entry point); twice, the old owner is SIGKILLed while its handoff is pending, and
+the supervisor restarts it, it catches up from the newest epoch, and the handoff completes.
+
+The dedup TTL is 60 s here: a SIGKILL, a process restart and two restores on two shared cores can
+pause a moved slot for longer than the default 10 s, and TTL dedup by design only drops a
+duplicate while its original is remembered. This test is about the handoff, not TTL expiry.
+"""
+
+from __future__ import annotations
+
+import signal
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from keyrange.loadgen import LoadShape
+from keyrange.local.load import LoadTotals, Phase, produce_phases
+from keyrange.local.supervisor import Supervisor
+from keyrange.spec import load_file
+from tests.checkers import check_all
+from tests.kafkatools import read_input_log, read_processed
+
+SPEC = """apiVersion: keyrange.dev/v1alpha1
+kind: StreamConsumer
+metadata: {{name: {name}}}
+spec:
+  kafka: {{topic: {topic}, groupId: {topic}-g, partitions: 12}}
+  handler: ledger
+  handlerConfig: {{delayMs: 1}}
+  concurrency: 32
+  dedup: {{ttlSeconds: 60}}
+  workers: {{min: 1, max: 4}}
+  scaling: {{lagHighRecords: 1000000000, lagHighSeconds: 100000, lagLowRecords: 0, cooldownSeconds: 0}}
+"""
+
+
+def wait_for(condition, timeout_seconds: float, what: str, interval: float = 0.01) -> None:  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout_seconds
+    while time.monotonic() < deadline:
+        if condition():
+            return
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout_seconds:g} s waiting for {what}")
+
+
+@pytest.mark.slow
+def test_run_rescales_and_survives_a_sigkill_mid_handoff(bootstrap: str, topic_name: str, tmp_path: Path) -> None:
+    path = tmp_path / "consumer.yaml"
+    path.write_text(SPEC.format(name="ledger-run", topic=topic_name))
+    supervisor = Supervisor(load_file(path), path, bootstrap, tmp_path / "run", tick_seconds=0.5)
+    stop = threading.Event()
+    totals = LoadTotals()
+    supervisor.start()
+    assert supervisor.controller is not None and supervisor.fleet is not None
+    controller, fleet = supervisor.controller, supervisor.fleet
+
+    def tick() -> None:
+        while not stop.wait(0.5):
+            supervisor.tick()
+
+    ticker = threading.Thread(target=tick, daemon=True)
+    ticker.start()
+    shape = LoadShape(rate=1500, clients=200, duplicate_ratio=0.05, ledger=True, seed=5)
+    load = threading.Thread(target=produce_phases,
+                            args=(bootstrap, topic_name, shape, [Phase(30, 1500)], stop, totals), daemon=True)
+    kills = 0
+    try:
+        wait_for(lambda: 0 in controller.channel.state.reports and controller.channel.state.reports[0].held,
+                 60, "worker 0 to hold its slots")
+        load.start()
+        plan = ["up", "up", "down", "up", "down", "down"]
+        for i, direction in enumerate(plan):
+            result = controller.request_scale(direction, f"test {i}")  # type: ignore[arg-type]
+            assert result.applied, result.detail
+            if i in (1, 4):
+                wait_for(lambda: bool(controller.publication.transit), 60, "the handoff to start")
+                victim = min(controller.publication.awaiting)
+                fleet.kill(victim, signal.SIGKILL)
+                kills += 1
+                assert controller.publication.transit, "the handoff completed before the kill"
+            wait_for(lambda: not controller.publication.transit and not controller.status().starting, 120,
+                     f"rescale {i} to complete: {controller.status()}", interval=0.1)
+            time.sleep(1.0)
+        load.join(timeout=120)
+        assert not load.is_alive()
+        log = read_input_log(bootstrap, topic_name, totals.sent)
+        distinct = len({e.uuid for e in log})
+        processed = read_processed(bootstrap, f"{topic_name}.processed", distinct, timeout_seconds=120)
+        restarts = sum(w.restarts for w in fleet.workers.values())
+    finally:
+        stop.set()
+        ticker.join(timeout=10)
+        supervisor.stop()
+    assert kills == 2
+    assert restarts >= 1  # a killed worker that was merged away is not restarted
+    assert len(controller.rescales) == 6
+    assert {r.action for r in controller.rescales} == {"split", "merge"}
+    check_all(log, list(processed), ledger=True)
+    assert len(processed) == distinct
+    assert supervisor.history and supervisor.history[-1].processed > 0
