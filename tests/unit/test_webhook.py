@@ -15,13 +15,13 @@ import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
 from keyrange.errors import UserError
+from keyrange.local.alerting import ReceiverServer
 from keyrange.operator.alerts import ConsumerRef, Direction
 from keyrange.operator.webhook import (
     TOKEN_ENV,
     TOKEN_FILE_ENV,
     WEBHOOK_PATH,
     AlertReceiver,
-    ReceiverServer,
     ScaleDecision,
     ScaleOutcome,
     WebhookTokenError,

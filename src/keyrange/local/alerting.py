@@ -16,21 +16,25 @@ stay), and writes into `<run-dir>/prometheus/` everything a local Prometheus and
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import json
 import logging
 import math
 import os
+import threading
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import yaml
+from aiohttp import web
 
+from keyrange.errors import UserError
 from keyrange.operator.alerts import DEFAULT_NAMESPACE, ConsumerRef
 from keyrange.operator.rules import RuleOptions, render_rule_groups
-from keyrange.operator.webhook import AlertReceiver, ReceiverServer, ScaleDecision, ScaleTarget
+from keyrange.operator.webhook import WEBHOOK_PATH, AlertReceiver, ScaleDecision, ScaleTarget
 from keyrange.ranges.planner import ScalingLimits
 from keyrange.spec import StreamConsumer
 
@@ -93,6 +97,64 @@ def alertmanager_config(webhook_url: str, token: str, group_wait: str = "0s", gr
             }],
         }],
     }
+
+
+class ReceiverServer:
+    """The receiver served on host:port from a thread of its own (for synchronous callers such as
+    `keyrange run`'s supervisor); targets are then called from that thread."""
+
+    def __init__(self, receiver: AlertReceiver, host: str = "127.0.0.1", port: int = 0) -> None:
+        self._receiver, self._host, self._port = receiver, host, port
+        self._loop = asyncio.new_event_loop()
+        self._runner: web.AppRunner | None = None
+        self._ready = threading.Event()
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, name="keyrange-alert-webhook", daemon=True)
+        self.port = 0
+        """The bound port (useful with port 0)."""
+
+    @property
+    def url(self) -> str:
+        """The webhook URL to give Alertmanager."""
+        return f"http://{self._host}:{self.port}{WEBHOOK_PATH}"
+
+    def start(self) -> ReceiverServer:
+        """Bind and serve; raises UserError if the port cannot be bound."""
+        self._thread.start()
+        self._ready.wait(30)
+        if self._error is not None:
+            raise UserError(f"cannot serve the alert webhook on {self._host}:{self._port}: {self._error}; "
+                            "choose another --webhook-port") from None
+        return self
+
+    def _run(self) -> None:
+        asyncio.set_event_loop(self._loop)
+        try:
+            self._runner = web.AppRunner(self._receiver.app(), access_log=None)
+            self._loop.run_until_complete(self._runner.setup())
+            site = web.TCPSite(self._runner, self._host, self._port)
+            self._loop.run_until_complete(site.start())
+            self.port = self._runner.addresses[0][1]
+        except OSError as exc:
+            self._error = exc
+            self._ready.set()
+            return
+        self._ready.set()
+        self._loop.run_forever()
+        self._loop.run_until_complete(self._runner.cleanup())
+        self._loop.close()
+
+    def close(self) -> None:
+        """Stop serving and join the thread."""
+        if self._thread.is_alive():
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._thread.join(10)
+
+    def __enter__(self) -> ReceiverServer:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
 
 class LocalAlertPath:

@@ -1,11 +1,12 @@
 """The Alertmanager webhook receiver: `POST /alertmanager/webhook`, bearer-token authenticated.
 
-It runs inside the operator (one receiver for every StreamConsumer it manages) and inside
-`keyrange run` (one consumer). Consumers are registered with a `ScaleTarget` (their range
-controller) and their cooldown; each notification goes through `AlertTracker` (repeats, flapping,
-conflicts), then every resulting request is passed to the target, which enforces workers.min/max
-and its own cooldown. Every request and its outcome goes to `on_decision` (the operator records it
-in the StreamConsumer status and as a Kubernetes Event; `keyrange run` shows it).
+It runs inside the operator (one receiver for every StreamConsumer it manages, `serve` on kopf's
+event loop) and inside `keyrange run` (one consumer, `keyrange.local.alerting.ReceiverServer`).
+Consumers are registered with a `ScaleTarget` (their range controller) and their cooldown, or found
+by a resolver; each notification goes through `AlertTracker` (repeats, flapping, conflicts), then
+every resulting request is passed to the target, which enforces workers.min/max and its own
+cooldown. Every request and its outcome goes to `on_decision` (`keyrange run` keeps them; in the
+operator the target itself records status and a Kubernetes Event, see `alerting.py`).
 
 Responses: 200 with a JSON verdict per alert; 401 without the right token; 400 for a body that is
 not an Alertmanager v4 payload; 500 if a controller raised (Alertmanager retries, and the tracker
@@ -20,7 +21,6 @@ import inspect
 import json
 import logging
 import os
-import threading
 import time
 from collections import Counter
 from collections.abc import Awaitable, Callable
@@ -226,64 +226,6 @@ class AlertReceiver:
 
 def _cooldown(resolved: Resolved) -> float | None:
     return resolved[1] if resolved else None
-
-
-class ReceiverServer:
-    """The receiver served on host:port from a thread of its own (for synchronous callers such as
-    `keyrange run`'s supervisor); targets are then called from that thread."""
-
-    def __init__(self, receiver: AlertReceiver, host: str = "127.0.0.1", port: int = 0) -> None:
-        self._receiver, self._host, self._port = receiver, host, port
-        self._loop = asyncio.new_event_loop()
-        self._runner: web.AppRunner | None = None
-        self._ready = threading.Event()
-        self._error: BaseException | None = None
-        self._thread = threading.Thread(target=self._run, name="keyrange-alert-webhook", daemon=True)
-        self.port = 0
-        """The bound port (useful with port 0)."""
-
-    @property
-    def url(self) -> str:
-        """The webhook URL to give Alertmanager."""
-        return f"http://{self._host}:{self.port}{WEBHOOK_PATH}"
-
-    def start(self) -> ReceiverServer:
-        """Bind and serve; raises UserError if the port cannot be bound."""
-        self._thread.start()
-        self._ready.wait(30)
-        if self._error is not None:
-            raise UserError(f"cannot serve the alert webhook on {self._host}:{self._port}: {self._error}; "
-                            "choose another --webhook-port") from None
-        return self
-
-    def _run(self) -> None:
-        asyncio.set_event_loop(self._loop)
-        try:
-            self._runner = web.AppRunner(self._receiver.app(), access_log=None)
-            self._loop.run_until_complete(self._runner.setup())
-            site = web.TCPSite(self._runner, self._host, self._port)
-            self._loop.run_until_complete(site.start())
-            self.port = self._runner.addresses[0][1]
-        except OSError as exc:
-            self._error = exc
-            self._ready.set()
-            return
-        self._ready.set()
-        self._loop.run_forever()
-        self._loop.run_until_complete(self._runner.cleanup())
-        self._loop.close()
-
-    def close(self) -> None:
-        """Stop serving and join the thread."""
-        if self._thread.is_alive():
-            self._loop.call_soon_threadsafe(self._loop.stop)
-            self._thread.join(10)
-
-    def __enter__(self) -> ReceiverServer:
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
 
 async def serve(receiver: AlertReceiver, host: str, port: int) -> web.AppRunner:
