@@ -140,3 +140,35 @@ def test_continuous_mode_makes_new_records_visible(spark, bootstrap, topic_name,
 def test_missing_topic_is_a_clear_error_before_spark_starts(bootstrap, topic_name, tmp_path):
     with pytest.raises(AggregationError, match=r"does not exist .* start the workers first"):
         run_once(bootstrap, topic_name, str(tmp_path / "out"))
+
+
+def test_cli_aggregates_once_and_reports_a_summary(spark, bootstrap, topic_name, tmp_path, capsys):
+    import json
+
+    from keyrange.cli import main
+
+    make_topic(bootstrap, topic_name, 2)
+    records = processed_records(600, clients=12, seed=30)
+    n = len(produce_processed(bootstrap, topic_name, _with_redeliveries(records, 3), 2))
+    output = str(tmp_path / "out")
+    argv = ["aggregate", "--bootstrap", bootstrap, "--topic", topic_name, "--output", output, "--once", "--json"]
+
+    assert main(argv) == 0
+    captured = capsys.readouterr()
+    summary = json.loads(captured.out)
+    assert (summary["records_read"], summary["aggregated"], summary["clients"]) == (n, len(records), 12)
+    assert "batch 0:" in captured.err  # progress
+    _assert_matches(output, _deliveries(bootstrap, topic_name, n))
+
+    assert main(argv) == 0  # nothing new: no batch, same tables
+    again = json.loads(capsys.readouterr().out)
+    assert (again["batches"], again["records_read"], again["clients"]) == (0, 0, 12)
+
+
+def test_cli_missing_topic_exits_2_with_one_line(bootstrap, topic_name, tmp_path, capsys):
+    from keyrange.cli import main
+
+    argv = ["aggregate", "--bootstrap", bootstrap, "--topic", topic_name, "--output", str(tmp_path)]
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("keyrange aggregate: error: topic") and "\n" not in err

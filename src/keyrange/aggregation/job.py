@@ -66,6 +66,12 @@ class BatchAggregator:
         self._storage = store.HadoopStorage(spark, self.root)
         self._progress = progress
         self.summary = AggregationSummary(self.root)
+        manifest = self._storage.read_text(store.MANIFEST)
+        if manifest:  # a rerun with nothing new still reports the tables' current sizes
+            rows = json.loads(manifest).get("rows", {})
+            self.summary.clients = rows.get("clients", 0)
+            self.summary.windows = rows.get("windows", 0)
+            self.summary.workers = rows.get("workers", 0)
 
     def __call__(self, raw: Any, batch_id: int) -> None:
         """Deduplicate, store the new records, merge the three tables, publish the manifest."""
@@ -147,7 +153,8 @@ class BatchAggregator:
         self._storage.write_text(store.MANIFEST, json.dumps(manifest, indent=2))
 
 
-def _check_topic(bootstrap: str, topic: str) -> None:
+def check_topic(bootstrap: str, topic: str) -> None:
+    """Raise AggregationError unless `topic` exists (checked before Spark's slow start)."""
     if topic not in partition_counts(bootstrap):
         raise AggregationError(
             f"topic {topic!r} does not exist on {bootstrap}; it is the workers' sink topic "
@@ -169,7 +176,7 @@ def run_once(bootstrap: str, topic: str, output: str, checkpoint: str | None = N
 
     `checkpoint` defaults to `<output>/_checkpoint`; `spark` lets a caller reuse its session.
     """
-    _check_topic(bootstrap, topic)
+    check_topic(bootstrap, topic)
     spark = spark or spark_session(master)
     root = store.normalize(output)
     aggregator = BatchAggregator(spark, root, progress)
@@ -208,7 +215,7 @@ def start_continuous(bootstrap: str, topic: str, output: str, checkpoint: str | 
                      max_records_per_batch: int | None = 200_000, spark: Any = None,
                      progress: ProgressCallback | None = None) -> ContinuousAggregation:
     """Start a streaming aggregation that runs a micro-batch every `trigger_seconds`."""
-    _check_topic(bootstrap, topic)
+    check_topic(bootstrap, topic)
     spark = spark or spark_session(master)
     root = store.normalize(output)
     aggregator = BatchAggregator(spark, root, progress)

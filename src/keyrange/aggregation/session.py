@@ -46,11 +46,13 @@ def spark_session(master: str = "local[2]", app_name: str = "keyrange-aggregate"
     from keyrange.aggregation.source import register
 
     local = master.startswith("local")
+    if shuffle_partitions is None:
+        shuffle_partitions = _local_cores(master) if local else 64
     builder = (
         SparkSession.builder.master(master)
         .appName(app_name)
         # Few cores locally: the default 200 shuffle partitions would be 200 tiny tasks per batch.
-        .config("spark.sql.shuffle.partitions", str(shuffle_partitions or (4 if local else 64)))
+        .config("spark.sql.shuffle.partitions", str(shuffle_partitions))
         # Idempotent replays overwrite only the partitions a micro-batch writes.
         .config("spark.sql.sources.partitionOverwriteMode", "dynamic")
         .config("spark.sql.session.timeZone", "UTC")
@@ -64,3 +66,11 @@ def spark_session(master: str = "local[2]", app_name: str = "keyrange-aggregate"
     spark.sparkContext.setLogLevel("WARN")
     register(spark)
     return spark
+
+
+def _local_cores(master: str) -> int:
+    """Cores of a `local`, `local[N]` or `local[*]` master."""
+    inside = master.partition("[")[2].rstrip("]").split(",")[0]
+    if inside.isdigit():
+        return max(1, int(inside))
+    return os.cpu_count() or 2

@@ -67,6 +67,23 @@ class HadoopStorage:
         path, fs = self._path(relative)
         fs.delete(path, True)
 
+    def read_text(self, relative: str) -> str | None:
+        """The content of a small file, or None if it does not exist."""
+        path, fs = self._path(relative)
+        if not fs.exists(path):
+            return None
+        stream = fs.open(path)
+        try:
+            reader = self._jvm.java.io.BufferedReader(self._jvm.java.io.InputStreamReader(stream, "UTF-8"))
+            lines = []
+            line = reader.readLine()
+            while line is not None:
+                lines.append(line)
+                line = reader.readLine()
+            return "\n".join(lines)
+        finally:
+            stream.close()
+
     def write_text(self, relative: str, text: str) -> None:
         """Write a small file, replacing it as a whole (write aside, then rename)."""
         tmp, fs = self._path(f"{relative}.tmp")

@@ -1,0 +1,117 @@
+"""`keyrange aggregate`: the PySpark job that turns processed records into Parquet aggregates.
+
+    keyrange aggregate --bootstrap B --topic events.processed --output out/agg --once
+    keyrange aggregate --bootstrap B --topic events.processed --output out/agg --continuous
+
+Spark is imported only here, so the rest of the CLI works without the `spark` extra.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import signal
+import sys
+import threading
+from types import FrameType
+from typing import Any
+
+from keyrange.errors import UserError
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Arguments of `keyrange aggregate`."""
+    parser.add_argument("--bootstrap", required=True, help="Kafka bootstrap servers")
+    parser.add_argument("--topic", required=True, help="the processed-record topic (e.g. events.processed)")
+    parser.add_argument("--output", required=True, help="directory or URL for the Parquet aggregates")
+    parser.add_argument("--checkpoint", help="streaming checkpoint (default: OUTPUT/_checkpoint)")
+    mode = parser.add_mutually_exclusive_group()
+    mode.add_argument("--once", dest="continuous", action="store_false",
+                      help="aggregate what is there now, then exit (the default)")
+    mode.add_argument("--continuous", dest="continuous", action="store_true",
+                      help="keep aggregating new records until interrupted")
+    parser.set_defaults(continuous=False)
+    parser.add_argument("--master", default="local[*]",
+                        help="Spark master: local[*] (default), local[N] or k8s://https://HOST:PORT")
+    parser.add_argument("--trigger-seconds", type=float, default=5.0,
+                        help="with --continuous: seconds between micro-batches (default 5)")
+    parser.add_argument("--max-records-per-batch", type=int, default=200_000,
+                        help="with --continuous: cap on records per micro-batch (default 200000)")
+    parser.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE",
+                        help="extra Spark configuration, repeatable (e.g. spark.executor.instances=2)")
+    parser.add_argument("--json", action="store_true", help="print the final summary as JSON")
+    parser.add_argument("--quiet", action="store_true", help="no per-batch progress lines")
+
+
+def _spark_conf(pairs: list[str]) -> dict[str, str]:
+    conf = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise UserError(f"--conf takes KEY=VALUE, got {pair!r}")
+        conf[key.strip()] = value
+    return conf
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run the job once or continuously; print progress to stderr and a summary at the end."""
+    if args.trigger_seconds <= 0:
+        raise UserError(f"--trigger-seconds must be positive, got {args.trigger_seconds}")
+    if args.max_records_per_batch < 1:
+        raise UserError(f"--max-records-per-batch must be at least 1, got {args.max_records_per_batch}")
+    conf = _spark_conf(args.conf)
+    from keyrange.aggregation.session import check_environment
+
+    check_environment()
+    from keyrange.aggregation import job
+    from keyrange.aggregation.session import spark_session
+
+    def progress(batch_id: int, summary: job.AggregationSummary) -> None:
+        if not args.quiet:
+            print(f"batch {batch_id}: {summary.line()}", file=sys.stderr, flush=True)
+
+    job.check_topic(args.bootstrap, args.topic)  # before paying for Spark's start
+    from pyspark.sql import SparkSession
+
+    owned = SparkSession.getActiveSession() is None  # a caller's session is the caller's to stop
+    spark = spark_session(args.master, extra_conf=conf)
+    try:
+        if args.continuous:
+            summary = _run_continuous(args, spark, progress)
+        else:
+            summary = job.run_once(args.bootstrap, args.topic, args.output, args.checkpoint,
+                                   spark=spark, progress=progress)
+    finally:
+        if owned:
+            spark.stop()
+    if args.json:
+        print(json.dumps(job.summary_dict(summary), indent=2))
+    else:
+        print(summary.line() if summary.batches else f"nothing new to aggregate -> {summary.output}")
+    return 0
+
+
+def _run_continuous(args: argparse.Namespace, spark: Any, progress: Any) -> Any:
+    from keyrange.aggregation import job
+
+    running = job.start_continuous(args.bootstrap, args.topic, args.output, args.checkpoint,
+                                   trigger_seconds=args.trigger_seconds,
+                                   max_records_per_batch=args.max_records_per_batch,
+                                   spark=spark, progress=progress)
+    stop = threading.Event()
+
+    def on_signal(signum: int, frame: FrameType | None) -> None:
+        stop.set()
+
+    # SIGTERM (Kubernetes) and Ctrl-C both end the query after the running micro-batch.
+    previous = {s: signal.signal(s, on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        while not stop.is_set() and running.query.isActive:
+            stop.wait(1.0)
+        if running.query.isActive:
+            running.stop()
+        running.wait(0)
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    return running.summary
