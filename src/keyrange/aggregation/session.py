@@ -32,12 +32,13 @@ def check_environment() -> None:
         )
 
 
-def spark_session(master: str = "local[2]", app_name: str = "keyrange-aggregate",
+def spark_session(master: str | None = "local[2]", app_name: str = "keyrange-aggregate",
                   shuffle_partitions: int | None = None, extra_conf: dict[str, str] | None = None) -> Any:
     """A SparkSession with the `keyrange-kafka` source registered.
 
     Python workers use this interpreter unless PYSPARK_PYTHON says otherwise, so executors see
-    the same keyrange and confluent-kafka as the driver.
+    the same keyrange and confluent-kafka as the driver. `master=None` keeps the master that
+    spark-submit was given (the Spark Operator's cluster mode).
     """
     check_environment()
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
@@ -45,12 +46,11 @@ def spark_session(master: str = "local[2]", app_name: str = "keyrange-aggregate"
 
     from keyrange.aggregation.source import register
 
-    local = master.startswith("local")
+    local = master is not None and master.startswith("local")
     if shuffle_partitions is None:
-        shuffle_partitions = _local_cores(master) if local else 64
+        shuffle_partitions = _local_cores(master or "") if local else 64
     builder = (
-        SparkSession.builder.master(master)
-        .appName(app_name)
+        SparkSession.builder.appName(app_name)
         # Few cores locally: the default 200 shuffle partitions would be 200 tiny tasks per batch.
         .config("spark.sql.shuffle.partitions", str(shuffle_partitions))
         # Idempotent replays overwrite only the partitions a micro-batch writes.
@@ -58,6 +58,8 @@ def spark_session(master: str = "local[2]", app_name: str = "keyrange-aggregate"
         .config("spark.sql.session.timeZone", "UTC")
         .config("spark.ui.showConsoleProgress", "false")
     )
+    if master is not None:
+        builder = builder.master(master)
     if local:
         builder = builder.config("spark.ui.enabled", "false")
     for key, value in (extra_conf or {}).items():

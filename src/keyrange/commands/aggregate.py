@@ -32,7 +32,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                       help="keep aggregating new records until interrupted")
     parser.set_defaults(continuous=False)
     parser.add_argument("--master", default="local[*]",
-                        help="Spark master: local[*] (default), local[N] or k8s://https://HOST:PORT")
+                        help="Spark master: local[*] (default), local[N], k8s://https://HOST:PORT, "
+                             "or spark-submit (keep the master spark-submit was given)")
     parser.add_argument("--trigger-seconds", type=float, default=5.0,
                         help="with --continuous: seconds between micro-batches (default 5)")
     parser.add_argument("--max-records-per-batch", type=int, default=200_000,
@@ -74,7 +75,7 @@ def run(args: argparse.Namespace) -> int:
     from pyspark.sql import SparkSession
 
     owned = SparkSession.getActiveSession() is None  # a caller's session is the caller's to stop
-    spark = spark_session(args.master, extra_conf=conf)
+    spark = spark_session(None if args.master == "spark-submit" else args.master, extra_conf=conf)
     try:
         if args.continuous:
             summary = _run_continuous(args, spark, progress)

@@ -1,0 +1,212 @@
+"""Rendering of the Spark-on-Kubernetes objects for `spec.aggregation`: valid built-in objects
+(kubernetes-validate, strict), least-privilege RBAC, driver arguments the CLI accepts, and the
+SparkApplication against the part of the Spark Operator's v1beta2 schema it uses."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+import jsonschema
+import kubernetes_validate
+import pytest
+
+from keyrange.commands import aggregate
+from keyrange.operator.rendering import selector_labels
+from keyrange.operator.spark import (
+    KUBERNETES_MASTER,
+    SparkJobSettings,
+    SparkRenderError,
+    driver_args,
+    pod_labels,
+    pod_memory_mib,
+    render_spark_application,
+    render_spark_objects,
+)
+from keyrange.spec import parse_spec
+
+OWNER = {"metadata": {"name": "payments", "uid": "0b6c3f7e-1111-2222-3333-444455556666"}}
+SETTINGS = SparkJobSettings(image="ghcr.io/keyrange/keyrange:0.1.0")
+
+
+def _spec(**aggregation: Any) -> Any:
+    return parse_spec({"kafka": {"bootstrapServers": "kafka:9092", "topic": "events"},
+                       "aggregation": {"enabled": True, **aggregation}})
+
+
+def _by_kind(objects: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    return {o["kind"]: o for o in objects}
+
+
+def _parse_cli(args: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    aggregate.add_arguments(parser)
+    assert args[0] == "aggregate"
+    return parser.parse_args(args[1:])
+
+
+def _conf(args: argparse.Namespace) -> dict[str, str]:
+    return dict(pair.split("=", 1) for pair in args.conf)
+
+
+@pytest.mark.parametrize("aggregation", [
+    {},
+    {"mode": "schedule", "schedule": "*/15 * * * *", "executors": 3, "executorMemory": "2g"},
+    {"output": "s3a://bucket/agg", "checkpoint": "s3a://bucket/ckpt", "driverMemory": "512m"},
+])
+def test_every_built_in_object_is_valid_kubernetes_1_30(aggregation):
+    for obj in render_spark_objects("payments", "shop", _spec(**aggregation), OWNER, SETTINGS):
+        kubernetes_validate.validate(obj, "1.30", strict=True)
+        assert obj["metadata"]["namespace"] == "shop"
+        assert obj["metadata"]["ownerReferences"][0]["uid"] == OWNER["metadata"]["uid"]
+
+
+def test_disabled_aggregation_renders_nothing():
+    spec = parse_spec({"kafka": {"bootstrapServers": "kafka:9092", "topic": "events"}})
+    assert render_spark_objects("payments", "shop", spec, OWNER, SETTINGS) == []
+
+
+def test_continuous_mode_is_a_single_driver_deployment_with_a_volume_for_a_local_output():
+    objects = _by_kind(render_spark_objects("payments", "shop", _spec(), OWNER, SETTINGS))
+    assert set(objects) == {"ServiceAccount", "Role", "RoleBinding", "PersistentVolumeClaim", "Service", "Deployment"}
+    deployment = objects["Deployment"]["spec"]
+    assert deployment["replicas"] == 1 and deployment["strategy"] == {"type": "Recreate"}
+    pod = deployment["template"]["spec"]
+    assert pod["serviceAccountName"] == "payments-aggregation"
+    container = pod["containers"][0]
+    args = _parse_cli(container["args"])
+    assert (args.bootstrap, args.topic, args.continuous, args.master) == (
+        "kafka:9092", "events.processed", True, KUBERNETES_MASTER)
+    assert (args.output, args.checkpoint) == ("/data/keyrange-aggregates", "/data/keyrange-aggregates/_checkpoint")
+    conf = _conf(args)
+    claim = objects["PersistentVolumeClaim"]["metadata"]["name"]
+    assert objects["PersistentVolumeClaim"]["spec"]["accessModes"] == ["ReadWriteMany"]
+    # Executors mount the same claim at the output path: they write the Parquet files.
+    assert conf["spark.kubernetes.executor.volumes.persistentVolumeClaim.data.options.claimName"] == claim
+    assert conf["spark.kubernetes.executor.volumes.persistentVolumeClaim.data.mount.path"] == args.output
+    assert {"name": "data", "mountPath": args.output} in container["volumeMounts"]
+    assert conf["spark.kubernetes.driver.pod.name"] == "$(POD_NAME)"
+    assert conf["spark.driver.host"] == "payments-aggregation.shop.svc"
+    assert conf["spark.kubernetes.container.image"] == SETTINGS.image
+    assert container["resources"]["limits"]["memory"] == f"{pod_memory_mib('1g')}Mi"
+
+
+def test_the_headless_service_selects_the_driver_and_never_the_workers():
+    objects = _by_kind(render_spark_objects("payments", "shop", _spec(), OWNER, SETTINGS))
+    service = objects["Service"]["spec"]
+    driver_labels = objects["Deployment"]["spec"]["template"]["metadata"]["labels"]
+    assert service["clusterIP"] == "None"
+    assert service["selector"].items() <= driver_labels.items()
+    conf = _conf(_parse_cli(objects["Deployment"]["spec"]["template"]["spec"]["containers"][0]["args"]))
+    assert {p["port"] for p in service["ports"]} == {int(conf["spark.driver.port"]),
+                                                     int(conf["spark.driver.blockManager.port"])}
+    # The worker StatefulSet and Service select with these labels; Spark pods must not match.
+    workers = selector_labels("payments")
+    assert not workers.items() <= driver_labels.items()
+    assert not workers.items() <= pod_labels("payments", "executor").items()
+
+
+def test_the_role_grants_exactly_what_a_spark_driver_needs_in_its_namespace():
+    objects = _by_kind(render_spark_objects("payments", "shop", _spec(), OWNER, SETTINGS))
+    rules = objects["Role"]["rules"]
+    granted = {(r, v) for rule in rules for r in rule["resources"] for v in rule["verbs"]}
+    assert {r for r, _ in granted} == {"pods", "services", "configmaps", "persistentvolumeclaims"}
+    assert all(rule["apiGroups"] == [""] for rule in rules)
+    assert ("pods", "create") in granted and ("pods", "delete") in granted and ("pods", "watch") in granted
+    assert not any(v in ("*", "escalate", "bind", "impersonate") for _, v in granted)
+    binding = objects["RoleBinding"]
+    assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role",
+                                  "name": objects["Role"]["metadata"]["name"]}
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": objects["ServiceAccount"]["metadata"]["name"],
+                                    "namespace": "shop"}]
+
+
+def test_schedule_mode_is_a_non_overlapping_cronjob_running_once():
+    spec = _spec(mode="schedule", schedule="0 * * * *", executors=4, executorMemory="3g")
+    objects = _by_kind(render_spark_objects("payments", "shop", spec, OWNER, SETTINGS))
+    assert "Deployment" not in objects
+    cron = objects["CronJob"]["spec"]
+    assert cron["schedule"] == "0 * * * *" and cron["concurrencyPolicy"] == "Forbid"
+    pod = cron["jobTemplate"]["spec"]["template"]["spec"]
+    args = _parse_cli(pod["containers"][0]["args"])
+    assert args.continuous is False
+    conf = _conf(args)
+    assert (conf["spark.executor.instances"], conf["spark.executor.memory"]) == ("4", "3g")
+    assert objects["Service"]["spec"]["selector"].items() <= cron["jobTemplate"]["spec"]["template"][
+        "metadata"]["labels"].items()
+
+
+def test_object_store_output_needs_no_volume():
+    spec = _spec(output="s3a://bucket/agg")
+    objects = _by_kind(render_spark_objects("payments", "shop", spec, OWNER, SETTINGS))
+    assert "PersistentVolumeClaim" not in objects
+    args = _parse_cli(objects["Deployment"]["spec"]["template"]["spec"]["containers"][0]["args"])
+    assert args.checkpoint == "s3a://bucket/agg/_checkpoint"
+    assert not any("persistentVolumeClaim" in k for k in _conf(args))
+
+
+@pytest.mark.parametrize(("aggregation", "message"), [
+    ({"checkpoint": "/elsewhere/ckpt"}, "must be under aggregation.output"),
+    ({"output": "s3a://bucket/agg", "checkpoint": "/tmp/ckpt"}, "object-store URL"),
+    ({"executorMemory": "1Gi"}, "512m or 2g"),
+])
+def test_unrenderable_specs_say_what_to_change(aggregation, message):
+    with pytest.raises(SparkRenderError, match=message):
+        render_spark_objects("payments", "shop", _spec(**aggregation), OWNER, SETTINGS)
+
+
+def test_a_cluster_needs_explicit_bootstrap_servers():
+    spec = parse_spec({"kafka": {"topic": "events"}, "aggregation": {"enabled": True}})
+    with pytest.raises(SparkRenderError, match="bootstrapServers"):
+        driver_args("payments", "shop", spec, SETTINGS)
+
+
+@pytest.mark.parametrize(("memory", "mib"), [("1g", 1434), ("512m", 896), ("4096M", 5735), ("2G", 2868)])
+def test_pod_memory_is_heap_plus_spark_overhead(memory, mib):
+    assert pod_memory_mib(memory) == mib
+
+
+# The fields of sparkoperator.k8s.io/v1beta2 that keyrange sets, transcribed from the Kubeflow
+# Spark Operator's CRD (config/crd/bases/sparkoperator.k8s.io_sparkapplications.yaml).
+_ROLE = {"type": "object", "additionalProperties": False, "properties": {
+    "cores": {"type": "integer", "minimum": 1}, "memory": {"type": "string"},
+    "instances": {"type": "integer", "minimum": 0}, "serviceAccount": {"type": "string"},
+    "labels": {"type": "object", "additionalProperties": {"type": "string"}},
+    "volumeMounts": {"type": "array", "items": {"type": "object", "required": ["name", "mountPath"]}},
+}}
+_APP = {"type": "object", "required": ["driver", "executor", "sparkVersion", "type"], "additionalProperties": False,
+        "properties": {
+            "type": {"enum": ["Java", "Python", "Scala", "R"]}, "pythonVersion": {"enum": ["2", "3"]},
+            "mode": {"enum": ["cluster", "client", "in-cluster-client"]}, "image": {"type": "string"},
+            "imagePullPolicy": {"type": "string"}, "mainApplicationFile": {"type": "string"},
+            "arguments": {"type": "array", "items": {"type": "string"}}, "sparkVersion": {"type": "string"},
+            "restartPolicy": {"type": "object", "properties": {
+                "type": {"enum": ["Never", "Always", "OnFailure"]}, "onFailureRetries": {"type": "integer"}}},
+            "driver": _ROLE, "executor": _ROLE,
+            "volumes": {"type": "array", "items": {"type": "object", "required": ["name"]}},
+        }}
+SPARK_APPLICATION = {"type": "object", "required": ["apiVersion", "kind", "metadata", "spec"], "properties": {
+    "apiVersion": {"const": "sparkoperator.k8s.io/v1beta2"}, "kind": {"const": "SparkApplication"}, "spec": _APP}}
+SCHEDULED = {"type": "object", "required": ["apiVersion", "kind", "metadata", "spec"], "properties": {
+    "apiVersion": {"const": "sparkoperator.k8s.io/v1beta2"}, "kind": {"const": "ScheduledSparkApplication"},
+    "spec": {"type": "object", "required": ["schedule", "template"], "properties": {
+        "schedule": {"type": "string"}, "concurrencyPolicy": {"enum": ["Allow", "Forbid", "Replace"]},
+        "template": _APP}}}}
+
+
+def test_spark_application_for_the_spark_operator():
+    app = render_spark_application("payments", "shop", _spec(executors=2), OWNER, SETTINGS)
+    jsonschema.validate(app, SPARK_APPLICATION)
+    spec = app["spec"]
+    assert spec["mainApplicationFile"].endswith("keyrange/aggregation/__main__.py")
+    assert spec["restartPolicy"] == {"type": "Always"}
+    assert spec["executor"]["instances"] == 2
+    args = _parse_cli(["aggregate", *spec["arguments"]])
+    assert args.master == "spark-submit"  # the operator's spark-submit decides the master
+    assert args.continuous is True
+    assert not any(k.startswith("spark.driver.") or "$(" in v for k, v in _conf(args).items())
+
+    scheduled = render_spark_application("payments", "shop", _spec(mode="schedule", schedule="@hourly"),
+                                         OWNER, SETTINGS)
+    jsonschema.validate(scheduled, SCHEDULED)
+    assert _parse_cli(["aggregate", *scheduled["spec"]["template"]["arguments"]]).continuous is False
