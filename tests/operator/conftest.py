@@ -29,9 +29,21 @@ SC_PATH = "/apis/keyrange.dev/v1alpha1/namespaces/{ns}/streamconsumers"
 class Api:
     """A small HTTP client for tests to act as kubectl against the emulator."""
 
-    def __init__(self, session: aiohttp.ClientSession, emulator: ClusterEmulator) -> None:
+    def __init__(self, session: aiohttp.ClientSession, emulator: ClusterEmulator, bootstrap: str,
+                 topic: str) -> None:
         self.session = session
         self.emulator = emulator
+        self.bootstrap = bootstrap
+        """The real (embedded) Kafka the StreamConsumers of the test point at."""
+        self.topic = topic
+        """An input topic no other test uses."""
+
+    def streamconsumer(self, name: str, namespace: str = "shop", **spec: Any) -> dict[str, Any]:
+        """A StreamConsumer object on this test's broker and topic (valid unless `spec` says otherwise)."""
+        body: dict[str, Any] = {"kafka": {"topic": self.topic, "bootstrapServers": self.bootstrap,
+                                          "partitions": 8}, **spec}
+        return {"apiVersion": "keyrange.dev/v1alpha1", "kind": "StreamConsumer",
+                "metadata": {"name": name, "namespace": namespace}, "spec": body}
 
     async def request(self, method: str, path: str, body: Any = None,
                       content_type: str = "application/merge-patch+json") -> tuple[int, Any]:
@@ -82,7 +94,8 @@ async def eventually(probe: Callable[[], Awaitable[T | None]], what: str, timeou
 
 
 @pytest_asyncio.fixture
-async def cluster(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[Api]:
+async def cluster(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, bootstrap: str,
+                  topic_name: str) -> AsyncIterator[Api]:
     """An empty emulated cluster with the StreamConsumer CRD installed and a kubeconfig pointing at it."""
     async with ClusterEmulator() as emulator, kmock.Server(emulator) as server:
         url = str(server.url).rstrip("/")
@@ -97,7 +110,7 @@ async def cluster(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> AsyncItera
         # The kubernetes client reads $KUBECONFIG at import time; kopf's login uses that default.
         monkeypatch.setattr(kubernetes.config.kube_config, "KUBE_CONFIG_DEFAULT_LOCATION", str(kubeconfig))
         async with aiohttp.ClientSession(base_url=url) as session:
-            api = Api(session, emulator)
+            api = Api(session, emulator, bootstrap, topic_name)
             await api.create("/apis/apiextensions.k8s.io/v1/customresourcedefinitions", load_crd())
             yield api
 
@@ -120,9 +133,3 @@ async def operator(cluster: Api) -> AsyncIterator[kopf.Memo]:
             await asyncio.wait_for(task, timeout=30)
         memo.controls.close_all()
 
-
-def streamconsumer(name: str, namespace: str = "shop", **spec: Any) -> dict[str, Any]:
-    """A StreamConsumer object (valid unless `spec` makes it otherwise)."""
-    body: dict[str, Any] = {"kafka": {"topic": "events", "bootstrapServers": "kafka:9092"}, **spec}
-    return {"apiVersion": "keyrange.dev/v1alpha1", "kind": "StreamConsumer",
-            "metadata": {"name": name, "namespace": namespace}, "spec": body}

@@ -24,10 +24,17 @@ from keyrange.operator.settings import OperatorSettings
 from keyrange.operator.webhook import TOKEN_FILE_ENV, WEBHOOK_PATH
 from keyrange.spec import StreamConsumerSpec
 from tests.integration.prometheus.stack import free_port
-from tests.operator.conftest import SC_PATH, Api, eventually, streamconsumer
+from tests.operator.conftest import SC_PATH, Api, eventually
 from tests.unit.test_alerts import alert, payload
 
 NS = "shop"
+
+
+def consumer(name: str, **spec: Any) -> dict[str, Any]:
+    """A valid StreamConsumer (its Kafka is never contacted: the range control here is a stand-in)."""
+    return {"apiVersion": "keyrange.dev/v1alpha1", "kind": "StreamConsumer",
+            "metadata": {"name": name, "namespace": NS},
+            "spec": {"kafka": {"topic": "events", "bootstrapServers": "kafka:9092"}, **spec}}
 
 
 class SplittingControl:
@@ -101,7 +108,7 @@ async def post(url: str, body: Any, token: str = "from-secret") -> tuple[int, An
 
 
 async def test_alerts_scale_and_every_decision_is_recorded(cluster: Api, webhook: str) -> None:
-    await cluster.create(SC_PATH.format(ns=NS), streamconsumer("payments", workers={"min": 1, "max": 2}))
+    await cluster.create(SC_PATH.format(ns=NS), consumer("payments", workers={"min": 1, "max": 2}))
     # The consumer is known once kopf has created its range control.
     body = await eventually(lambda: _scaled(webhook, alert()), "the consumer to be managed")
     assert body["decisions"][0]["applied"] is True

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
 from typing import Any
 
 import kopf
@@ -10,8 +11,9 @@ import kubernetes_validate
 import pytest
 
 from keyrange.operator.rendering import SPEC_HASH_ANNOTATION
-from tests.operator.conftest import SC_PATH, Api, eventually, streamconsumer
+from tests.operator.conftest import SC_PATH, Api, eventually
 from tests.operator.crd_schema import admit_streamconsumer
+from tests.operator.pods import WorkerPods
 
 NS = "shop"
 STS = f"/apis/apps/v1/namespaces/{NS}/statefulsets"
@@ -41,7 +43,7 @@ async def _status(api: Api, name: str, **expected: Any) -> dict[str, Any] | None
 
 
 async def test_create_renders_children_and_status(cluster: Api, operator: kopf.Memo) -> None:
-    await cluster.create(SC, streamconsumer("payments", workers={"min": 2, "max": 4}))
+    await cluster.create(SC, cluster.streamconsumer("payments", workers={"min": 2, "max": 4}))
     sts = await eventually(lambda: cluster.get(f"{STS}/payments-worker"), "the StatefulSet")
     svc = await eventually(lambda: cluster.get(f"{SVC}/payments-worker"), "the Service")
     cm = await eventually(lambda: cluster.get(f"{CM}/payments-spec"), "the ConfigMap")
@@ -56,7 +58,7 @@ async def test_create_renders_children_and_status(cluster: Api, operator: kopf.M
         kubernetes_validate.validate(child, "1.30", strict=True)
 
     pending = await eventually(lambda: _status(cluster, "payments", phase="Pending"), "phase Pending")
-    assert _conditions(pending)["Ready"]["reason"] == "WorkersStarting"
+    assert _conditions(pending)["Ready"]["reason"] in ("ControllerStarting", "WorkersStarting")
     await _pods_become_ready(cluster, "payments")
     running = await eventually(lambda: _status(cluster, "payments", phase="Running"), "phase Running")
     status = running["status"]
@@ -70,7 +72,7 @@ async def test_create_renders_children_and_status(cluster: Api, operator: kopf.M
 
 
 async def test_spec_update_rolls_out_and_updates_status(cluster: Api, operator: kopf.Memo) -> None:
-    await cluster.create(SC, streamconsumer("orders"))
+    await cluster.create(SC, cluster.streamconsumer("orders"))
     before = await eventually(lambda: cluster.get(f"{STS}/orders-worker"), "the StatefulSet")
     await _pods_become_ready(cluster, "orders")
     await eventually(lambda: _status(cluster, "orders", phase="Running"), "phase Running")
@@ -91,29 +93,50 @@ async def test_spec_update_rolls_out_and_updates_status(cluster: Api, operator: 
     await eventually(lambda: _status(cluster, "orders", observedGeneration=2), "observedGeneration 2")
 
 
-async def test_scale_subresource_sets_the_worker_count(cluster: Api, operator: kopf.Memo) -> None:
-    await cluster.create(SC, streamconsumer("ledger", workers={"min": 1, "max": 6}))
+@pytest.mark.slow
+async def test_scale_subresource_splits_and_merges_through_real_workers(
+        cluster: Api, operator: kopf.Memo, tmp_path: Path) -> None:
+    """`kubectl scale` up then down: pods exist before their epoch, and leave only after handing off."""
+    await cluster.create(SC, cluster.streamconsumer("ledger", handler="ledger", workers={"min": 1, "max": 6}))
     await eventually(lambda: cluster.get(f"{STS}/ledger-worker"), "the StatefulSet")
-    await _pods_become_ready(cluster, "ledger")
-    await eventually(lambda: _status(cluster, "ledger", workers=1), "status.workers 1")
 
-    await cluster.patch(f"{SC}/ledger/scale", {"spec": {"replicas": 4}})  # what `kubectl scale` sends
+    def owns_nothing_when_stopped(ordinal: int) -> None:
+        control = operator.controls.get(NS, "ledger")
+        assert control is not None
+        owners = [w for w, _ in control.status().ranges]
+        assert ordinal not in owners, f"worker {ordinal} was stopped while it still owned slots: {owners}"
 
-    async def scaled() -> dict[str, Any] | None:
-        sts = await cluster.get(f"{STS}/ledger-worker")
-        return sts if sts and sts["spec"]["replicas"] == 4 else None
+    async with WorkerPods(cluster, NS, "ledger-worker", "ledger-spec", tmp_path,
+                          before_stop=owns_nothing_when_stopped) as pods:
+        await eventually(lambda: _status(cluster, "ledger", phase="Running", workers=1), "1 worker running")
 
-    await eventually(scaled, "the StatefulSet to have 4 replicas")
-    scaling = await eventually(lambda: _status(cluster, "ledger", phase="Scaling"), "phase Scaling")
-    assert _conditions(scaling)["Scaling"]["reason"] == "ScalingUp"
-    await _pods_become_ready(cluster, "ledger")
-    done = await eventually(lambda: _status(cluster, "ledger", phase="Running", workers=4), "4 workers")
-    assert done["status"]["selector"]  # the scale subresource's labelSelectorPath
-    assert len(done["status"]["ranges"]) == 4
+        await cluster.patch(f"{SC}/ledger/scale", {"spec": {"replicas": 3}})  # what `kubectl scale` sends
+        up = await eventually(lambda: _status(cluster, "ledger", phase="Running", workers=3), "3 workers",
+                              timeout=120)
+        assert sorted(r["worker"] for r in up["status"]["ranges"]) == [0, 1, 2]
+        assert up["status"]["epoch"] >= 5  # two splits, each an epoch with slots in transit and a grant
+        assert up["status"]["selector"]  # the scale subresource's labelSelectorPath
+
+        await cluster.patch(f"{SC}/ledger/scale", {"spec": {"replicas": 1}})
+        down = await eventually(lambda: _status(cluster, "ledger", phase="Running", workers=1), "1 worker",
+                                timeout=120)
+        assert down["status"]["ranges"] == [{"worker": 0, "slots": "0-7"}]
+        await eventually(lambda: _sts_replicas(cluster, "ledger", 1), "the StatefulSet back at 1 replica")
+
+        async def both_stopped() -> bool:
+            return pods.stopped == [2, 1]
+
+        await eventually(both_stopped, "workers 2 then 1 to stop")
+        assert pods.errors == []
+
+
+async def _sts_replicas(cluster: Api, name: str, replicas: int) -> bool:
+    sts = await cluster.get(f"{STS}/{name}-worker")
+    return bool(sts and sts["spec"]["replicas"] == replicas)
 
 
 async def test_delete_cleans_up(cluster: Api, operator: kopf.Memo) -> None:
-    await cluster.create(SC, streamconsumer("gone"))
+    await cluster.create(SC, cluster.streamconsumer("gone"))
     await eventually(lambda: cluster.get(f"{STS}/gone-worker"), "the StatefulSet")
     async def control() -> Any:
         return operator.controls.get(NS, "gone")
@@ -131,7 +154,7 @@ async def test_delete_cleans_up(cluster: Api, operator: kopf.Memo) -> None:
 
 async def test_invalid_spec_is_degraded_without_a_crash_loop(cluster: Api, operator: kopf.Memo) -> None:
     # The CRD cannot tell: bootstrapServers is optional for `keyrange run`, required in a cluster.
-    bad = streamconsumer("broken")
+    bad = cluster.streamconsumer("broken")
     del bad["spec"]["kafka"]["bootstrapServers"]
     await cluster.create(SC, bad)
     degraded = await eventually(lambda: _status(cluster, "broken", phase="Degraded"), "phase Degraded")
@@ -145,7 +168,7 @@ async def test_invalid_spec_is_degraded_without_a_crash_loop(cluster: Api, opera
     await asyncio.sleep(3)  # a crash loop would retry within this window; kopf's default backoff is 60 s
     assert cluster.count("PATCH", "/streamconsumers/broken") - patches <= 1
 
-    await cluster.patch(f"{SC}/broken", {"spec": {"kafka": {"bootstrapServers": "kafka:9092"}}})
+    await cluster.patch(f"{SC}/broken", {"spec": {"kafka": {"bootstrapServers": cluster.bootstrap}}})
     await eventually(lambda: cluster.get(f"{STS}/broken-worker"), "the StatefulSet after the fix")
     await _pods_become_ready(cluster, "broken")
     fixed = await eventually(lambda: _status(cluster, "broken", phase="Running"), "phase Running")
@@ -156,6 +179,6 @@ async def test_invalid_spec_is_degraded_without_a_crash_loop(cluster: Api, opera
 async def test_specs_the_crd_would_reject_are_degraded_too(cluster: Api, operator: kopf.Memo,
                                                            spec: dict[str, Any]) -> None:
     # An old CRD, or a write that skipped validation: the operator still refuses, clearly.
-    await cluster.create(SC, streamconsumer("odd", **spec))
+    await cluster.create(SC, cluster.streamconsumer("odd", **spec))
     degraded = await eventually(lambda: _status(cluster, "odd", phase="Degraded"), "phase Degraded")
     assert "invalid spec" in _conditions(degraded)["Degraded"]["message"]

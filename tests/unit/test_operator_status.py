@@ -39,6 +39,16 @@ def test_pending_then_scaling_up_then_down_then_handoff() -> None:
     assert _conditions(handoff)["Ready"]["status"] == "False"
 
 
+def test_pending_until_the_controller_publishes_and_degraded_when_it_cannot() -> None:
+    starting = render_status(Observed(1, 2, 2, "s"), RangeStatus(epoch=0, workers=2), T0)
+    assert starting["phase"] == "Pending" and _conditions(starting)["Ready"]["reason"] == "ControllerStarting"
+    broken = RangeStatus(epoch=0, workers=2, problem="cannot reach Kafka at k:9092")
+    status = render_status(Observed(1, 2, 2, "s"), broken, T0)
+    degraded = _conditions(status)["Degraded"]
+    assert status["phase"] == "Degraded" and degraded["status"] == "True"
+    assert degraded["reason"] == "ControllerUnavailable" and "cannot reach Kafka" in degraded["message"]
+
+
 def test_degraded_carries_the_reason_and_message() -> None:
     status = render_status(Observed(4, 0, 0, "s", error="spec.workers.min: too big"), None, T0)
     c = _conditions(status)

@@ -35,6 +35,8 @@ class RangeStatus:
     """Age of the oldest unfinished event; None while unknown."""
     handoff_in_progress: bool = False
     """True between publishing an epoch that moves slots and the new owners acquiring them."""
+    problem: str | None = None
+    """Why the controller cannot run (e.g. Kafka unreachable); None when it runs."""
 
 
 @dataclass(frozen=True)

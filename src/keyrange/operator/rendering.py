@@ -189,9 +189,14 @@ def render_service_monitor(name: str, namespace: str, owner: dict[str, Any],
 
 
 def desired_replicas(spec: StreamConsumerSpec, planned: int | None) -> int:
-    """Worker pods to run: a fixed `workers.replicas` wins, else the range controller's plan, within bounds."""
-    want = spec.workers.replicas or planned or spec.workers.min
-    return max(spec.workers.min, min(spec.workers.max, want))
+    """Worker pods to run: the range controller's count when it has one, else the spec's.
+
+    The controller's count is never clamped to workers.min/max: after the bounds change it still
+    needs the pods that own ranges until the merges that free them have completed.
+    """
+    if planned is not None:
+        return planned
+    return max(spec.workers.min, min(spec.workers.max, spec.workers.replicas or spec.workers.min))
 
 
 def render_optional(name: str, namespace: str, spec: StreamConsumerSpec, owner: dict[str, Any],

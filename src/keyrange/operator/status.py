@@ -52,6 +52,10 @@ def condition(kind: str, true: bool, reason: str, message: str, generation: int,
 def _phase_and_reasons(seen: Observed, ranges: RangeStatus | None) -> tuple[str, str, str, str]:
     if seen.error is not None:
         return "Degraded", seen.error_reason, "Unchanged", seen.error
+    if ranges is not None and ranges.problem:
+        return "Degraded", "ControllerUnavailable", "Unchanged", ranges.problem
+    if ranges is not None and ranges.epoch == 0:
+        return "Pending", "ControllerStarting", "Unchanged", "the range controller has not published a map yet"
     handoff = ranges is not None and ranges.handoff_in_progress
     if seen.ready_workers < seen.desired_workers:
         starting = f"{seen.ready_workers} of {seen.desired_workers} workers ready"
@@ -68,6 +72,7 @@ def render_status(seen: Observed, ranges: RangeStatus | None, now: datetime,
     """The whole status block for one round of reconciliation."""
     previous_conditions = list((previous or {}).get("conditions") or [])
     phase, ready_reason, scaling_reason, message = _phase_and_reasons(seen, ranges)
+    degraded = phase == "Degraded"
     g = seen.generation
     conditions = [
         condition("Ready", phase == "Running", ready_reason,
@@ -75,8 +80,8 @@ def render_status(seen: Observed, ranges: RangeStatus | None, now: datetime,
                   g, now, previous_conditions),
         condition("Scaling", phase == "Scaling", scaling_reason,
                   message if phase == "Scaling" else "no rescale in progress", g, now, previous_conditions),
-        condition("Degraded", seen.error is not None, seen.error_reason if seen.error else "AsExpected",
-                  seen.error or "", g, now, previous_conditions),
+        condition("Degraded", degraded, ready_reason if degraded else "AsExpected",
+                  message if degraded else "", g, now, previous_conditions),
     ]
     status: dict[str, Any] = {
         "phase": phase,
@@ -85,7 +90,7 @@ def render_status(seen: Observed, ranges: RangeStatus | None, now: datetime,
         "readyWorkers": seen.ready_workers,
         "conditions": conditions,
     }
-    if ranges is not None:
+    if ranges is not None and not ranges.problem:
         status.update({
             "epoch": ranges.epoch,
             "workers": ranges.workers,

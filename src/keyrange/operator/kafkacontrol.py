@@ -1,0 +1,181 @@
+"""The real RangeControl in a cluster: keyrange's range Controller over the consumer's Kafka control topic.
+
+One per StreamConsumer, run by the operator in a thread. The Controller's WorkerFleet is the
+StatefulSet: `scale_to(n)` only records n, and the operator's refresh timer applies it as the
+StatefulSet's replicas (`desired_workers`). The Controller itself waits for a new worker to
+report on the control topic before publishing the epoch that gives it slots (split), and lowers
+the count only after the freed worker released its slots (merge); so the operator needs no
+handoff logic of its own.
+
+Lag comes from the workers' /metrics, scraped through the headless Service's pod DNS names
+(`<name>-worker-<i>.<name>-worker.<namespace>.svc`). A fixed `workers.replicas` (kubectl scale,
+an HPA) becomes workers.min = workers.max for the planner, which then converges one ordinary
+handoff at a time.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Mapping
+
+from confluent_kafka import KafkaException
+
+from keyrange.errors import UserError
+from keyrange.kafkaio import TopicSpec, ensure_topics
+from keyrange.local.scrape import WorkerSample, merged_lag, scrape
+from keyrange.operator.rangecontrol import RangeStatus, ScaleOutcome, ScaleRequest
+from keyrange.ranges.control import ControlChannel
+from keyrange.ranges.controller import Controller
+from keyrange.ranges.planner import ScalingLimits, SlotLag
+from keyrange.spec import StreamConsumerSpec
+
+log = logging.getLogger(__name__)
+
+
+def planner_limits(spec: StreamConsumerSpec) -> ScalingLimits:
+    """The spec's limits; a fixed `workers.replicas` pins both bounds to it."""
+    limits = ScalingLimits.from_spec(spec)
+    replicas = spec.workers.replicas
+    if replicas is None:
+        return limits
+    return ScalingLimits(replicas, replicas, limits.lag_high_records, limits.lag_high_seconds,
+                         limits.lag_low_records, limits.cooldown_seconds)
+
+
+class StatefulSetFleet:
+    """The Controller's WorkerFleet: remembers the worker count for the operator to apply."""
+
+    def __init__(self, workers: int) -> None:
+        self.workers = workers
+
+    def scale_to(self, workers: int) -> None:
+        """Record the count; the operator's refresh timer patches the StatefulSet."""
+        if workers != self.workers:
+            log.info("worker count %d -> %d", self.workers, workers)
+        self.workers = workers
+
+
+class PodMetricsLag:
+    """LagSource: per-slot lag scraped from each worker pod's /metrics (at most every `every_seconds`)."""
+
+    def __init__(self, url_of: Callable[[int], str], fleet: StatefulSetFleet, every_seconds: float = 2.0,
+                 fetch: Callable[[str, float], WorkerSample | None] = scrape) -> None:
+        self._url_of, self._fleet, self._every, self._fetch = url_of, fleet, every_seconds, fetch
+        self._at = float("-inf")
+        self._lag: Mapping[int, SlotLag] = {}
+
+    def slot_lag(self) -> Mapping[int, SlotLag]:
+        """The newest per-slot lag (pods that do not answer are skipped)."""
+        now = time.monotonic()
+        if now - self._at >= self._every:
+            self._at = now
+            samples = [s for i in range(self._fleet.workers) if (s := self._fetch(self._url_of(i), now))]
+            self._lag = merged_lag(samples)
+        return self._lag
+
+
+class KafkaRangeControl:
+    """RangeControl backed by keyrange.ranges.controller.Controller (see the module docstring)."""
+
+    def __init__(self, namespace: str, name: str, spec: StreamConsumerSpec, metrics_port: int = 9100,
+                 step_seconds: float = 0.5, retry_seconds: float = 5.0) -> None:
+        self._namespace, self._name, self._spec = namespace, name, spec
+        self._fleet = StatefulSetFleet(spec.workers.replicas or spec.workers.min)
+        service = f"{name}-worker.{namespace}.svc"
+        self._lag = PodMetricsLag(lambda i: f"http://{name}-worker-{i}.{service}:{metrics_port}/metrics",
+                                  self._fleet)
+        self._step_seconds, self._retry_seconds = step_seconds, retry_seconds
+        self._controller: Controller | None = None
+        self._problem: str | None = None
+        self._stop = threading.Event()
+        self._reconnect = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=f"keyrange-controller-{namespace}-{name}",
+                                        daemon=True)
+        self._thread.start()
+
+    def _identity(self, spec: StreamConsumerSpec) -> tuple[str | None, str, str]:
+        return spec.kafka.bootstrap_servers, spec.kafka.topic, spec.group_id(self._name)
+
+    def _connect(self) -> Controller:
+        spec = self._spec
+        bootstrap = spec.kafka.bootstrap_servers
+        if not bootstrap:
+            raise ValueError("spec.kafka.bootstrapServers is empty")
+        counts = ensure_topics(bootstrap, [TopicSpec(spec.kafka.topic, spec.kafka.partitions)])
+        ControlChannel.ensure_topic(bootstrap, spec.group_id(self._name))
+        channel = ControlChannel(bootstrap, spec.group_id(self._name), f"keyrange-operator-{self._name}")
+        controller = Controller(channel, counts[spec.kafka.topic], planner_limits(spec), self._lag, self._fleet)
+        controller.start()
+        return controller
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            if self._controller is None or self._reconnect.is_set():
+                self._reconnect.clear()
+                self._disconnect()
+                try:
+                    self._controller = self._connect()
+                    self._problem = None
+                except (KafkaException, UserError, ValueError, OSError) as exc:  # Kafka down or misconfigured
+                    self._problem = f"cannot run the range controller: {exc}"
+                    log.warning("%s/%s: %s; retrying in %.0f s", self._namespace, self._name, self._problem,
+                                self._retry_seconds)
+                    self._stop.wait(self._retry_seconds)
+                    continue
+            try:
+                self._controller.step()
+            except Exception:
+                log.exception("%s/%s: controller step failed; retrying", self._namespace, self._name)
+                self._stop.wait(self._retry_seconds)
+            self._stop.wait(self._step_seconds)
+        self._disconnect()
+
+    def _disconnect(self) -> None:
+        controller, self._controller = self._controller, None
+        if controller is not None:
+            controller.channel.close()
+
+    def desired_workers(self) -> int:
+        """What the Controller's fleet was last told."""
+        return self._fleet.workers
+
+    def workers_available(self, ready: int) -> None:
+        """Unused: the Controller learns that a worker runs from its report on the control topic."""
+
+    def request_scale(self, request: ScaleRequest) -> ScaleOutcome:
+        """Split or merge now (within limits and cooldown), through the Controller."""
+        controller = self._controller
+        n = self._fleet.workers
+        if controller is None:
+            return ScaleOutcome(False, n, n, self._problem or "the range controller is still starting")
+        result = controller.request_scale(request.direction, request.reason)
+        return ScaleOutcome(result.applied, result.from_workers, result.to_workers, result.detail)
+
+    def update_spec(self, spec: StreamConsumerSpec) -> None:
+        """New limits apply at the next step; a new broker, topic or group reconnects."""
+        old, self._spec = self._spec, spec
+        if self._identity(old) != self._identity(spec):
+            self._reconnect.set()
+        elif self._controller is not None:
+            self._controller.planner.limits = planner_limits(spec)
+
+    def status(self) -> RangeStatus:
+        """Epoch, map, lag and whether a handoff is in flight."""
+        controller = self._controller
+        if controller is None:
+            return RangeStatus(epoch=0, workers=self._fleet.workers, problem=self._problem)
+        s = controller.status()
+        lags = s.range_lag
+        return RangeStatus(
+            epoch=s.epoch, workers=s.map.workers,
+            ranges=tuple((a.worker, str(a.range)) for a in s.map.assignments),
+            lag_records=sum(x.records for x in lags) if lags else None,
+            lag_seconds=max((x.seconds for x in lags), default=None),
+            handoff_in_progress=bool(s.handoff_awaiting) or s.starting)
+
+    def close(self) -> None:
+        """Stop the controller thread and close its Kafka clients."""
+        self._stop.set()
+        self._thread.join(timeout=30)
