@@ -142,20 +142,25 @@ async def test_partitions_pause_past_max_pending_and_resume(bootstrap: str, topi
         await worker.acquire([0, 1])
 
         paused_gauge_seen = False
+        max_lag = 0.0
+
+        def gauge(name: str, partition: str) -> float:
+            labels = {"consumer": settings.group_id, "worker": "w0", "partition": partition}
+            return REGISTRY.get_sample_value(name, labels) or 0.0
 
         def sample() -> bool:
-            nonlocal max_seen, paused_gauge_seen
+            nonlocal max_seen, paused_gauge_seen, max_lag
             max_seen = max([max_seen] + [ps.window.pending for ps in worker._partitions.values()])
-            paused_gauge_seen = paused_gauge_seen or any(
-                REGISTRY.get_sample_value("keyrange_partition_paused",
-                                          {"consumer": settings.group_id, "worker": "w0", "partition": p}) == 1
-                for p in ("0", "1"))
+            paused_gauge_seen = paused_gauge_seen or any(gauge("keyrange_partition_paused", p) == 1 for p in "01")
+            max_lag = max(max_lag, sum(gauge("keyrange_consumer_lag", p) for p in "01"))
             return worker.stats.processed >= sent
 
         await wait_for(sample, what="all events with backpressure")
     finally:
         await worker.stop()
     assert worker.stats.pauses > 0 and paused_gauge_seen
+    # The backlog shows as lag (records behind the high watermark) while paused partitions wait.
+    assert max_lag > 200
     # Bounded: fetches stop above the limit (plus at most one batch already fetched).
     assert max_seen <= 60 + 2 * 50
     check_all(log, read_processed(bootstrap, f"{topic_name}.processed", sent))
