@@ -27,6 +27,11 @@ BUILTIN = {
     "v1/serviceaccounts": ResourceInfo(kind="ServiceAccount", namespaced=True),
     "v1/events": ResourceInfo(kind="Event", namespaced=True),
     "apps/v1/statefulsets": ResourceInfo(kind="StatefulSet", namespaced=True, subresources={"status", "scale"}),
+    "apps/v1/deployments": ResourceInfo(kind="Deployment", namespaced=True, subresources={"status", "scale"}),
+    "batch/v1/cronjobs": ResourceInfo(kind="CronJob", namespaced=True, subresources={"status"}),
+    "v1/persistentvolumeclaims": ResourceInfo(kind="PersistentVolumeClaim", namespaced=True),
+    "rbac.authorization.k8s.io/v1/roles": ResourceInfo(kind="Role", namespaced=True),
+    "rbac.authorization.k8s.io/v1/rolebindings": ResourceInfo(kind="RoleBinding", namespaced=True),
     CRD_RESOURCE: ResourceInfo(kind="CustomResourceDefinition", namespaced=False),
 }
 VERBS = {"get", "list", "watch", "create", "patch", "update", "delete"}

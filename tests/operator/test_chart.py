@@ -111,14 +111,49 @@ def test_defaults_run_one_cluster_wide_operator_with_least_privilege(helm: Any) 
     assert _by_kind(docs, "ClusterKopfPeering")[0]["metadata"]["name"] == "rel-keyrange"
     rules = [r for role in _by_kind(docs, "ClusterRole") for r in role["rules"]]
     for rule in rules:
-        assert "*" not in rule["verbs"] and "*" not in rule["resources"]
-        assert not {"delete", "deletecollection", "escalate", "bind", "impersonate"} & set(rule["verbs"])
+        assert "*" not in rule["verbs"] and "*" not in rule["resources"] and "*" not in rule["apiGroups"]
+        assert not {"escalate", "bind", "impersonate"} & set(rule["verbs"])
     granted = {(g, r) for rule in rules for g in rule["apiGroups"] for r in rule["resources"]}
-    assert ("", "secrets") not in granted and ("", "pods") not in granted
+    assert ("", "secrets") not in granted and ("", "nodes") not in granted
     assert ("keyrange.dev", "streamconsumers/status") in granted
+    assert ("rbac.authorization.k8s.io", "roles") in granted  # Spark drivers get their own Role
     token_env = {e["name"]: e.get("value") for e in container["env"]}
     assert token_env["KEYRANGE_WEBHOOK_TOKEN_FILE"] == "/var/run/keyrange/webhook/token"
     assert any(a.startswith("--webhook-port=") for a in container["args"])
+
+
+def test_without_spark_the_operator_cannot_touch_pods_delete_or_write_rbac(helm: Any) -> None:
+    docs = _render(helm, Path(__file__).parent / "chart_values" / "no-spark.yaml")
+    rules = [r for role in _by_kind(docs, "ClusterRole") for r in role["rules"]]
+    granted = {(g, r) for rule in rules for g in rule["apiGroups"] for r in rule["resources"]}
+    assert ("", "pods") not in granted
+    assert not any(g == "rbac.authorization.k8s.io" for g, _ in granted)
+    assert not any({"delete", "deletecollection"} & set(rule["verbs"]) for rule in rules)
+
+
+def test_operator_rules_cover_every_kind_it_applies(helm: Any) -> None:
+    """Each kind the operator renders (built-in or optional) is creatable and patchable under the chart's RBAC."""
+    from keyrange.operator import rendering, spark
+    from keyrange.operator.kube import plural_of
+    from keyrange.operator.settings import OperatorSettings
+    from keyrange.spec import parse_spec
+
+    owner = {"metadata": {"name": "c", "uid": "u"}}
+    model = parse_spec({"kafka": {"topic": "t", "bootstrapServers": "k:9092"},
+                        "aggregation": {"enabled": True, "output": "/data/out"}})
+    settings = OperatorSettings()
+    objects = [rendering.render_service_account("c", "ns", owner), rendering.render_configmap("c", "ns", model, owner),
+               rendering.render_service("c", "ns", owner, settings),
+               rendering.render_statefulset("c", "ns", model, 1, owner, settings),
+               *rendering.render_optional("c", "ns", model, owner, settings),
+               *spark.render_spark_objects("c", "ns", model, owner, spark.SparkJobSettings(image="i")),
+               spark.render_spark_application("c", "ns", model, owner, spark.SparkJobSettings(image="i"))]
+    rules = [r for role in _by_kind(_render(helm, None), "ClusterRole") for r in role["rules"]]
+    for obj in objects:
+        group = obj["apiVersion"].rpartition("/")[0]
+        allowed = {v for r in rules if group in r["apiGroups"] and plural_of(obj["kind"]) in r["resources"]
+                   for v in r["verbs"]}
+        assert {"get", "create", "patch"} <= allowed, f"{obj['kind']}: the operator may only {sorted(allowed)}"
 
 
 def test_namespaced_mode_uses_roles_and_namespaced_peering(helm: Any) -> None:

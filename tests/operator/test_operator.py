@@ -182,3 +182,21 @@ async def test_specs_the_crd_would_reject_are_degraded_too(cluster: Api, operato
     await cluster.create(SC, cluster.streamconsumer("odd", **spec))
     degraded = await eventually(lambda: _status(cluster, "odd", phase="Degraded"), "phase Degraded")
     assert "invalid spec" in _conditions(degraded)["Degraded"]["message"]
+
+
+async def test_aggregation_starts_a_spark_driver_with_its_own_rbac(cluster: Api, operator: kopf.Memo) -> None:
+    await cluster.create(SC, cluster.streamconsumer(
+        "sums", aggregation={"enabled": True, "output": "s3a://bucket/sums", "executors": 2}))
+    driver = await eventually(lambda: cluster.get(f"/apis/apps/v1/namespaces/{NS}/deployments/sums-aggregation"),
+                              "the Spark driver Deployment")
+    role = await eventually(
+        lambda: cluster.get(f"/apis/rbac.authorization.k8s.io/v1/namespaces/{NS}/roles/sums-aggregation"),
+        "the driver's Role")
+    owner = await cluster.get(f"{SC}/sums")
+    assert owner is not None
+    for obj in (driver, role):
+        assert obj["metadata"]["ownerReferences"][0]["uid"] == owner["metadata"]["uid"]
+        stored_only = {"uid", "resourceVersion", "generation", "creationTimestamp"}
+        obj = {**obj, "metadata": {k: v for k, v in obj["metadata"].items() if k not in stored_only}}
+        kubernetes_validate.validate(obj, "1.30", strict=True)
+    assert "aggregate" in driver["spec"]["template"]["spec"]["containers"][0]["args"]

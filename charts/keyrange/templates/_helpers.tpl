@@ -88,4 +88,23 @@ app.kubernetes.io/part-of: keyrange
 - apiGroups: [kopf.dev]
   resources: [kopfpeerings]
   verbs: [get, list, watch, patch]
+{{- if .Values.rbac.sparkAggregation }}
+# Spark aggregation (spec.aggregation): the driver's objects ...
+- apiGroups: [apps]
+  resources: [deployments]
+  verbs: [get, create, patch]
+- apiGroups: [batch]
+  resources: [cronjobs]
+  verbs: [get, create, patch]
+- apiGroups: [rbac.authorization.k8s.io]
+  resources: [roles, rolebindings]
+  verbs: [get, create, patch]
+- apiGroups: [sparkoperator.k8s.io]
+  resources: [sparkapplications, scheduledsparkapplications]
+  verbs: [get, create, patch]
+# ... and what the driver's Role grants, which the operator must hold to grant it.
+- apiGroups: [""]
+  resources: [pods, services, configmaps, persistentvolumeclaims]
+  verbs: [create, get, list, watch, patch, delete, deletecollection]
+{{- end }}
 {{- end -}}

@@ -79,7 +79,25 @@ def _apply_children(kube: Kube, settings: OperatorSettings, body: Any, model: St
     for obj in rendering.render_optional(name, namespace, model, owner, settings):
         if kube.has_resource(obj["apiVersion"], plural_of(obj["kind"])):
             kube.apply(obj)
+    for obj in _aggregation_objects(kube, settings, name, namespace, model, owner):
+        kube.apply(obj)
     return sts
+
+
+def _aggregation_objects(kube: Kube, settings: OperatorSettings, name: str, namespace: str,
+                         model: StreamConsumerSpec, owner: dict[str, Any]) -> list[dict[str, Any]]:
+    """The Spark job of `spec.aggregation`: a SparkApplication where the Kubeflow Spark Operator is
+    installed, else native Spark on Kubernetes (a client-mode driver the operator renders)."""
+    if not model.aggregation.enabled:
+        return []
+    from keyrange.operator import spark
+
+    job = spark.SparkJobSettings(image=model.image or settings.image, image_pull_policy=settings.image_pull_policy)
+    if kube.has_resource(spark.SPARK_APPLICATION_API, "sparkapplications"):
+        claim = spark.render_claim(name, namespace, model, owner, job)
+        return [*spark.render_rbac(name, namespace, owner), *([claim] if claim else []),
+                spark.render_spark_application(name, namespace, model, owner, job)]
+    return spark.render_spark_objects(name, namespace, model, owner, job)
 
 
 def reconcile(*, name: str, namespace: str | None, body: kopf.Body, spec: kopf.Spec, meta: kopf.Meta,
