@@ -147,7 +147,8 @@ def describe_duplicates(log: list[Any], processed: list[Any], supervisor: Superv
         where.setdefault(e.uuid, []).append((e.partition, e.offset))
     for uuid, records in counts.items():
         if len(records) > 1:
-            lines.append(f"{uuid} input at {where.get(uuid)}: " + "; ".join(
+            gap = (max(r["startedAt"] for r in records) - min(r["startedAt"] for r in records)) / 1000
+            lines.append(f"{uuid} input at {where.get(uuid)}, handled {gap:.2f} s apart: " + "; ".join(
                 f"worker {r['worker']} p{r['partition']}@{r['offset']} started {r['startedAt']}" for r in records))
     assert supervisor.controller is not None
     lines += [f"rescale {r}" for r in supervisor.controller.rescales]
