@@ -27,6 +27,7 @@ from typing import Any
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
+from benchmarks.harness import row
 from keyrange.loadgen import LoadShape
 from keyrange.local.alerting import AlertingOptions
 from keyrange.local.broker import EmbeddedBroker
@@ -154,18 +155,15 @@ def run(quick: bool) -> list[dict[str, Any]]:
     via, direct = median(True, "reaction_s"), median(False, "reaction_s")
     runs = f"median of {repeats} run(s)"
     return [
-        {"name": "scale reaction: lag crossing -> new owner's first event, via Prometheus + Alertmanager",
-         "value": round(via, 2), "unit": "s", "goal": f"<= {GOAL_SECONDS:g} s",
-         "baseline": round(direct, 2), "ratio": round(via / direct, 2) if direct else None,
-         "notes": f"baseline: the planner reading lag directly (keyrange run without Alertmanager); "
-                  f"lag-high alert for: 5s, scrape/eval 1 s; {runs}; "
-                  f"all runs via alerts: {[r['reaction_s'] for r in results[True]]}"},
-        {"name": "scale reaction: lag crossing -> split decision, via Prometheus + Alertmanager",
-         "value": round(median(True, "decision_s"), 2), "unit": "s", "goal": None,
-         "baseline": round(median(False, "decision_s"), 2), "ratio": None,
-         "notes": "the rest of the reaction is the new worker process starting, restoring and acquiring"},
+        row("scale reaction: lag crossing -> new owner's first event, via Prometheus + Alertmanager",
+            round(via, 2), "s", f"<= {GOAL_SECONDS:g} s", round(direct, 2),
+            "baseline: the planner reading lag directly (keyrange run without Alertmanager); "
+            f"lag-high alert for: 5s, scrape/eval 1 s; {runs}; "
+            f"all runs via alerts: {[r['reaction_s'] for r in results[True]]}"),
+        row("scale reaction: lag crossing -> split decision, via Prometheus + Alertmanager",
+            round(median(True, "decision_s"), 2), "s", None, round(median(False, "decision_s"), 2),
+            "the rest of the reaction is the new worker process starting, restoring and acquiring"),
     ]
-
 
 if __name__ == "__main__":
     for row in run(quick="--quick" in sys.argv):
