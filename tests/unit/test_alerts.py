@@ -191,3 +191,13 @@ def test_state_is_forgotten_after_the_flap_window() -> None:
 def test_tracker_settings_are_checked() -> None:
     with pytest.raises(ValueError, match="flap_threshold"):
         AlertTracker(flap_threshold=1)
+
+
+def test_an_episode_that_stops_being_sent_is_forgotten() -> None:
+    tracker = AlertTracker(flap_window_seconds=100)
+    loop = Loop(tracker)
+    loop.notify(0, alert(fingerprint="silenced"))
+    loop.notify(150, alert(fingerprint="other", worker="9"))
+    assert "silenced" in tracker._alerts          # still firing as far as we know
+    loop.notify(201, alert(fingerprint="other", worker="9"))
+    assert "silenced" not in tracker._alerts

@@ -244,7 +244,10 @@ class AlertTracker:
         for fingerprint, state in list(self._alerts.items()):
             while state.starts and state.starts[0] < horizon:
                 state.starts.popleft()
-            if state.current is None and state.last_seen < horizon:
+            # A firing episode Alertmanager stopped sending (silenced, rule deleted) is forgotten too,
+            # after a longer quiet: Alertmanager re-sends firing alerts at least every repeat_interval.
+            quiet_since = horizon if state.current is None else horizon - self.flap_window_seconds
+            if state.last_seen < quiet_since:
                 del self._alerts[fingerprint]
         for ref, until in list(self._hot_until.items()):
             if until < now:
