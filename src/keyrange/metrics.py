@@ -70,3 +70,15 @@ SCALE_REQUESTS = Counter(
     "keyrange_scale_requests", "Scale requests the alert webhook made to a controller, and whether applied.",
     ("namespace", "consumer", "direction", "applied"),
 )
+
+# --- Operator: reconciliation and the worker pods it asks for ----------------------------------
+OPERATOR_RECONCILES = Counter(
+    "keyrange_operator_reconciles",
+    "Reconciles of a StreamConsumer by the operator, by handler (reconcile, refresh) and result "
+    "(ok, invalid, error).",
+    ("handler", "result"),
+)
+OPERATOR_DESIRED_WORKERS = Gauge(
+    "keyrange_operator_desired_workers", "Worker pods the operator wants for a StreamConsumer.",
+    ("namespace", "consumer"),
+)

@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import logging
 import os
+import random
 from collections.abc import Coroutine
 from typing import Any
 
@@ -23,6 +25,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="watch this namespace (repeatable; default: all namespaces)")
     parser.add_argument("--peering", default="keyrange",
                         help="kopf peering object name, so only one operator replica acts (default keyrange)")
+    parser.add_argument("--priority", type=int, default=random.randint(1, 1_000_000),
+                        help="peering priority: the highest-priority operator acts, the others wait "
+                             "(default: random, so replicas never tie)")
     parser.add_argument("--standalone", action="store_true",
                         help="no peering: act even if other operators run (development only)")
     parser.add_argument("--liveness", default="http://0.0.0.0:8080/healthz",
@@ -36,6 +41,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="time a worker gets to release its ranges on SIGTERM")
     parser.add_argument("--refresh-seconds", type=float, default=OperatorSettings.reconcile_interval_seconds,
                         help="how often each consumer's workers and status are refreshed")
+    parser.add_argument("--log-level", default="INFO", help="Python log level (default INFO)")
     parser.add_argument("--monitoring-label", action="append", default=[], metavar="KEY=VALUE",
                         help="label for ServiceMonitors/PrometheusRules (a Prometheus Operator selector)")
     parser.add_argument("--webhook-port", type=int, default=0,
@@ -92,6 +98,7 @@ async def run_operator(args: argparse.Namespace, settings: OperatorSettings) -> 
         await kopf.operator(
             registry=registry, memo=memo, clusterwide=not namespaces, namespaces=namespaces,
             standalone=args.standalone, peering_name=None if args.standalone else args.peering,
+            priority=args.priority,
             liveness_endpoint=args.liveness or None)
     finally:
         for task in tasks:
@@ -102,6 +109,8 @@ async def run_operator(args: argparse.Namespace, settings: OperatorSettings) -> 
 def run(args: argparse.Namespace) -> int:
     """Start the operator; return when it stops."""
     settings = settings_from_args(args)
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
     if args.metrics_port:
         from prometheus_client import start_http_server
 

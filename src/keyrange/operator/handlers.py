@@ -18,6 +18,8 @@ OperatorSettings and tests can run the real operator with a short one.
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import logging
 from collections.abc import Callable
 from datetime import UTC, datetime
@@ -25,6 +27,7 @@ from typing import Any
 
 import kopf
 
+from keyrange import metrics
 from keyrange.operator import rendering
 from keyrange.operator.controls import ControlRegistry, RangeControlFactory, default_range_control
 from keyrange.operator.kube import Kube, plural_of
@@ -100,6 +103,27 @@ def _aggregation_objects(kube: Kube, settings: OperatorSettings, name: str, name
     return spark.render_spark_objects(name, namespace, model, owner, job)
 
 
+def _counted(handler: str) -> Callable[[Callable[..., None]], Callable[..., None]]:
+    """Count each call in keyrange_operator_reconciles by result."""
+
+    def wrap(fn: Callable[..., None]) -> Callable[..., None]:
+        @functools.wraps(fn)
+        def counted(**kwargs: Any) -> None:
+            try:
+                fn(**kwargs)
+            except kopf.PermanentError:
+                metrics.OPERATOR_RECONCILES.labels(handler, "invalid").inc()
+                raise
+            except Exception:
+                metrics.OPERATOR_RECONCILES.labels(handler, "error").inc()
+                raise
+            metrics.OPERATOR_RECONCILES.labels(handler, "ok").inc()
+        return counted
+
+    return wrap
+
+
+@_counted("reconcile")
 def reconcile(*, name: str, namespace: str | None, body: kopf.Body, spec: kopf.Spec, meta: kopf.Meta,
               status: kopf.Status, patch: kopf.Patch, memo: Any, logger: Logger, **_: Any) -> None:
     """Create or update everything a StreamConsumer needs, then its status."""
@@ -114,12 +138,14 @@ def reconcile(*, name: str, namespace: str | None, body: kopf.Body, spec: kopf.S
         raise kopf.PermanentError(str(exc)) from None
     control = memo.controls.ensure(namespace, name, model)
     replicas = rendering.desired_replicas(model, control.desired_workers())
+    metrics.OPERATOR_DESIRED_WORKERS.labels(namespace, name).set(replicas)
     sts = _apply_children(memo.kube, memo.settings, body, model, replicas)
     control.workers_available(_ready(sts))
     logger.info("applied %s with %d workers", rendering.worker_name(name), replicas)
     _write_status(patch, status, Observed(generation, replicas, _ready(sts), selector), control, now)
 
 
+@_counted("refresh")
 def refresh(*, name: str, namespace: str | None, spec: kopf.Spec, meta: kopf.Meta, status: kopf.Status,
             patch: kopf.Patch, memo: Any, logger: Logger, **_: Any) -> None:
     """Periodically: follow the range control's worker count and refresh status."""
@@ -136,6 +162,7 @@ def refresh(*, name: str, namespace: str | None, spec: kopf.Spec, meta: kopf.Met
     ready = _ready(sts)
     control.workers_available(ready)
     replicas = rendering.desired_replicas(model, control.desired_workers())
+    metrics.OPERATOR_DESIRED_WORKERS.labels(namespace, name).set(replicas)
     current = int((sts.get("spec") or {}).get("replicas") or 0)
     if current != replicas:
         logger.info("scaling %s from %d to %d workers", rendering.worker_name(name), current, replicas)
@@ -149,6 +176,8 @@ def forget(*, name: str, namespace: str | None, memo: Any, **_: Any) -> None:
     """The consumer is being deleted: stop its range control (children go by owner reference)."""
     assert namespace is not None
     memo.controls.close(namespace, name)
+    with contextlib.suppress(KeyError):  # never reconciled successfully
+        metrics.OPERATOR_DESIRED_WORKERS.remove(namespace, name)
 
 
 def login(**kwargs: Any) -> kopf.ConnectionInfo | None:

@@ -16,6 +16,8 @@ from typing import Any
 
 import kubernetes
 
+from keyrange.errors import UserError
+
 _PLURALS = {"ConfigMap": "configmaps", "Service": "services", "StatefulSet": "statefulsets",
             "Event": "events", "ServiceMonitor": "servicemonitors", "PrometheusRule": "prometheusrules"}
 
@@ -47,12 +49,21 @@ class KubeApiError(Exception):
         super().__init__(f"{method} {path} failed with HTTP {status}: {text[:500]}")
 
 
+class KubeConfigError(UserError):
+    """No Kubernetes credentials were found."""
+
+
 def new_api_client() -> kubernetes.client.ApiClient:
     """A client from the in-cluster service account, else from $KUBECONFIG / ~/.kube/config."""
     try:
         kubernetes.config.load_incluster_config()  # type: ignore[no-untyped-call]
     except kubernetes.config.ConfigException:
-        kubernetes.config.load_kube_config(config_file=os.environ.get("KUBECONFIG"))  # type: ignore[no-untyped-call]
+        try:
+            kubernetes.config.load_kube_config(config_file=os.environ.get("KUBECONFIG"))  # type: ignore[no-untyped-call]
+        except (kubernetes.config.ConfigException, OSError) as exc:
+            raise KubeConfigError(
+                f"no Kubernetes credentials ({exc}): run the operator in a pod with a ServiceAccount, "
+                "or point $KUBECONFIG at a kubeconfig file") from None
     return kubernetes.client.ApiClient()
 
 
