@@ -8,6 +8,7 @@ from the newest epoch) and to reap the ones it stopped.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import signal
@@ -25,6 +26,19 @@ log = logging.getLogger(__name__)
 
 STOP_TIMEOUT_SECONDS = 30.0
 """How long a SIGTERMed worker may take to finish in-flight events and commit before SIGKILL."""
+
+
+def _terminate_with_parent() -> None:
+    """In the child: get SIGTERM if the supervisor dies (Linux), so no worker outlives it.
+
+    The signal follows the *thread* that started the child; the supervisor's threads (controller,
+    ticks) live until `stop`, which SIGTERMs the workers anyway."""
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        pr_set_pdeathsig = 1
+        with contextlib.suppress(OSError, AttributeError):
+            ctypes.CDLL("libc.so.6", use_errno=True).prctl(pr_set_pdeathsig, signal.SIGTERM)
 
 
 @dataclass
@@ -139,8 +153,10 @@ class ProcessFleet:
         command = [sys.executable, "-m", "keyrange.cli", "worker", "--spec-file", str(self.spec_file),
                    "--bootstrap", self.bootstrap, "--worker-id", str(ordinal),
                    "--metrics-port", str(w.metrics_port), *self.extra_args]
+        # Own session: Ctrl-C reaches only the supervisor, which then SIGTERMs workers in order.
         w.process = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=w.log_file,
-                                     stderr=subprocess.STDOUT, start_new_session=True)
+                                     stderr=subprocess.STDOUT, start_new_session=True,
+                                     preexec_fn=_terminate_with_parent)
         w.started_at = time.monotonic()
         w.stopping_since = None
         log.info("started worker %d (pid %d, metrics on :%d)", ordinal, w.process.pid, w.metrics_port)

@@ -84,7 +84,8 @@ class Supervisor:
         self.history: list[HistoryPoint] = []
         self.started = time.monotonic()
         self._samples: dict[int, WorkerSample] = {}
-        self._window: list[tuple[float, float, dict[float, float]]] = []
+        self._window: list[tuple[float, float, dict[int, dict[float, float]]]] = []
+        """(time, processed total, latency buckets per worker) over the trailing window."""
         self._counters = _Counters()
         self._worker_window: dict[int, list[tuple[float, float]]] = {}
         self._stop = threading.Event()
@@ -163,10 +164,7 @@ class Supervisor:
         self._samples = samples
         if self.alerts is not None:
             self.alerts.update_targets(self.fleet.urls())
-        buckets: dict[float, float] = {}
-        for sample in samples.values():
-            for le, count in sample.latency_buckets.items():
-                buckets[le] = buckets.get(le, 0.0) + count
+        buckets = {o: dict(sample.latency_buckets) for o, sample in samples.items()}
         self._window.append((now, self._counters.processed, buckets))
         while len(self._window) > 2 and now - self._window[0][0] > RATE_WINDOW_SECONDS:
             self._window.pop(0)
@@ -189,7 +187,13 @@ class Supervisor:
     def _p99(self) -> float | None:
         if len(self._window) < 2:
             return None
-        return histogram_quantile(0.99, bucket_delta(self._window[-1][2], self._window[0][2]))
+        first, last = self._window[0][2], self._window[-1][2]
+        # Per worker, so a worker that stops (merge) or restarts does not distort the window.
+        total: dict[float, float] = {}
+        for ordinal, buckets in last.items():
+            for le, count in bucket_delta(buckets, first.get(ordinal, {})).items():
+                total[le] = total.get(le, 0.0) + count
+        return histogram_quantile(0.99, total)
 
     def status(self) -> ControllerStatus:
         """The controller's status."""

@@ -1,0 +1,177 @@
+"""Handoff benchmarks: how long moved ranges pause, decision -> new owner's first event, lag recovery.
+
+Everything runs as `keyrange run` does: the embedded broker, the supervisor's controller and
+worker subprocesses in controlled mode. Under a steady 1,000 events/s (`sleep` 2 ms), splits
+and merges are requested back to back; the processed records say when each moved slot's old
+owner finished its last event and its new owner started its first. Lag recovery: a burst of
+backlog into one worker, with the planner free to split (up to 4 workers) versus pinned to one
+worker, in the same run.
+"""
+
+from __future__ import annotations
+
+import sys
+import tempfile
+import threading
+import time
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+from benchmarks.harness import percentile, row
+from keyrange.loadgen import LoadShape, generate, produce_all
+from keyrange.local.demo import read_values
+from keyrange.local.load import LoadTotals, Phase, produce_phases
+from keyrange.local.supervisor import Supervisor
+from keyrange.ranges.controller import Rescale
+from keyrange.spec import load_file
+
+SPEC = """apiVersion: keyrange.dev/v1alpha1
+kind: StreamConsumer
+metadata: {{name: {name}}}
+spec:
+  kafka: {{topic: {name}, partitions: 12}}
+  handler: sleep
+  handlerConfig: {{meanMs: {mean_ms}, stddevMs: 0.5}}
+  concurrency: {concurrency}
+  workers: {{min: 1, max: {max_workers}}}
+  scaling: {{lagHighRecords: {high}, lagHighSeconds: 1000, lagLowRecords: 50, cooldownSeconds: {cooldown}}}
+"""
+
+
+def _supervisor(tmp: Path, name: str, **values: Any) -> Supervisor:
+    path = tmp / f"{name}.yaml"
+    path.write_text(SPEC.format(name=name, **values))
+    sup = Supervisor(load_file(path), path, None, tmp / name, tick_seconds=0.5)
+    sup.start()
+    return sup
+
+
+def _ticker(sup: Supervisor, stop: threading.Event) -> threading.Thread:
+    def tick() -> None:
+        while not stop.wait(sup.tick_seconds):
+            sup.tick()
+
+    t = threading.Thread(target=tick, daemon=True)
+    t.start()
+    return t
+
+
+def _wait(condition: Any, timeout_seconds: float) -> bool:
+    deadline = time.monotonic() + timeout_seconds
+    while time.monotonic() < deadline:
+        if condition():
+            return True
+        time.sleep(0.02)
+    return False
+
+
+def handoff_figures(processed: list[dict[str, Any]], rescales: list[Rescale]) -> tuple[list[float], list[float]]:
+    """(pause per moved slot in s, decision -> every moved slot's new owner started, per rescale in s)."""
+    by_slot: dict[int, list[dict[str, Any]]] = defaultdict(list)
+    for r in processed:
+        by_slot[r["partition"]].append(r)
+    for records in by_slot.values():
+        records.sort(key=lambda r: r["startedAt"])
+    pauses, decision_to_first = [], []
+    for rescale in rescales:
+        if rescale.settled_ms is None:
+            continue
+        firsts = []
+        for slot in rescale.moved_slots:
+            before = [r["finishedAt"] for r in by_slot[slot] if r["startedAt"] < rescale.settled_ms]
+            after = [r["startedAt"] for r in by_slot[slot] if r["startedAt"] >= rescale.settled_ms]
+            if before and after:
+                pauses.append((after[0] - max(before)) / 1000)
+                firsts.append(after[0])
+        if firsts:
+            decision_to_first.append((max(firsts) - rescale.decided_ms) / 1000)
+    return pauses, decision_to_first
+
+
+def measure_handoffs(tmp: Path, rescales: int) -> tuple[list[float], list[float], list[float], list[Rescale]]:
+    """Back-to-back forced rescales under 1,000 events/s; returns pauses, split and merge latencies."""
+    sup = _supervisor(tmp, "handoff", mean_ms=2, concurrency=64, max_workers=4, high=10**9, cooldown=0)
+    stop = threading.Event()
+    ticker = _ticker(sup, stop)
+    totals = LoadTotals()
+    assert sup.controller is not None and sup.bootstrap is not None
+    ctl = sup.controller
+    try:
+        _wait(lambda: bool(ctl.channel.state.reports.get(0) and ctl.channel.state.reports[0].held), 60)
+        shape = LoadShape(rate=1000, clients=100, duplicate_ratio=0.0, seed=3)
+        load = threading.Thread(target=produce_phases, args=(sup.bootstrap, "handoff", shape,
+                                                             [Phase(10**6, 1000)], stop, totals), daemon=True)
+        load.start()
+        time.sleep(3)
+        for i in range(rescales):
+            workers = ctl.publication.map.workers
+            direction = "up" if workers == 1 or (workers < 3 and i % 4 < 2) else "down"
+            ctl.request_scale(direction, "benchmark")  # type: ignore[arg-type]
+            _wait(lambda: not ctl.publication.transit and not ctl.status().starting, 120)
+            time.sleep(2.0)
+        time.sleep(3)
+        processed = read_values(sup.bootstrap, "handoff.processed")
+    finally:
+        stop.set()
+        ticker.join(timeout=10)
+        sup.stop()
+    done = list(ctl.rescales)
+    pauses, _ = handoff_figures(processed, done)
+    _, splits = handoff_figures(processed, [r for r in done if r.action == "split"])
+    _, merges = handoff_figures(processed, [r for r in done if r.action == "merge"])
+    return pauses, splits, merges, done
+
+
+def measure_recovery(tmp: Path, max_workers: int, backlog: int) -> float:
+    """Seconds from a backlog of `backlog` events (on top of 400/s) until lag is back under 200."""
+    name = f"recovery{max_workers}"
+    sup = _supervisor(tmp, name, mean_ms=10, concurrency=8, max_workers=max_workers, high=1500, cooldown=3)
+    stop = threading.Event()
+    ticker = _ticker(sup, stop)
+    assert sup.controller is not None and sup.bootstrap is not None
+    ctl = sup.controller
+    try:
+        _wait(lambda: bool(ctl.channel.state.reports.get(0) and ctl.channel.state.reports[0].held), 60)
+        shape = LoadShape(rate=400, clients=100, duplicate_ratio=0.0, seed=4)
+        load = threading.Thread(target=produce_phases, args=(sup.bootstrap, name, shape, [Phase(10**6, 400)], stop),
+                                daemon=True)
+        load.start()
+        time.sleep(4)
+        produce_all(sup.bootstrap, name, list(generate(LoadShape(rate=10**6, seed=5, duplicate_ratio=0.0),
+                                                       count=backlog)))
+        burst_at = time.monotonic()
+        _wait(lambda: bool(sup.history) and sup.history[-1].lag_records > 1000, 30)
+        recovered = _wait(lambda: sup.history[-1].lag_records < 200, 300)
+        return time.monotonic() - burst_at if recovered else float("inf")
+    finally:
+        stop.set()
+        ticker.join(timeout=10)
+        sup.stop()
+
+
+def run(quick: bool) -> list[dict[str, Any]]:
+    """The handoff rows (pause p50/p99, decision -> first event for splits and merges, lag recovery)."""
+    with tempfile.TemporaryDirectory(prefix="bench-handoff-") as tmpdir:
+        tmp = Path(tmpdir)
+        pauses, splits, merges, done = measure_handoffs(tmp, 4 if quick else 12)
+        backlog = 8_000 if quick else 20_000
+        scaled = measure_recovery(tmp, 4, backlog)
+        pinned = measure_recovery(tmp, 1, backlog)
+    n = f"{len(done)} rescales, {len(pauses)} slot moves, 1,000 events/s"
+    return [
+        row("handoff: moved-slot pause p50", percentile(pauses, 0.5), "s", notes=n),
+        row("handoff: moved-slot pause p99", percentile(pauses, 0.99), "s", goal="<= 1 s", notes=n),
+        row("handoff: decision -> new owner's first event (split)", percentile(splits, 0.5), "s", goal="<= 2 s",
+            notes=f"median of {len(splits)}; max {max(splits, default=0):.2f} s; includes starting the worker process"),
+        row("handoff: decision -> new owner's first event (merge)", percentile(merges, 0.5), "s", goal="<= 2 s",
+            notes=f"median of {len(merges)}; max {max(merges, default=0):.2f} s"),
+        row("lag recovery after a burst, autoscaled (max 4 workers)", scaled, "s", baseline=pinned,
+            notes=f"{backlog:,} events of backlog on top of 400/s; baseline: pinned to 1 worker"),
+    ]
+
+
+if __name__ == "__main__":
+    from benchmarks.harness import format_table
+
+    print(format_table(run("--quick" in sys.argv)))
