@@ -144,7 +144,10 @@ def _raw_latency_loop(bootstrap: str, topic: str, out: list[tuple[int, float]], 
         consumer.assign([TopicPartition(topic, p, 0) for p in range(PARTITIONS)])
         seen: set[str] = set()
         while not stop.is_set():
-            for m in consumer.consume(1000, 0.05):
+            # Like the worker: take what is buffered, else wait for the first record only
+            # (a batch consume with a timeout waits for the whole batch).
+            batch = consumer.consume(1000, 0) or consumer.consume(1, 0.05)
+            for m in batch:
                 if m.error() is None:
                     body = orjson.loads(m.value())
                     if body["uuid"] in seen:
