@@ -1,0 +1,62 @@
+"""Reading worker /metrics for the supervisor: lag per slot, counters, histogram quantiles."""
+
+import pytest
+
+from keyrange.local.scrape import bucket_delta, histogram_quantile, merged_lag, parse_metrics
+from keyrange.ranges.member import ordinal_from_hostname
+from keyrange.ranges.planner import SlotLag
+
+EXPOSITION = """\
+# TYPE keyrange_events_processed counter
+keyrange_events_processed_total{consumer="c",worker="0",partition="0"} 10.0
+keyrange_events_processed_total{consumer="c",worker="0",partition="1"} 5.0
+# TYPE keyrange_duplicates_dropped counter
+keyrange_duplicates_dropped_total{consumer="c",worker="0",partition="1"} 2.0
+# TYPE keyrange_consumer_lag gauge
+keyrange_consumer_lag{consumer="c",worker="0",partition="0"} 7.0
+keyrange_consumer_lag{consumer="c",worker="0",partition="1"} 0.0
+# TYPE keyrange_consumer_lag_seconds gauge
+keyrange_consumer_lag_seconds{consumer="c",worker="0",partition="0"} 1.5
+# TYPE keyrange_event_latency_seconds histogram
+keyrange_event_latency_seconds_bucket{consumer="c",worker="0",le="0.01"} 50.0
+keyrange_event_latency_seconds_bucket{consumer="c",worker="0",le="0.1"} 90.0
+keyrange_event_latency_seconds_bucket{consumer="c",worker="0",le="+Inf"} 100.0
+keyrange_event_latency_seconds_count{consumer="c",worker="0"} 100.0
+keyrange_event_latency_seconds_sum{consumer="c",worker="0"} 3.0
+"""
+
+
+def test_parse_metrics_sums_counters_and_keeps_lag_per_slot() -> None:
+    sample = parse_metrics(EXPOSITION, at=1.0)
+    assert sample.processed == 15 and sample.duplicates == 2
+    assert sample.slot_lag == {0: SlotLag(7, 1.5), 1: SlotLag(0, 0.0)}
+    assert sample.latency_buckets == {0.01: 50, 0.1: 90, float("inf"): 100}
+
+
+def test_histogram_quantile_interpolates_like_prometheus() -> None:
+    buckets = {0.01: 50.0, 0.1: 90.0, float("inf"): 100.0}
+    assert histogram_quantile(0.5, buckets) == pytest.approx(0.01)
+    assert histogram_quantile(0.7, buckets) == pytest.approx(0.055)
+    assert histogram_quantile(0.99, buckets) == pytest.approx(0.1)  # in +Inf: the last finite bound
+    assert histogram_quantile(0.99, {0.1: 0.0, float("inf"): 0.0}) is None
+
+
+def test_bucket_delta_treats_a_decrease_as_a_restart() -> None:
+    assert bucket_delta({0.1: 30.0}, {0.1: 10.0}) == {0.1: 20.0}
+    assert bucket_delta({0.1: 5.0}, {0.1: 10.0}) == {0.1: 5.0}
+
+
+def test_merged_lag_keeps_the_larger_report_of_a_slot() -> None:
+    a = parse_metrics(EXPOSITION, at=1.0)
+    b = parse_metrics(EXPOSITION.replace('partition="0"} 7.0', 'partition="0"} 9.0'), at=1.0)
+    assert merged_lag([a, b])[0] == SlotLag(9, 1.5)
+
+
+@pytest.mark.parametrize(("hostname", "ordinal"), [("payments-3", 3), ("a-b-c-12", 12), ("x-0", 0)])
+def test_ordinal_from_statefulset_hostname(hostname: str, ordinal: int) -> None:
+    assert ordinal_from_hostname(hostname) == ordinal
+
+
+def test_hostname_without_ordinal_says_what_to_do() -> None:
+    with pytest.raises(ValueError, match="pass --worker-id"):
+        ordinal_from_hostname("laptop")

@@ -1,0 +1,29 @@
+"""The live table of `keyrange run` renders the controller's status and the measured figures."""
+
+from keyrange.local.table import Totals, WorkerRow, render
+from keyrange.ranges.controller import ControllerStatus, Rescale
+from keyrange.ranges.planner import SlotLag
+from keyrange.ranges.rangemap import RangeMap
+
+
+def test_table_shows_workers_ranges_lag_and_the_last_rescale() -> None:
+    m = RangeMap.even(12, 2, epoch=3)
+    rescale = Rescale("split", "split 0-11: range 0-11 lags 6000 records / 2.0 s", 2, 1, 2,
+                      frozenset(range(6, 12)), decided_ms=10_000, published_ms=11_000, settled_ms=11_500)
+    status = ControllerStatus(3, m, (SlotLag(10, 0.1), SlotLag(30, 0.4)), frozenset(), False, "lag is fine",
+                              (rescale,))
+    rows = [WorkerRow(0, True, "0-5", 1234.0, SlotLag(10, 0.1), 0), WorkerRow(1, False, "", 0.0, SlotLag(), 2)]
+    text = render("payments", status, rows, Totals(65, 100_000, 1500.0, 0.012, 42, 1), now_ms=40_000)
+    lines = text.splitlines()
+    assert lines[0] == "keyrange run payments: 65 s, epoch 3, 2 workers"
+    assert "handled 100,000 (1,500/s)" in lines[1] and "p99 latency 12 ms" in lines[1]
+    assert "lag 40 records / 0.4 s" in lines[1] and "duplicates dropped 42" in lines[1]
+    assert "last rescale: split 30 s ago (done): split 0-11" in lines[2]
+    assert lines[-2].split() == ["0", "0-5", "0-5", "1,234", "10", "0.1", "0"]
+    assert lines[-1].split() == ["1", "6-11", "-", "0", "0", "0.0", "2", "(down)"]
+
+
+def test_table_says_when_a_handoff_waits() -> None:
+    status = ControllerStatus(4, RangeMap.even(12, 1, epoch=4), (SlotLag(),), frozenset({1}), False, "x", ())
+    text = render("c", status, [], Totals(1, 0, 0.0, None, 0, 0), now_ms=0)
+    assert "handoff waits for worker(s) 1" in text and "p99 latency -" in text
