@@ -6,7 +6,73 @@ Names and labels are a contract (DESIGN.md, alerts, dashboards). Labels are `con
 
 from __future__ import annotations
 
-from prometheus_client import Counter, Gauge, Histogram
+from bisect import bisect_left
+from collections.abc import Iterator, Sequence
+
+from prometheus_client import REGISTRY, Counter, Gauge
+from prometheus_client.core import HistogramMetricFamily, Metric
+from prometheus_client.utils import floatToGoString
+
+
+class LoopHistogram:
+    """A Prometheus histogram for per-event observations from one thread (the worker's loop).
+
+    prometheus_client's Histogram takes a lock per bucket and per sum on every observation,
+    which measured ~10 us per event in the worker (two histograms); this one is a bisect and two
+    additions. It exposes the same `_bucket`/`_count`/`_sum` samples. Observe from one thread
+    only; a scrape may see a count one observation ahead of the sum, never a decrease.
+    """
+
+    def __init__(self, name: str, documentation: str, labelnames: Sequence[str],
+                 buckets: Sequence[float]) -> None:
+        self.name = name
+        self.documentation = documentation
+        self.labelnames = tuple(labelnames)
+        self.bounds = tuple(sorted(buckets))
+        self._children: dict[tuple[str, ...], LoopHistogramChild] = {}
+        REGISTRY.register(self)
+
+    def labels(self, *values: str) -> LoopHistogramChild:
+        """The child for these label values (bind once, observe often)."""
+        child = self._children.get(values)
+        if child is None:
+            if len(values) != len(self.labelnames):
+                raise ValueError(f"{self.name} takes labels {self.labelnames}, got {values}")
+            child = self._children[values] = LoopHistogramChild(self.bounds)
+        return child
+
+    def describe(self) -> list[Metric]:
+        """The family without samples (for the registry's duplicate-name check)."""
+        return [HistogramMetricFamily(self.name, self.documentation, labels=self.labelnames)]
+
+    def collect(self) -> Iterator[Metric]:
+        """Cumulative buckets, count and sum of every child."""
+        family = HistogramMetricFamily(self.name, self.documentation, labels=self.labelnames)
+        les = [floatToGoString(b) for b in self.bounds] + ["+Inf"]  # type: ignore[no-untyped-call]
+        for values, child in list(self._children.items()):
+            cumulative, running = [], 0
+            for le, n in zip(les, list(child.counts), strict=True):
+                running += n
+                cumulative.append((le, float(running)))
+            family.add_metric(list(values), cumulative, child.sum)
+        yield family
+
+
+class LoopHistogramChild:
+    """One label combination of a LoopHistogram."""
+
+    __slots__ = ("bounds", "counts", "sum")
+
+    def __init__(self, bounds: tuple[float, ...]) -> None:
+        self.bounds = bounds
+        self.counts = [0] * (len(bounds) + 1)
+        self.sum = 0.0
+
+    def observe(self, value: float) -> None:
+        """Count one observation (from the owning thread only)."""
+        self.counts[bisect_left(self.bounds, value)] += 1
+        self.sum += value
+
 
 # --- Worker: events ------------------------------------------------------------------------
 _WP = ("consumer", "worker", "partition")
@@ -46,11 +112,11 @@ _LATENCY_BUCKETS = (
     0.001, 0.002, 0.003, 0.005, 0.0075, 0.01, 0.0125, 0.015, 0.0175, 0.02, 0.025, 0.03, 0.04,
     0.05, 0.075, 0.1, 0.15, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
 )
-EVENT_LATENCY = Histogram(
+EVENT_LATENCY = LoopHistogram(
     "keyrange_event_latency_seconds", "Time from the event's `created` to its handler's start.",
     ("consumer", "worker"), buckets=_LATENCY_BUCKETS,
 )
-HANDLER_SECONDS = Histogram(
+HANDLER_SECONDS = LoopHistogram(
     "keyrange_handler_seconds", "Duration of one handler call (each attempt).",
     ("consumer", "worker"), buckets=_LATENCY_BUCKETS,
 )
