@@ -35,7 +35,7 @@ spec:
   handlerConfig: {{meanMs: {mean_ms}, stddevMs: 0.5}}
   concurrency: {concurrency}
   workers: {{min: 1, max: {max_workers}}}
-  scaling: {{lagHighRecords: {high}, lagHighSeconds: 1000, lagLowRecords: 50, cooldownSeconds: {cooldown}}}
+  scaling: {{lagHighRecords: {high}, lagHighSeconds: 1000, lagLowRecords: {low}, cooldownSeconds: {cooldown}}}
 """
 
 
@@ -91,7 +91,7 @@ def handoff_figures(processed: list[dict[str, Any]], rescales: list[Rescale]) ->
 
 def measure_handoffs(tmp: Path, rescales: int) -> tuple[list[float], list[float], list[float], list[Rescale]]:
     """Back-to-back forced rescales under 1,000 events/s; returns pauses, split and merge latencies."""
-    sup = _supervisor(tmp, "handoff", mean_ms=2, concurrency=64, max_workers=4, high=10**9, cooldown=0)
+    sup = _supervisor(tmp, "handoff", mean_ms=2, concurrency=64, max_workers=4, high=10**9, low=0, cooldown=0)
     stop = threading.Event()
     ticker = _ticker(sup, stop)
     totals = LoadTotals()
@@ -126,7 +126,7 @@ def measure_handoffs(tmp: Path, rescales: int) -> tuple[list[float], list[float]
 def measure_recovery(tmp: Path, max_workers: int, backlog: int) -> float:
     """Seconds from a backlog of `backlog` events (on top of 400/s) until lag is back under 200."""
     name = f"recovery{max_workers}"
-    sup = _supervisor(tmp, name, mean_ms=10, concurrency=8, max_workers=max_workers, high=1500, cooldown=3)
+    sup = _supervisor(tmp, name, mean_ms=10, concurrency=8, max_workers=max_workers, high=1500, low=50, cooldown=3)
     stop = threading.Event()
     ticker = _ticker(sup, stop)
     assert sup.controller is not None and sup.bootstrap is not None

@@ -72,14 +72,21 @@ class ProcessFleet:
     log_dir: Path
     extra_args: tuple[str, ...] = ()
     """More `keyrange worker` arguments (tests pass e.g. a commit interval)."""
+    max_workers: int = 0
+    """With `spare`: never run more processes than this."""
+    spare: int = 0
+    """Standby processes above the wanted ordinals (they hold nothing), so a split does not wait for
+    a Python process to start: the next ordinal already runs and reports."""
     workers: dict[int, WorkerProcess] = field(default_factory=dict)
     desired: int = 0
     _lock: threading.RLock = field(default_factory=threading.RLock)
     _retired: list[WorkerProcess] = field(default_factory=list)
 
     def scale_to(self, workers: int) -> None:
-        """Run ordinals 0..workers-1: start the missing ones, SIGTERM those above (they commit)."""
+        """Run ordinals 0..workers-1 (plus the spares): start the missing ones, SIGTERM those above
+        (they commit)."""
         with self._lock:
+            workers = max(workers, min(workers + self.spare, self.max_workers)) if self.spare else workers
             self.desired = workers
             for ordinal in range(workers):
                 w = self.workers.get(ordinal)

@@ -71,13 +71,15 @@ class Supervisor:
 
     def __init__(self, consumer: StreamConsumer, spec_file: Path, bootstrap: str | None = None,
                  run_dir: Path | None = None, worker_args: tuple[str, ...] = (), tick_seconds: float = 1.0,
-                 alerting: AlertingOptions | None = None) -> None:
+                 alerting: AlertingOptions | None = None, spare_workers: int = 1) -> None:
         self.consumer = consumer
         self.spec_file = spec_file
         self.bootstrap = bootstrap or consumer.spec.kafka.bootstrap_servers
         self.run_dir = run_dir or Path(".keyrange") / consumer.name
         self.worker_args = worker_args
         self.tick_seconds = tick_seconds
+        self.spare_workers = spare_workers
+        """Standby worker processes kept running so a split need not wait for one to start."""
         self.broker: EmbeddedBroker | None = None
         self.controller: Controller | None = None
         self.fleet: ProcessFleet | None = None
@@ -105,7 +107,9 @@ class Supervisor:
         group = self.consumer.group_id
         counts = ensure_topics(self.bootstrap, [TopicSpec(spec.kafka.topic, spec.kafka.partitions)])
         ControlChannel.ensure_topic(self.bootstrap, group)
-        self.fleet = ProcessFleet(self.spec_file, self.bootstrap, self.run_dir / "logs", self.worker_args)
+        slot_count = counts[spec.kafka.topic]
+        self.fleet = ProcessFleet(self.spec_file, self.bootstrap, self.run_dir / "logs", self.worker_args,
+                                  max_workers=min(spec.workers.max, slot_count), spare=self.spare_workers)
         channel = ControlChannel(self.bootstrap, group, "keyrange-run")
         limits = ScalingLimits.from_spec(spec)
         if self.alerts is not None:

@@ -192,7 +192,9 @@ class Controller:
         new_workers = range(pub.map.workers, decision.next_map.workers)
         # A split waits until the new worker runs (it reported after the decision), so the moved
         # slots keep flowing at their old owner while the new process starts.
-        waiting = [w for w in new_workers if (r := self.channel.state.reports.get(w)) is None or r.at_ms < decided_ms]
+        # A report from just before the decision counts too: a standby worker heartbeats every second.
+        fresh_ms = decided_ms - 2 * 1000
+        waiting = [w for w in new_workers if (r := self.channel.state.reports.get(w)) is None or r.at_ms < fresh_ms]
         if waiting and now_ms() - decided_ms < self.start_timeout_seconds * 1000:
             return pub
         if waiting:
@@ -240,12 +242,15 @@ class Controller:
         return ControllerStatus(pub.epoch, pub.map, lags, pub.awaiting if pub.transit else frozenset(),
                                 self._pending is not None, self.last_decision, tuple(self.rescales))
 
-    def run(self, stop: threading.Event, interval_seconds: float = 0.2) -> None:
-        """Step until `stop` is set (run it in a thread)."""
+    def run(self, stop: threading.Event, interval_seconds: float = 0.2, busy_interval_seconds: float = 0.02) -> None:
+        """Step until `stop` is set (run it in a thread); every `busy_interval_seconds` while a
+        rescale is in flight, since the moved slots pause until the next step sees the release."""
         while not stop.is_set():
+            busy = False
             try:
-                self.step()
+                pub = self.step()
+                busy = bool(pub.transit) or self._pending is not None
             except Exception:
                 log.exception("controller step failed; retrying")
                 stop.wait(1.0)
-            stop.wait(interval_seconds)
+            stop.wait(busy_interval_seconds if busy else interval_seconds)
