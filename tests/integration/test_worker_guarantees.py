@@ -186,7 +186,9 @@ async def test_sync_and_async_user_handlers(bootstrap: str, topic_name: str, han
         assert {r["result"]["thread"] for r in processed} == {"keyrange-handler"}
 
 
-async def test_release_then_acquire_elsewhere_hands_over_state_and_dedup(bootstrap: str, topic_name: str) -> None:
+@pytest.mark.parametrize("commit", [True, False], ids=["graceful", "fenced"])
+async def test_release_then_acquire_elsewhere_hands_over_state_and_dedup(bootstrap: str, topic_name: str,
+                                                                        commit: bool) -> None:
     sent = produce_stream(bootstrap, topic_name, 4000, PARTITIONS, clients=130, duplicate_ratio=0.05, ledger=True)
     log = read_input_log(bootstrap, topic_name, sent)
     distinct = len(first_occurrences(log))
@@ -200,7 +202,9 @@ async def test_release_then_acquire_elsewhere_hands_over_state_and_dedup(bootstr
         await first.acquire(range(PARTITIONS))
         await wait_for(lambda: first.stats.processed >= distinct // 4, what="a quarter of the events")
         moving = [0, 2, 4]
-        await first.release(moving)
+        # Fenced: the slots are dropped without committing; their uncommitted outputs go with
+        # their offsets, so the new owner runs those events exactly once.
+        await first.release(moving, commit=commit)
         assert first.held_slots == frozenset({1, 3, 5})
         await second.acquire(moving)
         assert second.held_slots == frozenset(moving)
