@@ -163,7 +163,7 @@ def run(quick: bool) -> list[dict[str, Any]]:
         row("handoff: moved-slot pause p50", percentile(pauses, 0.5), "s", notes=n),
         row("handoff: moved-slot pause p99", percentile(pauses, 0.99), "s", goal="<= 1 s", notes=n),
         row("handoff: decision -> new owner's first event (split)", percentile(splits, 0.5), "s", goal="<= 2 s",
-            notes=f"median of {len(splits)}; max {max(splits, default=0):.2f} s; includes starting the worker process"),
+            notes=f"median of {len(splits)}; max {max(splits, default=0):.2f} s; a standby worker process is ready"),
         row("handoff: decision -> new owner's first event (merge)", percentile(merges, 0.5), "s", goal="<= 2 s",
             notes=f"median of {len(merges)}; max {max(merges, default=0):.2f} s"),
         row("lag recovery after a burst, autoscaled (max 4 workers)", scaled, "s", baseline=pinned,
