@@ -142,3 +142,27 @@ def test_end_probe_finds_the_true_end_after_batched_produce_and_skips_open_trans
         assert reader.latestOffset(start, ReadMaxRows(1000)) == {"0": 500, "1": 500}
     finally:
         reader.stop()
+
+
+def test_available_now_stops_at_the_end_found_first_and_still_splits_batches(bootstrap, topic_name):
+    make_topic(bootstrap, topic_name, 2)
+    producer = transactional_producer(bootstrap)
+    producer.begin_transaction()
+    for i in range(400):
+        producer.produce(topic_name, value=b"x", partition=i % 2)
+    producer.commit_transaction(30)
+    reader = KafkaStreamReader({"bootstrap": bootstrap, "topic": topic_name, "maxRecordsPerBatch": "300"})
+    try:
+        reader.prepareForTriggerAvailableNow()
+        start = reader.initialOffset()
+        first = reader.latestOffset(start, ReadMaxRows(300))
+        assert first == {"0": 150, "1": 150}
+        producer.begin_transaction()
+        for i in range(100):  # arrives after the run began: left for the next run
+            producer.produce(topic_name, value=b"late", partition=i % 2)
+        producer.commit_transaction(30)
+        second = reader.latestOffset(first, ReadMaxRows(300))
+        assert second == {"0": 201, "1": 201}  # 200 records and the commit marker, no more
+        assert reader.latestOffset(second, ReadMaxRows(300)) == second  # done
+    finally:
+        reader.stop()

@@ -20,6 +20,9 @@ from keyrange.aggregation.session import spark_session
 from keyrange.errors import UserError
 from keyrange.kafkaio import partition_counts
 
+CONNECT_BACK_ATTEMPTS = 3
+"""Runs of `run_once` when Spark's Python worker fails to connect back in time (see there)."""
+
 
 class AggregationError(UserError, RuntimeError):
     """The aggregation job could not start or failed; the message says why."""
@@ -39,19 +42,21 @@ class AggregationSummary:
     """Records whose uuid was already aggregated (counted once)."""
     aggregated: int = 0
     """New unique records added to the aggregates."""
-    clients: int = 0
-    windows: int = 0
-    workers: int = 0
-    """Rows in the newest tables."""
+    clients: int | None = None
+    windows: int | None = None
+    workers: int | None = None
+    """Rows in the newest tables (counted when a run ends; None before)."""
     seconds: float = 0.0
     last_batch_id: int | None = None
     batch_seconds: list[float] = field(default_factory=list)
 
     def line(self) -> str:
         """One human-readable line."""
-        return (f"{self.batches} batches, {self.records_read:,} records read, {self.aggregated:,} aggregated, "
-                f"{self.duplicates:,} duplicates, {self.invalid:,} invalid; {self.clients:,} clients, "
-                f"{self.windows:,} minute windows, {self.workers:,} workers -> {self.output}")
+        text = (f"{self.batches} batches, {self.records_read:,} records read, {self.aggregated:,} aggregated, "
+                f"{self.duplicates:,} duplicates, {self.invalid:,} invalid")
+        if self.clients is not None:
+            text += f"; {self.clients:,} clients, {self.windows:,} minute windows, {self.workers:,} workers"
+        return f"{text} -> {self.output}"
 
 
 ProgressCallback = Callable[[int, AggregationSummary], None]
@@ -66,12 +71,6 @@ class BatchAggregator:
         self._storage = store.HadoopStorage(spark, self.root)
         self._progress = progress
         self.summary = AggregationSummary(self.root)
-        manifest = self._storage.read_text(store.MANIFEST)
-        if manifest:  # a rerun with nothing new still reports the tables' current sizes
-            rows = json.loads(manifest).get("rows", {})
-            self.summary.clients = rows.get("clients", 0)
-            self.summary.windows = rows.get("windows", 0)
-            self.summary.workers = rows.get("workers", 0)
 
     def __call__(self, raw: Any, batch_id: int) -> None:
         """Deduplicate, store the new records, merge the three tables, publish the manifest."""
@@ -112,9 +111,9 @@ class BatchAggregator:
         from pyspark.sql import functions as F
 
         try:
-            # Dynamic partition overwrite: a replay of this batch id replaces exactly its files.
-            (fresh.repartition("minute").write.mode("overwrite")
-             .partitionBy("minute", "batch").parquet(records_dir))
+            # One directory per batch id, overwritten whole: a replay replaces exactly its files.
+            (fresh.drop("batch").repartition("minute").write.mode("overwrite")
+             .partitionBy("minute").parquet(f"{records_dir}/batch={batch_id}"))
             stored = {t: self._stored(t, batch_id) for t in store.TABLES}
             touched = (self._spark.read.option("basePath", records_dir).parquet(records_dir)
                        .where(F.col("minute").isin(minutes)))
@@ -123,14 +122,11 @@ class BatchAggregator:
                 "workers": tables.merge_workers(stored["workers"], tables.worker_partials(fresh)),
                 "windows": tables.merge_windows(stored["windows"], tables.window_stats(touched), minutes),
             }
-            sizes = {}
             for name, df in new_tables.items():
-                path = store.table_path(self.root, name, batch_id)
-                df.coalesce(1).write.mode("overwrite").parquet(path)
-                sizes[name] = self._spark.read.parquet(path).count()
+                df.coalesce(1).write.mode("overwrite").parquet(store.table_path(self.root, name, batch_id))
         finally:
             fresh.unpersist()
-        self._publish(batch_id, sizes)
+        self._publish(batch_id)
 
     def _stored(self, table: str, batch_id: int) -> Any:
         """The newest version written before this batch (never this batch's own, on a replay)."""
@@ -141,16 +137,23 @@ class BatchAggregator:
             self._storage.delete(f"{table}/version={stale}")
         return self._spark.read.parquet(store.table_path(self.root, table, older[-1]))
 
-    def _publish(self, batch_id: int, sizes: dict[str, int]) -> None:
-        s = self.summary
-        s.clients, s.windows, s.workers = sizes["clients"], sizes["windows"], sizes["workers"]
+    def _publish(self, batch_id: int) -> None:
         manifest = {
             "batch": batch_id,
             "versions": dict.fromkeys(store.TABLES, batch_id),
-            "rows": sizes,
             "updatedAtMs": int(time.time() * 1000),
         }
         self._storage.write_text(store.MANIFEST, json.dumps(manifest, indent=2))
+
+    def finish(self) -> AggregationSummary:
+        """Count the rows of the newest tables into the summary (once per run, not per batch)."""
+        s = self.summary
+        manifest = self._storage.read_text(store.MANIFEST)
+        versions = json.loads(manifest)["versions"] if manifest else {}
+        sizes = {t: (self._spark.read.parquet(store.table_path(self.root, t, versions[t])).count()
+                     if t in versions else 0) for t in store.TABLES}
+        s.clients, s.windows, s.workers = sizes["clients"], sizes["windows"], sizes["workers"]
+        return s
 
 
 def check_topic(bootstrap: str, topic: str) -> None:
@@ -170,23 +173,32 @@ def _stream(spark: Any, bootstrap: str, topic: str, max_records: int | None) -> 
 
 
 def run_once(bootstrap: str, topic: str, output: str, checkpoint: str | None = None,
-             master: str = "local[2]", spark: Any = None,
-             progress: ProgressCallback | None = None) -> AggregationSummary:
+             master: str = "local[2]", spark: Any = None, progress: ProgressCallback | None = None,
+             max_records_per_batch: int | None = 500_000) -> AggregationSummary:
     """Aggregate every record not aggregated before (per the checkpoint), then return.
 
-    `checkpoint` defaults to `<output>/_checkpoint`; `spark` lets a caller reuse its session.
+    `checkpoint` defaults to `<output>/_checkpoint`; `spark` lets a caller reuse its session;
+    a backlog is split into micro-batches of at most `max_records_per_batch`.
     """
     check_topic(bootstrap, topic)
     spark = spark or spark_session(master)
     root = store.normalize(output)
     aggregator = BatchAggregator(spark, root, progress)
     began = time.monotonic()
-    query = (_stream(spark, bootstrap, topic, None).writeStream.foreachBatch(aggregator)
-             .option("checkpointLocation", store.normalize(checkpoint or f"{root}/_checkpoint"))
-             .trigger(availableNow=True).start())
-    _await(query)
+    for attempt in range(1, CONNECT_BACK_ATTEMPTS + 1):
+        query = (_stream(spark, bootstrap, topic, max_records_per_batch).writeStream.foreachBatch(aggregator)
+                 .option("checkpointLocation", store.normalize(checkpoint or f"{root}/_checkpoint"))
+                 .trigger(availableNow=True).start())
+        try:
+            _await(query)
+            break
+        except AggregationError as exc:
+            # Spark waits a fixed 10 s for a new Python process to connect back; on a saturated
+            # machine that can run out. The checkpoint makes a rerun safe (nothing counts twice).
+            if "failed to connect back" not in str(exc) or attempt == CONNECT_BACK_ATTEMPTS:
+                raise
     aggregator.summary.seconds = time.monotonic() - began
-    return aggregator.summary
+    return aggregator.finish()
 
 
 class ContinuousAggregation:
@@ -205,9 +217,10 @@ class ContinuousAggregation:
         """Block until the query ends (or the timeout); raise AggregationError if it failed."""
         _await(self.query, timeout_seconds)
 
-    def stop(self) -> None:
-        """Stop the query; the checkpoint keeps every completed micro-batch."""
+    def stop(self) -> AggregationSummary:
+        """Stop the query (the checkpoint keeps every completed micro-batch); the final summary."""
         self.query.stop()
+        return self.aggregator.finish()
 
 
 def start_continuous(bootstrap: str, topic: str, output: str, checkpoint: str | None = None,

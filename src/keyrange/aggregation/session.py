@@ -53,8 +53,6 @@ def spark_session(master: str | None = "local[2]", app_name: str = "keyrange-agg
         SparkSession.builder.appName(app_name)
         # Few cores locally: the default 200 shuffle partitions would be 200 tiny tasks per batch.
         .config("spark.sql.shuffle.partitions", str(shuffle_partitions))
-        # Idempotent replays overwrite only the partitions a micro-batch writes.
-        .config("spark.sql.sources.partitionOverwriteMode", "dynamic")
         .config("spark.sql.session.timeZone", "UTC")
         .config("spark.ui.showConsoleProgress", "false")
     )
@@ -72,6 +70,8 @@ def spark_session(master: str | None = "local[2]", app_name: str = "keyrange-agg
 
 def _local_cores(master: str) -> int:
     """Cores of a `local`, `local[N]` or `local[*]` master."""
+    if "[" not in master:
+        return 1  # plain `local` is one thread
     inside = master.partition("[")[2].rstrip("]").split(",")[0]
     if inside.isdigit():
         return max(1, int(inside))

@@ -25,7 +25,12 @@ from pyspark.sql.datasource import (
     DataSourceStreamReader,
     InputPartition,
 )
-from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMaxRows
+from pyspark.sql.streaming.datasource import (
+    ReadAllAvailable,
+    ReadLimit,
+    ReadMaxRows,
+    SupportsTriggerAvailableNow,
+)
 from pyspark.sql.types import StructType
 
 from keyrange.aggregation.kafka_reader import EndProbe, KafkaReadError, ReaderSettings, read_range
@@ -153,8 +158,12 @@ class KafkaBatchReader(DataSourceReader):
         return record_batches(self._settings, partition)
 
 
-class KafkaStreamReader(DataSourceStreamReader):
-    """Micro-batches over partition offsets; the end of each is found by `EndProbe`."""
+class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
+    """Micro-batches over partition offsets; the end of each is found by `EndProbe`.
+
+    With Trigger.AvailableNow the ends found by the first `latestOffset` call are the target:
+    later records wait for the next run, and `maxRecordsPerBatch` still splits the work.
+    """
 
     def __init__(self, options: Mapping[str, str]) -> None:
         self._settings = settings_from_options(options)
@@ -169,6 +178,8 @@ class KafkaStreamReader(DataSourceStreamReader):
         if self._max_records is not None and self._max_records < 1:
             raise KafkaReadError(f"maxRecordsPerBatch must be at least 1, got {self._max_records}")
         self._end_probe: EndProbe | None = None
+        self._available_now = False
+        self._target: dict[int, int] | None = None
 
     @property
     def _probe(self) -> EndProbe:
@@ -196,10 +207,20 @@ class KafkaStreamReader(DataSourceStreamReader):
         """`maxRecordsPerBatch` if set (ignored by Trigger.AvailableNow)."""
         return ReadMaxRows(self._max_records) if self._max_records else ReadAllAvailable()
 
+    def prepareForTriggerAvailableNow(self) -> None:
+        """Freeze the end at what the first `latestOffset` call finds (the checkpoint's start is
+        not known yet here, and probing from offset 0 would read the whole topic)."""
+        self._available_now = True
+
     def latestOffset(self, start: dict[str, Any], limit: ReadLimit) -> dict[str, int]:
         """The end of the next micro-batch: the committed end of every partition, capped."""
         begin = from_spark_offset(start)
-        ends = self._probe.ends(begin)
+        if self._available_now:
+            if self._target is None:
+                self._target = self._probe.ends(begin)
+            ends = {p: max(e, begin.get(p, 0)) for p, e in self._target.items()}
+        else:
+            ends = self._probe.ends(begin)
         for p in ends:  # partitions added since the query started begin at 0
             begin.setdefault(p, 0)
         if isinstance(limit, ReadMaxRows):

@@ -2,7 +2,7 @@
 
 Layout under the output directory (a local path or any Hadoop/pyarrow URL such as `s3a://`):
 
-    records/minute=<ms>/batch=<id>/   deduplicated processed records (the percentile source)
+    records/batch=<id>/minute=<ms>/   deduplicated processed records (the percentile source)
     clients/version=<id>/             one Parquet table per micro-batch that changed it
     windows/version=<id>/
     workers/version=<id>/

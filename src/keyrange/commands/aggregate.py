@@ -109,10 +109,8 @@ def _run_continuous(args: argparse.Namespace, spark: Any, progress: Any) -> Any:
     try:
         while not stop.is_set() and running.query.isActive:
             stop.wait(1.0)
-        if running.query.isActive:
-            running.stop()
-        running.wait(0)
+        running.wait(0)  # raises if the query failed
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
-    return running.summary
+    return running.stop()
