@@ -16,6 +16,7 @@ import pytest
 import pytest_asyncio
 import yaml
 
+from keyrange.local.broker import EmbeddedBroker
 from keyrange.operator.handlers import operator_memo, register_handlers
 from keyrange.operator.kube import Kube, new_api_client
 from keyrange.operator.settings import OperatorSettings
@@ -37,6 +38,10 @@ class Api:
         """The real (embedded) Kafka the StreamConsumers of the test point at."""
         self.topic = topic
         """An input topic no other test uses."""
+
+    def with_topic(self, topic: str) -> Api:
+        """The same cluster, with `topic` as the input topic of new StreamConsumers."""
+        return Api(self.session, self.emulator, self.bootstrap, topic)
 
     def streamconsumer(self, name: str, namespace: str = "shop", **spec: Any) -> dict[str, Any]:
         """A StreamConsumer object on this test's broker and topic (valid unless `spec` says otherwise)."""
@@ -93,31 +98,31 @@ async def eventually(probe: Callable[[], Awaitable[T | None]], what: str, timeou
     raise AssertionError(f"timed out after {timeout}s waiting for {what}; last value: {last!r}")
 
 
-@pytest_asyncio.fixture
-async def cluster(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, bootstrap: str,
-                  topic_name: str) -> AsyncIterator[Api]:
-    """An empty emulated cluster with the StreamConsumer CRD installed and a kubeconfig pointing at it."""
+@contextlib.asynccontextmanager
+async def emulated_cluster(workdir: Path, bootstrap: str, topic: str) -> AsyncIterator[Api]:
+    """An empty emulated cluster with the StreamConsumer CRD installed and $KUBECONFIG pointing at it."""
     async with ClusterEmulator() as emulator, kmock.Server(emulator) as server:
         url = str(server.url).rstrip("/")
-        kubeconfig = tmp_path / "kubeconfig"
+        kubeconfig = workdir / "kubeconfig"
         kubeconfig.write_text(yaml.safe_dump({
             "apiVersion": "v1", "kind": "Config", "current-context": "emulator",
             "clusters": [{"name": "emulator", "cluster": {"server": url}}],
             "users": [{"name": "tester", "user": {"token": "test-token"}}],
             "contexts": [{"name": "emulator", "context": {"cluster": "emulator", "user": "tester"}}],
         }))
-        monkeypatch.setenv("KUBECONFIG", str(kubeconfig))
-        # The kubernetes client reads $KUBECONFIG at import time; kopf's login uses that default.
-        monkeypatch.setattr(kubernetes.config.kube_config, "KUBE_CONFIG_DEFAULT_LOCATION", str(kubeconfig))
-        async with aiohttp.ClientSession(base_url=url) as session:
-            api = Api(session, emulator, bootstrap, topic_name)
-            await api.create("/apis/apiextensions.k8s.io/v1/customresourcedefinitions", load_crd())
-            yield api
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setenv("KUBECONFIG", str(kubeconfig))
+            # The kubernetes client reads $KUBECONFIG at import time; kopf's login uses that default.
+            mp.setattr(kubernetes.config.kube_config, "KUBE_CONFIG_DEFAULT_LOCATION", str(kubeconfig))
+            async with aiohttp.ClientSession(base_url=url) as session:
+                api = Api(session, emulator, bootstrap, topic)
+                await api.create("/apis/apiextensions.k8s.io/v1/customresourcedefinitions", load_crd())
+                yield api
 
 
-@pytest_asyncio.fixture
-async def operator(cluster: Api) -> AsyncIterator[kopf.Memo]:
-    """The real kopf operator with keyrange's handlers, refreshing every 0.5 s."""
+@contextlib.asynccontextmanager
+async def running_operator() -> AsyncIterator[kopf.Memo]:
+    """The real kopf operator with keyrange's handlers in this event loop, refreshing every 0.5 s."""
     settings = OperatorSettings(image="keyrange:test", reconcile_interval_seconds=0.5)
     registry = register_handlers(kopf.OperatorRegistry(), settings)
     memo = operator_memo(settings, kube=Kube(new_api_client()))
@@ -133,3 +138,23 @@ async def operator(cluster: Api) -> AsyncIterator[kopf.Memo]:
             await asyncio.wait_for(task, timeout=30)
         memo.controls.close_all()
 
+
+@pytest_asyncio.fixture
+async def cluster(tmp_path: Path, bootstrap: str, topic_name: str) -> AsyncIterator[Api]:
+    """A fresh emulated cluster for one test."""
+    async with emulated_cluster(tmp_path, bootstrap, topic_name) as api:
+        yield api
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def shared_cluster(tmp_path_factory: pytest.TempPathFactory, broker: EmbeddedBroker) -> AsyncIterator[Api]:
+    """One emulated cluster for a whole module (tests use distinct StreamConsumer names)."""
+    async with emulated_cluster(tmp_path_factory.mktemp("cluster"), broker.bootstrap, "unused") as api:
+        yield api
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def shared_operator(shared_cluster: Api) -> AsyncIterator[kopf.Memo]:
+    """One operator for a whole module: kopf's 5 s shutdown is paid once."""
+    async with running_operator() as memo:
+        yield memo

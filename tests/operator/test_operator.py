@@ -15,12 +15,26 @@ from tests.operator.conftest import SC_PATH, Api, eventually
 from tests.operator.crd_schema import admit_streamconsumer
 from tests.operator.pods import WorkerPods
 
+pytestmark = pytest.mark.asyncio(loop_scope="module")
+
 NS = "shop"
 STS = f"/apis/apps/v1/namespaces/{NS}/statefulsets"
 SVC = f"/api/v1/namespaces/{NS}/services"
 CM = f"/api/v1/namespaces/{NS}/configmaps"
 SA = f"/api/v1/namespaces/{NS}/serviceaccounts"
 SC = SC_PATH.format(ns=NS)
+
+
+@pytest.fixture
+def cluster(shared_cluster: Api, topic_name: str) -> Api:
+    """The module's cluster, with an input topic of this test's own."""
+    return shared_cluster.with_topic(topic_name)
+
+
+@pytest.fixture
+def operator(shared_operator: kopf.Memo) -> kopf.Memo:
+    """The module's operator."""
+    return shared_operator
 
 
 def _conditions(obj: dict[str, Any]) -> dict[str, dict[str, Any]]:
@@ -175,12 +189,13 @@ async def test_invalid_spec_is_degraded_without_a_crash_loop(cluster: Api, opera
     assert _conditions(fixed)["Degraded"]["status"] == "False"
 
 
-@pytest.mark.parametrize("spec", [{"workers": {"min": 5, "max": 2}}, {"handler": "not a handler"}])
-async def test_specs_the_crd_would_reject_are_degraded_too(cluster: Api, operator: kopf.Memo,
+@pytest.mark.parametrize(("name", "spec"), [("odd-bounds", {"workers": {"min": 5, "max": 2}}),
+                                            ("odd-handler", {"handler": "not a handler"})])
+async def test_specs_the_crd_would_reject_are_degraded_too(cluster: Api, operator: kopf.Memo, name: str,
                                                            spec: dict[str, Any]) -> None:
     # An old CRD, or a write that skipped validation: the operator still refuses, clearly.
-    await cluster.create(SC, cluster.streamconsumer("odd", **spec))
-    degraded = await eventually(lambda: _status(cluster, "odd", phase="Degraded"), "phase Degraded")
+    await cluster.create(SC, cluster.streamconsumer(name, **spec))
+    degraded = await eventually(lambda: _status(cluster, name, phase="Degraded"), "phase Degraded")
     assert "invalid spec" in _conditions(degraded)["Degraded"]["message"]
 
 

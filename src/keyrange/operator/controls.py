@@ -29,14 +29,24 @@ class ControlRegistry:
     def __init__(self, factory: RangeControlFactory = default_range_control) -> None:
         self._factory = factory
         self._controls: dict[tuple[str, str], RangeControl] = {}
+        self._closed: set[tuple[str, str]] = set()
         self._lock = threading.Lock()
 
-    def ensure(self, namespace: str, name: str, spec: StreamConsumerSpec) -> RangeControl:
-        """The consumer's control, created on first use; later calls pass the newest spec on."""
+    def ensure(self, namespace: str, name: str, spec: StreamConsumerSpec,
+               revive: bool = True) -> RangeControl | None:
+        """The consumer's control, created on first use; later calls pass the newest spec on.
+
+        After `close`, only a call with `revive=True` (a create, resume or spec change) starts a
+        new one: a periodic refresh already in flight when the consumer was deleted must not.
+        """
+        key = (namespace, name)
         with self._lock:
-            control = self._controls.get((namespace, name))
+            control = self._controls.get(key)
             if control is None:
-                control = self._controls[(namespace, name)] = self._factory(namespace, name, spec)
+                if key in self._closed and not revive:
+                    return None
+                self._closed.discard(key)
+                control = self._controls[key] = self._factory(namespace, name, spec)
                 return control
         control.update_spec(spec)
         return control
@@ -50,6 +60,7 @@ class ControlRegistry:
         """Stop and forget one consumer's control (no-op when there is none)."""
         with self._lock:
             control = self._controls.pop((namespace, name), None)
+            self._closed.add((namespace, name))
         if control is not None:
             control.close()
 

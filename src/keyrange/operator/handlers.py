@@ -137,6 +137,7 @@ def reconcile(*, name: str, namespace: str | None, body: kopf.Body, spec: kopf.S
         _write_status(patch, status, Observed(generation, 0, 0, selector, error=str(exc)), None, now)
         raise kopf.PermanentError(str(exc)) from None
     control = memo.controls.ensure(namespace, name, model)
+    assert control is not None  # revive=True always returns one
     replicas = rendering.desired_replicas(model, control.desired_workers())
     metrics.OPERATOR_DESIRED_WORKERS.labels(namespace, name).set(replicas)
     sts = _apply_children(memo.kube, memo.settings, body, model, replicas)
@@ -150,6 +151,8 @@ def refresh(*, name: str, namespace: str | None, spec: kopf.Spec, meta: kopf.Met
             patch: kopf.Patch, memo: Any, logger: Logger, **_: Any) -> None:
     """Periodically: follow the range control's worker count and refresh status."""
     assert namespace is not None
+    if meta.get("deletionTimestamp"):
+        return  # being deleted: `forget` stops the control; never start a new one now
     try:
         model = _parse(name, spec)
     except SpecError:
@@ -158,7 +161,9 @@ def refresh(*, name: str, namespace: str | None, spec: kopf.Spec, meta: kopf.Met
     sts = kube.get("apps/v1", "StatefulSet", namespace, rendering.worker_name(name))
     if sts is None:
         return  # not created yet (or being deleted): reconcile owns creation
-    control = memo.controls.ensure(namespace, name, model)
+    control = memo.controls.ensure(namespace, name, model, revive=False)
+    if control is None:
+        return  # deleted, or stopped after an invalid spec: only reconcile starts it again
     ready = _ready(sts)
     control.workers_available(ready)
     replicas = rendering.desired_replicas(model, control.desired_workers())

@@ -1,0 +1,68 @@
+"""The operator's registry of range controls, and the static fallback control."""
+
+from __future__ import annotations
+
+from keyrange.operator.controls import ControlRegistry
+from keyrange.operator.rangecontrol import RangeControl, ScaleRequest, StaticRangeControl
+from keyrange.spec import StreamConsumerSpec, parse_spec
+
+SPEC = parse_spec({"kafka": {"topic": "t", "bootstrapServers": "k:9092", "partitions": 6},
+                   "workers": {"min": 2, "max": 4}})
+
+
+class Recording(StaticRangeControl):
+    """A static control that remembers whether it was closed."""
+
+    closed = False
+
+    def close(self) -> None:
+        self.closed = True
+
+
+def _registry() -> tuple[ControlRegistry, list[Recording]]:
+    made: list[Recording] = []
+
+    def factory(namespace: str, name: str, spec: StreamConsumerSpec) -> RangeControl:
+        made.append(Recording(spec))
+        return made[-1]
+
+    return ControlRegistry(factory), made
+
+
+def test_one_control_per_consumer_and_spec_updates_reach_it() -> None:
+    registry, made = _registry()
+    first = registry.ensure("ns", "a", SPEC)
+    bigger = SPEC.model_copy(update={"workers": SPEC.workers.model_copy(update={"replicas": 3})})
+    assert registry.ensure("ns", "a", bigger) is first
+    assert first is not None and first.desired_workers() == 3
+    assert registry.ensure("other", "a", SPEC) is not first
+    assert len(made) == 2
+
+
+def test_a_refresh_after_delete_does_not_resurrect_the_control() -> None:
+    registry, made = _registry()
+    registry.ensure("ns", "a", SPEC)
+    registry.close("ns", "a")
+    assert made[0].closed
+    assert registry.ensure("ns", "a", SPEC, revive=False) is None
+    assert registry.get("ns", "a") is None
+    again = registry.ensure("ns", "a", SPEC)  # re-created with the same name
+    assert again is not None and len(made) == 2
+    assert registry.ensure("ns", "a", SPEC, revive=False) is again
+
+
+def test_close_all_stops_everything() -> None:
+    registry, made = _registry()
+    registry.ensure("ns", "a", SPEC)
+    registry.ensure("ns", "b", SPEC)
+    registry.close_all()
+    assert all(c.closed for c in made) and registry.get("ns", "a") is None
+
+
+def test_static_control_follows_replicas_and_refuses_to_rescale() -> None:
+    control = StaticRangeControl(SPEC)
+    assert control.desired_workers() == 2
+    status = control.status()
+    assert status.epoch == 1 and status.ranges == ((0, "0-2"), (1, "3-5"))
+    outcome = control.request_scale(ScaleRequest("up", "test"))
+    assert not outcome.accepted and "spec.workers.replicas" in outcome.message

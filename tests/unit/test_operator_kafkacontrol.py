@@ -1,0 +1,37 @@
+"""Pure parts of the cluster range control: planner limits from the spec, and pod-scraped lag."""
+
+from __future__ import annotations
+
+from keyrange.local.scrape import WorkerSample
+from keyrange.operator.kafkacontrol import PodMetricsLag, StatefulSetFleet, planner_limits
+from keyrange.ranges.planner import SlotLag
+from keyrange.spec import parse_spec
+
+
+def test_fixed_replicas_pin_both_bounds() -> None:
+    spec = parse_spec({"kafka": {"topic": "t"}, "workers": {"min": 1, "max": 6},
+                       "scaling": {"lagHighRecords": 50, "lagLowRecords": 5, "cooldownSeconds": 7}})
+    free = planner_limits(spec)
+    assert (free.min_workers, free.max_workers, free.lag_high_records, free.cooldown_seconds) == (1, 6, 50, 7)
+    pinned = planner_limits(spec.model_copy(update={"workers": spec.workers.model_copy(update={"replicas": 3})}))
+    assert (pinned.min_workers, pinned.max_workers, pinned.lag_high_records) == (3, 3, 50)
+
+
+def test_lag_is_scraped_from_every_pod_the_fleet_runs_and_merged() -> None:
+    fleet = StatefulSetFleet(2)
+    asked: list[str] = []
+
+    def fetch(url: str, at: float) -> WorkerSample | None:
+        asked.append(url)
+        if url.endswith("/1"):
+            return None  # a pod that does not answer (restarting) is skipped
+        sample = WorkerSample(at)
+        sample.slot_lag = {0: SlotLag(10, 0.5), 1: SlotLag(3, 0.1)}
+        return sample
+
+    lag = PodMetricsLag(lambda i: f"http://pod/{i}", fleet, every_seconds=3600, fetch=fetch)
+    assert lag.slot_lag() == {0: SlotLag(10, 0.5), 1: SlotLag(3, 0.1)}
+    assert asked == ["http://pod/0", "http://pod/1"]
+    fleet.scale_to(3)
+    lag.slot_lag()  # within every_seconds: served from the last scrape
+    assert len(asked) == 2
