@@ -31,8 +31,7 @@ COPY --from=build /opt/keyrange /opt/keyrange
 ENV PATH=/opt/keyrange/bin:$PATH \
     PYTHONUNBUFFERED=1 \
     PYTHONDONTWRITEBYTECODE=1 \
-    PYSPARK_PYTHON=/opt/keyrange/bin/python \
-    JAVA_HOME=/usr/lib/jvm/java-17-openjdk-amd64
+    PYSPARK_PYTHON=/opt/keyrange/bin/python
 # Numeric, so Kubernetes' runAsNonRoot can verify it without reading /etc/passwd.
 USER 10001:10001
 WORKDIR /tmp
