@@ -58,13 +58,12 @@ def run(quick: bool) -> list[dict[str, Any]]:
 def bench_dedup_memory(entries: int = 200_000) -> list[dict[str, Any]]:
     """Bytes per remembered uuid, counting the uuid string itself and without it."""
     keys = [str(uuidlib.uuid4()) for _ in range(entries)]
-    now = [0.0]
     tracemalloc.start()
     before = tracemalloc.get_traced_memory()[0]
-    seen = TtlSet(10.0, lambda: now[0])
-    for k in keys:
-        now[0] += 1 / 25_000  # 25k/s for 8 s: the whole set stays inside the TTL
-        seen.add_if_new(k)
+    seen = TtlSet(10.0, time.time)
+    start = time.time() - 60
+    for i, k in enumerate(keys):
+        seen.add_if_new(k, start + i / 25_000)  # 25k/s for 8 s: the whole set stays inside the TTL
     structure = (tracemalloc.get_traced_memory()[0] - before) / entries
     tracemalloc.stop()
     string_bytes = sys.getsizeof(keys[0])

@@ -1,4 +1,4 @@
-"""The TTL dedup set with an injected clock."""
+"""The dedup window: uuids within a TTL of the partition's stream time (event time)."""
 
 from __future__ import annotations
 
@@ -6,56 +6,57 @@ import pytest
 
 from keyrange.worker.dedup import BUCKETS_PER_TTL, TtlSet
 
+WALL = 10_000.0
 
-class FakeClock:
-    def __init__(self) -> None:
-        self.now = 1000.0
 
-    def __call__(self) -> float:
-        return self.now
+def wall() -> float:
+    return WALL
 
 
 def test_a_uuid_is_new_once_within_the_ttl() -> None:
-    clock = FakeClock()
-    seen = TtlSet(10.0, clock)
-    assert seen.add_if_new("a")
-    assert not seen.add_if_new("a")
-    clock.now += 9.9
-    assert not seen.add_if_new("a")
-    assert seen.add_if_new("b")
+    seen = TtlSet(10.0, wall)
+    assert seen.add_if_new("a", 1000.0)
+    assert not seen.add_if_new("a", 1000.0)  # a duplicate repeats its original's event time
+    assert seen.add_if_new("b", 1009.9)
+    assert not seen.add_if_new("a", 1000.0)
 
 
-def test_entries_expire_after_the_ttl_never_before() -> None:
-    clock = FakeClock()
-    seen = TtlSet(10.0, clock)
-    seen.add_if_new("a")
-    clock.now += 10.0 - 1e-6
-    seen.expire()
+def test_entries_expire_when_stream_time_moves_past_the_ttl_never_before() -> None:
+    seen = TtlSet(10.0, wall)
+    seen.add_if_new("a", 1000.0)
+    seen.add_if_new("x", 1010.0 - 1e-6)
     assert "a" in seen
-    clock.now += 10.0 / BUCKETS_PER_TTL + 1e-3  # past the TTL plus one bucket of granularity
-    assert seen.add_if_new("a")
+    seen.add_if_new("y", 1010.0 + 10.0 / BUCKETS_PER_TTL + 1e-3)  # past the TTL plus one bucket
+    assert "a" not in seen and "x" in seen
+    assert seen.add_if_new("a", 1000.0)  # too old to be remembered again
+    assert "a" not in seen
+
+
+def test_dedup_does_not_depend_on_how_late_events_are_handled() -> None:
+    """A stalled partition (events handled long after they were sent) drops the same duplicates."""
+    prompt = TtlSet(10.0, lambda: 1010.0)  # handled as it arrives
+    stalled = TtlSet(10.0, lambda: 1100.0)  # handled 90 s later
+    stream = [("e1", 1000.0), ("e2", 1003.0), ("e1", 1000.0), ("e3", 1008.0), ("e2", 1003.0)]
+    handled_promptly = [prompt.add_if_new(k, t) for k, t in stream]
+    handled_late = [stalled.add_if_new(k, t) for k, t in stream]
+    assert handled_promptly == handled_late == [True, True, False, True, False]
 
 
 def test_memory_is_bounded_by_rate_times_ttl() -> None:
-    clock = FakeClock()
-    seen = TtlSet(10.0, clock)
-    for i in range(100_000):  # 1000/s for 100 s
-        clock.now += 0.001
-        seen.add_if_new(f"u{i}")
+    seen = TtlSet(10.0, wall)
+    for i in range(100_000):  # 1000/s for 100 s of event time
+        seen.add_if_new(f"u{i}", i / 1000)
     assert 10_000 <= len(seen) <= 10_000 * (1 + 1 / BUCKETS_PER_TTL) + 1
 
 
-def test_rebuilt_entries_keep_their_age() -> None:
-    clock = FakeClock()
-    seen = TtlSet(10.0, clock)
-    seen.add_seen_at("old", clock.now - 11.0)  # already expired: not added
-    seen.add_seen_at("recent", clock.now - 9.0)
-    assert "old" not in seen and "recent" in seen
-    clock.now += 1.5
-    seen.expire()
-    assert "recent" not in seen
+def test_a_producer_clock_in_the_future_cannot_flush_the_window() -> None:
+    seen = TtlSet(10.0, wall)
+    seen.add_if_new("a", WALL - 1)
+    seen.add_if_new("skewed", WALL + 3600)  # an hour ahead: stream time stops at the wall clock
+    assert seen.stream_time == WALL
+    assert "a" in seen
 
 
 def test_ttl_must_be_positive() -> None:
     with pytest.raises(ValueError, match="ttl_seconds must be positive"):
-        TtlSet(0, FakeClock())
+        TtlSet(0, wall)

@@ -1,10 +1,17 @@
-"""A TTL set of event uuids: constant time per event, memory bounded by rate x TTL.
+"""The dedup window of one partition: uuids seen within a TTL, in event time.
+
+A uuid is remembered with its event's time (`created`). The window's clock is the partition's
+stream time: the newest event time seen (never later than the wall clock, so one event from a
+skewed producer cannot flush the window). An entry is forgotten once the stream time has moved
+more than `ttl_seconds` past it. Event time, not the time of handling, makes dedup independent
+of lag, pauses, handoffs and restarts: a duplicate sent 5 s after its original is dropped even
+if the partition was stalled for a minute in between, and the window rebuilt from the log on
+another worker is the very same window.
 
 Entries sit in one `set` for membership and in time buckets (a deque of lists) for expiry, so
-expiring is popping whole buckets from the front rather than scanning. An entry lives between
-`ttl_seconds` and `ttl_seconds + bucket_seconds` (the bucket width is a small share of the TTL),
-which only ever errs towards dropping a duplicate a little later than the TTL, never earlier.
-A dict keyed by uuid with an expiry per entry would cost ~60 more bytes per entry.
+expiring is popping whole buckets from the front rather than scanning: O(1) per event, memory
+bounded by the event rate x TTL. An entry lives between `ttl_seconds` and `ttl_seconds +
+bucket width` (a small share of the TTL), which only ever errs towards dropping a duplicate.
 """
 
 from __future__ import annotations
@@ -17,16 +24,18 @@ BUCKETS_PER_TTL = 50
 
 
 class TtlSet:
-    """Remembers strings for `ttl_seconds` after they were added, by an injected monotonic clock."""
+    """Remembers strings for `ttl_seconds` of stream time after their event time."""
 
-    __slots__ = ("_bucket_seconds", "_buckets", "_clock", "_members", "ttl_seconds")
+    __slots__ = ("_bucket_seconds", "_buckets", "_members", "_wall_clock", "stream_time", "ttl_seconds")
 
-    def __init__(self, ttl_seconds: float, clock: Callable[[], float]) -> None:
+    def __init__(self, ttl_seconds: float, wall_clock: Callable[[], float]) -> None:
         if ttl_seconds <= 0:
             raise ValueError(f"ttl_seconds must be positive, got {ttl_seconds}")
         self.ttl_seconds = ttl_seconds
         self._bucket_seconds = ttl_seconds / BUCKETS_PER_TTL
-        self._clock = clock
+        self._wall_clock = wall_clock
+        self.stream_time = float("-inf")
+        """The newest event time seen (seconds), capped at the wall clock."""
         self._members: set[str] = set()
         # (bucket index, members added in it), oldest first; a bucket index is time // width.
         self._buckets: deque[tuple[int, list[str]]] = deque()
@@ -37,37 +46,38 @@ class TtlSet:
     def __contains__(self, key: object) -> bool:
         return key in self._members
 
-    def add_if_new(self, key: str) -> bool:
-        """Add `key` and return True, or return False if it is already remembered."""
-        self.expire()
+    def add_if_new(self, key: str, event_time: float) -> bool:
+        """Add `key` seen with `event_time` (seconds) and return True, or False if it is remembered."""
+        if event_time > self.stream_time:
+            self._advance(event_time)
         if key in self._members:
             return False
-        self._remember(key, self._clock())
+        if event_time + self.ttl_seconds > self.stream_time:
+            self._remember(key, event_time)
         return True
 
-    def add_seen_at(self, key: str, seen_at: float) -> None:
-        """Remember `key` as if added at `seen_at` (clock units); used to rebuild from the log.
-
-        Keys must be added in roughly increasing `seen_at`; an older one joins the current
-        newest bucket (it then lives a little longer, never shorter).
-        """
-        if seen_at + self.ttl_seconds <= self._clock() or key in self._members:
-            return
-        self._remember(key, seen_at)
-
     def expire(self) -> None:
-        """Forget every bucket older than the TTL."""
-        horizon = int((self._clock() - self.ttl_seconds) // self._bucket_seconds)
+        """Forget every bucket older than the TTL (in stream time)."""
+        horizon = int((self.stream_time - self.ttl_seconds) // self._bucket_seconds)
         buckets = self._buckets
         members = self._members
         while buckets and buckets[0][0] < horizon:
             for key in buckets.popleft()[1]:
                 members.discard(key)
 
+    def _advance(self, event_time: float) -> None:
+        if event_time > self.stream_time + self._bucket_seconds:
+            # Checking the wall clock once per bucket width keeps the hot path cheap.
+            event_time = min(event_time, self._wall_clock())
+        if event_time > self.stream_time:
+            self.stream_time = event_time
+            self.expire()
+
     def _remember(self, key: str, at: float) -> None:
         index = int(at // self._bucket_seconds)
         buckets = self._buckets
         if buckets and buckets[-1][0] >= index:
+            # An older event time joins the newest bucket: it lives a little longer, never shorter.
             buckets[-1][1].append(key)
         else:
             buckets.append((index, [key]))

@@ -66,7 +66,6 @@ class Worker:
         self.handler = handler
         self.stats = metrics or WorkerStats()
         """Totals and recent latencies, for the CLI summary and tests (Prometheus is separate)."""
-        self._clock = time.monotonic
         self._partitions: dict[int, PartitionState] = {}
         self._acquiring: dict[int, _AcquireTicket] = {}
         self._consumer = ThreadedConsumer(settings)
@@ -181,7 +180,7 @@ class Worker:
             if ticket.cancelled or self._stopping:
                 continue
             pm = PartitionMetrics(self.settings.metrics_consumer, self.settings.worker_id, s)
-            ps = PartitionState(s, restored[s], self.settings.ttl_seconds, self._clock, time.time, pm)
+            ps = PartitionState(s, restored[s], self.settings.ttl_seconds, time.time, pm)
             ps.output_partition = self._output_partition(self.settings.sink, ps)
             self._partitions[s] = ps
             assign[s] = restored[s].start_offset
@@ -261,7 +260,7 @@ class Worker:
                 self._dead_letter(ps, offset, m.key(), value, exc.reason, exc.detail, 0)
                 window.finish(offset)
                 continue
-            if not ps.dedup.add_if_new(event.uuid):
+            if not ps.dedup.add_if_new(event.uuid, event.created_ms / 1000):
                 ps.metrics.duplicates.inc()
                 self.stats.duplicates += 1
                 window.finish(offset)

@@ -50,18 +50,16 @@ class PartitionState:
     """A held partition: commit window, dedup window, keyed state and outputs not yet committed."""
 
     def __init__(self, partition: int, restored: RestoredPartition, ttl_seconds: float,
-                 clock: Callable[[], float], wall_clock: Callable[[], float],
-                 partition_metrics: PartitionMetrics) -> None:
+                 wall_clock: Callable[[], float], partition_metrics: PartitionMetrics) -> None:
         self.partition = partition
         self.window = CommitWindow(restored.start_offset)
         self.committed_offset = restored.start_offset
         """The offset last committed for this partition (or where it started)."""
         self.skip = restored.finished_offsets
         """Offsets already finished before this acquire (outputs exist): not run again."""
-        self.dedup = TtlSet(ttl_seconds, clock)
-        offset_s = clock() - wall_clock()
-        for uuid, seen_wall_s in restored.seen:
-            self.dedup.add_seen_at(uuid, seen_wall_s + offset_s)
+        self.dedup = TtlSet(ttl_seconds, wall_clock)
+        for uuid, event_time_s in restored.seen:
+            self.dedup.add_if_new(uuid, event_time_s)
         self.store: dict[int, Any] = restored.state
         """clientId -> committed keyed state (as applied by finished events)."""
         self.outputs: list[OutputRecord] = []

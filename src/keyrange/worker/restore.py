@@ -1,11 +1,9 @@
 """Rebuilding a partition's dedup window, finished offsets and keyed state from the logs.
 
 On acquire (and on start) nothing is trusted from memory. For each input partition:
-- the input from about now - TTL up to the committed offset gives the uuids handled within the
-  TTL (everything below the committed offset is finished), so their duplicates are dropped;
-- the sink and dead-letter records over the same time say when each of those was handled
-  (`startedAt`): an entry expires TTL after its handling, as on the previous owner, not after its
-  `created` (under lag, handling can be long after creation);
+- the input before the committed offset, from TTL (plus clock slack) before the event time
+  there, gives the uuids the window must hold (everything below the committed offset is
+  finished); the window is in event time (see dedup.py), so it is rebuilt exactly;
 - the sink and dead-letter records of offsets at or above the committed offset are events that
   finished after the last commit (outputs commit in the same transaction as offsets, and events
   finish out of order): they are skipped, not run again, and their uuids join the window;
@@ -16,7 +14,6 @@ Everything here is blocking and runs on a thread of its own.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -44,9 +41,7 @@ class RestoredPartition:
     finished_offsets: set[int] = field(default_factory=set)
     """Offsets >= start_offset already handled or dead-lettered: skip them."""
     seen: list[tuple[str, float]] = field(default_factory=list)
-    """(uuid, wall-clock seconds when handled) of events handled within the TTL, oldest first."""
-    handled_at: dict[str, float] = field(default_factory=dict, repr=False)
-    """uuid -> when its handler started (or it was dead-lettered), from the outputs."""
+    """(uuid, event time in seconds) of the events the dedup window must hold, oldest first."""
     state: dict[int, Any] = field(default_factory=dict)
     """Keyed state per clientId."""
 
@@ -99,12 +94,13 @@ def _read(settings: WorkerSettings, topic: str, starts: dict[int, int],
         consumer.close()
 
 
-def _offsets_at(settings: WorkerSettings, topic: str, partitions: Iterable[int], at_ms: int) -> dict[int, int]:
-    """First offset at or after `at_ms` per partition, or the end when there is none."""
+def _offsets_at(settings: WorkerSettings, topic: str, times_ms: dict[int, int]) -> dict[int, int]:
+    """First offset at or after the given time, per partition, or the end when there is none."""
     consumer = Consumer(consumer_config(settings, **{"group.id": f"{settings.group_id}.restore"}))
     try:
         timeout = settings.kafka_timeout_seconds
-        found = consumer.offsets_for_times([TopicPartition(topic, p, at_ms) for p in partitions], timeout=timeout)
+        found = consumer.offsets_for_times([TopicPartition(topic, p, t) for p, t in times_ms.items()],
+                                           timeout=timeout)
         out = {}
         for tp in found:
             # tansu matches broker append time and answers 0 for a future time (bug 2): both only
@@ -120,30 +116,33 @@ def restore(settings: WorkerSettings, start_offsets: dict[int, int], partition_c
     """Restore every partition in `start_offsets` (partition -> committed or first offset)."""
     now_s = time.time() if now_s is None else now_s
     result = {p: RestoredPartition(o) for p, o in start_offsets.items()}
-    slack_s = settings.restore_clock_slack_seconds
-    window_start_ms = int((now_s - settings.ttl_seconds - slack_s) * 1000)
+    slack_ms = int(settings.restore_clock_slack_seconds * 1000)
     parts = list(start_offsets)
 
-    # Input just before the committed offsets: handled uuids within the TTL.
-    from_ms = _offsets_at(settings, settings.topic, parts, window_start_ms)
-    input_records = _read(settings, settings.topic, from_ms, start_offsets)
-    for m in input_records:
+    # The event time at the committed offset: where the window's stream time stood (under lag it
+    # can be far behind now), and a lower bound of when outputs past the offset were written.
+    first_unfinished = _read(settings, settings.topic, start_offsets,
+                             {p: o + 1 for p, o in start_offsets.items()})
+    resume_ms = {p: int(now_s * 1000) for p in parts}
+    for m in first_unfinished:
+        resume_ms[m.partition()] = min(resume_ms[m.partition()], m.timestamp()[1])  # type: ignore[index]
+
+    # Input just before the committed offsets: the uuids the dedup window holds there.
+    ttl_ms = int(settings.ttl_seconds * 1000)
+    window_from = _offsets_at(settings, settings.topic, {p: resume_ms[p] - ttl_ms - slack_ms for p in parts})
+    for m in _read(settings, settings.topic, window_from, start_offsets):
         try:
             event = parse_input(m.value())
         except BadEvent:
             continue
         result[m.partition()].seen.append((event.uuid, event.created_ms / 1000))  # type: ignore[index]
 
-    # The oldest unfinished event bounds how far back its (later) outputs can be.
-    first_unfinished = _read(settings, settings.topic, start_offsets,
-                             {p: o + 1 for p, o in start_offsets.items()})
-    outputs_from_ms = min([window_start_ms] + [m.timestamp()[1] - int(slack_s * 1000) for m in first_unfinished])
-
+    outputs_from_ms = min(resume_ms.values(), default=int(now_s * 1000)) - slack_ms
     input_count = partition_counts[settings.topic]
     for topic in (settings.sink, settings.dlq):
         same_layout = partition_counts[topic] == input_count
         out_parts = parts if same_layout else list(range(partition_counts[topic]))
-        for m in _read(settings, topic, _offsets_at(settings, topic, out_parts, outputs_from_ms)):
+        for m in _read(settings, topic, _offsets_at(settings, topic, dict.fromkeys(out_parts, outputs_from_ms))):
             _note_finished(result, topic == settings.dlq, m)
 
     changelog_starts = {p: 0 for p in parts}
@@ -159,18 +158,13 @@ def restore(settings: WorkerSettings, start_offsets: dict[int, int], partition_c
         else:
             restored.state[client] = orjson.loads(value)
     for r in result.values():
-        # Prefer the handling time from the outputs; `created` only when no output says more.
-        merged = dict(r.seen)
-        for uuid, at in r.handled_at.items():
-            merged[uuid] = max(at, merged.get(uuid, at))
-        r.seen = sorted(merged.items(), key=lambda pair: pair[1])
-        r.handled_at.clear()
+        r.seen.sort(key=lambda pair: pair[1])
     return result
 
 
 def _note_finished(result: dict[int, RestoredPartition], dead_letter: bool, m: Message) -> None:
-    """Record an output (processed record or dead letter): when it was handled, and whether it is
-    past the committed offset (then it must not run again)."""
+    """Record an output (processed record or dead letter) of an event at or past the committed
+    offset: it must not run again, and its uuid joins the window."""
     value = m.value()
     if dead_letter:
         headers = dict(m.headers() or [])
@@ -180,20 +174,20 @@ def _note_finished(result: dict[int, RestoredPartition], dead_letter: bool, m: M
         except (KeyError, ValueError):
             return
         try:
-            uuid: str | None = parse_input(value).uuid
+            event = parse_input(value)
+            uuid: str | None = event.uuid
+            created_s = event.created_ms / 1000
         except BadEvent:
-            uuid = None
-        handled_s = m.timestamp()[1] / 1000
+            uuid, created_s = None, 0.0
     else:
         if value is None:
             return
         record = decode_processed(value)
         partition, offset, uuid = record["partition"], record["offset"], record["uuid"]
-        handled_s = record.get("startedAt", 0) / 1000
+        created_s = record.get("created", 0) / 1000
     restored = result.get(partition)
-    if restored is None:
+    if restored is None or offset < restored.start_offset:
         return
+    restored.finished_offsets.add(offset)
     if uuid is not None:
-        restored.handled_at[uuid] = handled_s
-    if offset >= restored.start_offset:
-        restored.finished_offsets.add(offset)
+        restored.seen.append((uuid, created_s))
