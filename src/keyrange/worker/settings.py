@@ -31,7 +31,7 @@ class WorkerSettings:
     max_pending: int = 1000
     """Unfinished events per partition above which the partition is paused."""
     ttl_seconds: float = 10.0
-    """A uuid seen within this many seconds is dropped as a duplicate."""
+    """A uuid seen within this many seconds of event time (`created`) is dropped as a duplicate."""
     max_retries: int = 3
     """Handler attempts beyond the first before an event is dead-lettered."""
     retry_backoff_ms: int = 50
