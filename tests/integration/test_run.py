@@ -13,6 +13,8 @@ duplicate while its original is remembered. This test is about the handoff, not 
 from __future__ import annotations
 
 import signal
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -104,3 +106,45 @@ def test_run_rescales_and_survives_a_sigkill_mid_handoff(bootstrap: str, topic_n
     check_all(log, list(processed), ledger=True)
     assert len(processed) == distinct
     assert supervisor.history and supervisor.history[-1].processed > 0
+
+
+def _worker_pids(spec_path: Path) -> list[int]:
+    pids = []
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            args = cmdline.read_bytes().split(b"\0")
+        except OSError:
+            continue  # exited meanwhile
+        if b"worker" in args and str(spec_path).encode() in args:
+            pids.append(int(cmdline.parent.name))
+    return pids
+
+
+@pytest.mark.slow
+def test_keyrange_run_stops_cleanly_on_ctrl_c(bootstrap: str, topic_name: str, tmp_path: Path) -> None:
+    path = tmp_path / "consumer.yaml"
+    path.write_text(SPEC.format(name="ctrl-c", topic=topic_name))
+    proc = subprocess.Popen([sys.executable, "-m", "keyrange.cli", "run", "-f", str(path), "--bootstrap", bootstrap,
+                             "--produce", "300", "--ledger", "--run-dir", str(tmp_path / "run")],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        wait_for(lambda: len(read_processed(bootstrap, f"{topic_name}.processed", 1, timeout_seconds=1)) > 0
+                 if topic_name in _topics(bootstrap) else False, 90, "the first processed record", interval=1.0)
+        assert _worker_pids(path), "no worker process runs"
+        proc.send_signal(signal.SIGINT)
+        stdout, stderr = proc.communicate(timeout=90)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 0, stderr[-2000:]
+    assert "Traceback" not in stderr
+    assert "stopping: workers finish in-flight events and commit" in stderr
+    assert "handled" in stdout.splitlines()[-1]
+    wait_for(lambda: not _worker_pids(path), 10, "the workers to exit", interval=0.2)
+
+
+def _topics(bootstrap: str) -> set[str]:
+    from keyrange.kafkaio import partition_counts
+
+    return set(partition_counts(bootstrap))
