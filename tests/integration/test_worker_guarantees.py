@@ -296,3 +296,21 @@ async def test_metrics_use_the_contract_names_and_labels(bootstrap: str, topic_n
         await worker.stop()
     # Released partitions stop reporting gauges rather than freezing at stale values.
     assert REGISTRY.get_sample_value("keyrange_pending_events", {**labels, "partition": "0"}) is None
+
+
+async def test_a_worker_started_before_any_event_handles_what_comes_later(bootstrap: str, topic_name: str) -> None:
+    from keyrange.kafkaio import TopicSpec, ensure_topics
+
+    ensure_topics(bootstrap, [TopicSpec(topic_name, 3)])
+    worker = Worker(settings_for(bootstrap, topic_name), load_handler("noop"))
+    await worker.start()
+    try:
+        await worker.acquire(range(3))
+        await worker.update_gauges()  # idle partitions: nothing seen yet
+        sent = await asyncio.to_thread(produce_stream, bootstrap, topic_name, 500, 3, 100, 0.05)
+        log = read_input_log(bootstrap, topic_name, sent)
+        distinct = len(first_occurrences(log))
+        await wait_for(lambda: worker.stats.processed >= distinct, what="events produced after the start")
+    finally:
+        await worker.stop()
+    check_all(log, read_processed(bootstrap, f"{topic_name}.processed", distinct))

@@ -57,6 +57,12 @@ def test_a_producer_clock_in_the_future_cannot_flush_the_window() -> None:
     assert "a" in seen
 
 
+def test_expiring_a_window_that_saw_nothing_yet_is_a_no_op() -> None:
+    seen = TtlSet(10.0, wall)
+    seen.expire()  # the worker's gauge loop does this every second, also on idle partitions
+    assert len(seen) == 0 and seen.add_if_new("a", 1.0)
+
+
 def test_ttl_must_be_positive() -> None:
     with pytest.raises(ValueError, match="ttl_seconds must be positive"):
         TtlSet(0, wall)

@@ -58,6 +58,8 @@ class TtlSet:
 
     def expire(self) -> None:
         """Forget every bucket older than the TTL (in stream time)."""
+        if not self._buckets:
+            return  # also: no event seen yet, the stream time is still -inf
         horizon = int((self.stream_time - self.ttl_seconds) // self._bucket_seconds)
         buckets = self._buckets
         members = self._members
