@@ -40,6 +40,8 @@ class WorkerPods:
         """Called with an ordinal right before it is stopped (tests assert it owns nothing then)."""
         self.procs: dict[int, asyncio.subprocess.Process] = {}
         self.stopped: list[int] = []
+        self.crashes: list[str] = []
+        """One line per worker process that exited on its own (it is restarted, as a kubelet would)."""
         self._task: asyncio.Task[None] | None = None
         self.errors: list[BaseException] = []
 
@@ -78,6 +80,11 @@ class WorkerPods:
         (self.workdir / "streamconsumer.yaml").write_text(cm["data"]["streamconsumer.yaml"])
         command = sts["spec"]["template"]["spec"]["containers"][0]["command"]
         replicas = int(sts["spec"]["replicas"])
+        for ordinal, proc in list(self.procs.items()):
+            if proc.returncode is not None:  # crashed: restartPolicy Always
+                tail = (self.workdir / f"worker-{ordinal}.log").read_text(errors="replace").strip()
+                self.crashes.append(f"worker {ordinal} exited {proc.returncode}: {tail.splitlines()[-1:]}")
+                del self.procs[ordinal]
         for ordinal in sorted((o for o in self.procs if o >= replicas), reverse=True):
             await self._stop(ordinal)
         for ordinal in range(replicas):

@@ -142,6 +142,7 @@ async def test_scale_subresource_splits_and_merges_through_real_workers(
 
         await eventually(both_stopped, "workers 2 then 1 to stop")
         assert pods.errors == []
+        assert pods.crashes == [], "a worker crashed (see its log in the test's tmp_path)"
 
 
 async def _sts_replicas(cluster: Api, name: str, replicas: int) -> bool:
