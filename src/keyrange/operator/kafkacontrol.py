@@ -176,6 +176,10 @@ class KafkaRangeControl:
             handoff_in_progress=bool(s.handoff_awaiting) or s.starting)
 
     def close(self) -> None:
-        """Stop the controller thread and close its Kafka clients."""
+        """Stop the controller thread; it closes its Kafka clients on its way out.
+
+        Waits only briefly: a step blocked on an unreachable Kafka must not hold up the deletion
+        of the StreamConsumer (kopf's delete handler calls this).
+        """
         self._stop.set()
-        self._thread.join(timeout=30)
+        self._thread.join(timeout=2)
