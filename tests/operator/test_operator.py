@@ -10,7 +10,10 @@ import kopf
 import kubernetes_validate
 import pytest
 
+from keyrange.loadgen import LoadShape, generate, produce_all
 from keyrange.operator.rendering import SPEC_HASH_ANNOTATION
+from tests.checkers import check_all, first_occurrences
+from tests.kafkatools import read_input_log, read_processed
 from tests.operator.conftest import SC_PATH, Api, eventually
 from tests.operator.crd_schema import admit_streamconsumer
 from tests.operator.pods import WorkerPods
@@ -143,6 +146,37 @@ async def test_scale_subresource_splits_and_merges_through_real_workers(
         await eventually(both_stopped, "workers 2 then 1 to stop")
         assert pods.errors == []
         assert pods.crashes == [], "a worker crashed (see its log in the test's tmp_path)"
+
+
+@pytest.mark.slow
+async def test_a_spec_change_rolls_the_workers_without_breaking_a_guarantee(
+        cluster: Api, operator: kopf.Memo, tmp_path: Path) -> None:
+    """Ledger events with duplicates flow while a spec change rolls both workers (SIGTERM, restart)."""
+    name = "rollout"
+    await cluster.create(SC, cluster.streamconsumer(name, handler="ledger", workers={"min": 2, "max": 2}))
+    async with WorkerPods(cluster, NS, f"{name}-worker", f"{name}-spec", tmp_path) as pods:
+        await eventually(lambda: _status(cluster, name, phase="Running", workers=2), "2 ready workers",
+                         timeout=120)
+        shape = LoadShape(rate=2000, clients=40, duplicate_ratio=0.05, ledger=True, seed=7)
+        records = list(generate(shape, count=3000))
+        await asyncio.to_thread(produce_all, cluster.bootstrap, cluster.topic, records[:1000])
+
+        await cluster.patch(f"{SC}/{name}", {"spec": {"concurrency": 8}})
+        for start in range(1000, len(records), 200):  # keep producing while the pods roll
+            await asyncio.to_thread(produce_all, cluster.bootstrap, cluster.topic, records[start:start + 200])
+            await asyncio.sleep(0.5)
+
+        async def rolled() -> bool:
+            return sorted(pods.rolled) == [0, 1]
+
+        await eventually(rolled, "both workers to be replaced", timeout=180)
+        log = await asyncio.to_thread(read_input_log, cluster.bootstrap, cluster.topic)
+        expected = len(first_occurrences(log))
+        processed = await asyncio.to_thread(read_processed, cluster.bootstrap, f"{cluster.topic}.processed",
+                                            expected, 180)
+        check_all(log, processed, ledger=True)
+        assert len(log) > expected  # the stream did carry duplicates
+        assert pods.rolled == [1, 0] and pods.crashes == []
 
 
 async def _sts_replicas(cluster: Api, name: str, replicas: int) -> bool:
