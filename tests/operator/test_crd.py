@@ -158,3 +158,10 @@ def test_crd_shape() -> None:
         if column["jsonPath"].startswith(".status."):
             head = column["jsonPath"].removeprefix(".status.").split(".")[0]
             assert head in status_props
+
+
+@pytest.mark.parametrize("version", ["1.25", "1.30", "1.34"])
+def test_the_crd_is_a_valid_customresourcedefinition(version: str) -> None:
+    import kubernetes_validate
+
+    kubernetes_validate.validate(load_crd(), version, strict=True)
