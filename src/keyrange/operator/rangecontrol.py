@@ -82,10 +82,11 @@ class RangeControl(Protocol):
 
 
 class StaticRangeControl:
-    """An even range map over a fixed worker count, with no lag-driven planning.
+    """An even range map over a fixed worker count, with no Kafka and no lag-driven planning.
 
-    Used when no range controller is plugged in (see `handlers.range_control_factory`): it follows
-    `workers.replicas` (or `workers.min`) only, and refuses scale requests with a clear message.
+    The cluster uses `kafkacontrol.KafkaRangeControl`; this one stands in where the operator runs
+    without Kafka (tests of the operator and of the alert webhook, via `operator_memo`'s factory).
+    It follows `workers.replicas` (or `workers.min`) and refuses scale requests with a clear message.
     """
 
     def __init__(self, spec: StreamConsumerSpec) -> None:
