@@ -314,3 +314,23 @@ async def test_a_worker_started_before_any_event_handles_what_comes_later(bootst
     finally:
         await worker.stop()
     check_all(log, read_processed(bootstrap, f"{topic_name}.processed", distinct))
+
+
+async def test_events_without_created_are_deduplicated_by_record_time(bootstrap: str, topic_name: str) -> None:
+    from keyrange.kafkaio import TopicSpec, ensure_topics
+    from keyrange.loadgen import make_producer
+
+    ensure_topics(bootstrap, [TopicSpec(topic_name, 2)])
+    producer = make_producer(bootstrap)
+    now = int(time.time() * 1000)
+    for i in range(300):  # each sent twice, interleaved with events that do carry `created`
+        for body in ({"clientId": 1000 + i % 110, "uuid": f"bare-{i}"},
+                     {"clientId": 1000 + i % 110, "uuid": f"full-{i}", "created": now}):
+            producer.produce(topic_name, orjson.dumps(body), str(body["clientId"]).encode(), timestamp=now)
+            producer.produce(topic_name, orjson.dumps(body), str(body["clientId"]).encode(), timestamp=now)
+    assert producer.flush(30) == 0
+    log = read_input_log(bootstrap, topic_name, 1200)
+    worker = await run_worker_until(settings_for(bootstrap, topic_name), "noop", [0, 1],
+                                    lambda w: w.stats.consumed >= 1200 and w.stats.processed >= 600)
+    assert worker.stats.duplicates == 600
+    check_all(log, read_processed(bootstrap, f"{topic_name}.processed", 600))

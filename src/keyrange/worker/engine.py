@@ -247,7 +247,8 @@ class Worker:
             window = ps.window
             if offset < window.next_offset:
                 continue  # delivered again (e.g. after resume): already in the window
-            window.add(offset, m.timestamp()[1])
+            timestamp_ms = m.timestamp()[1]
+            window.add(offset, timestamp_ms)
             consumed[ps.partition] = consumed.get(ps.partition, 0) + 1
             if offset in ps.skip:
                 ps.skip.discard(offset)
@@ -260,7 +261,8 @@ class Worker:
                 self._dead_letter(ps, offset, m.key(), value, exc.reason, exc.detail, 0)
                 window.finish(offset)
                 continue
-            if not ps.dedup.add_if_new(event.uuid, event.created_ms / 1000):
+            # Event time is `created`; the record timestamp stands in when a producer left it out.
+            if not ps.dedup.add_if_new(event.uuid, (event.created_ms or timestamp_ms) / 1000):
                 ps.metrics.duplicates.inc()
                 self.stats.duplicates += 1
                 window.finish(offset)

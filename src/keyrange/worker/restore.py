@@ -135,7 +135,8 @@ def restore(settings: WorkerSettings, start_offsets: dict[int, int], partition_c
             event = parse_input(m.value())
         except BadEvent:
             continue
-        result[m.partition()].seen.append((event.uuid, event.created_ms / 1000))  # type: ignore[index]
+        event_ms = event.created_ms or m.timestamp()[1]  # as the engine does when `created` is missing
+        result[m.partition()].seen.append((event.uuid, event_ms / 1000))  # type: ignore[index]
 
     outputs_from_ms = min(resume_ms.values(), default=int(now_s * 1000)) - slack_ms
     input_count = partition_counts[settings.topic]
@@ -176,7 +177,7 @@ def _note_finished(result: dict[int, RestoredPartition], dead_letter: bool, m: M
         try:
             event = parse_input(value)
             uuid: str | None = event.uuid
-            created_s = event.created_ms / 1000
+            created_s = (event.created_ms or m.timestamp()[1]) / 1000
         except BadEvent:
             uuid, created_s = None, 0.0
     else:
@@ -184,7 +185,7 @@ def _note_finished(result: dict[int, RestoredPartition], dead_letter: bool, m: M
             return
         record = decode_processed(value)
         partition, offset, uuid = record["partition"], record["offset"], record["uuid"]
-        created_s = record.get("created", 0) / 1000
+        created_s = (record.get("created") or m.timestamp()[1]) / 1000
     restored = result.get(partition)
     if restored is None or offset < restored.start_offset:
         return
