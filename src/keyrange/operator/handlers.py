@@ -4,8 +4,9 @@ Each handler does `spec -> parse_spec -> rendering -> Kube.apply -> status`. The
 into a kopf registry by `register_handlers` (not at import), so the refresh interval comes from
 OperatorSettings and tests can run the real operator with a short one.
 
-- create / resume / spec update: render and apply the ConfigMap, headless Service, StatefulSet
-  (and a ServiceMonitor / PrometheusRule when those CRDs exist), then write status. A spec change
+- create / resume / spec update: render and apply the workers' ServiceAccount, ConfigMap, headless
+  Service and StatefulSet (a ServiceMonitor / PrometheusRule when those CRDs exist, the Spark job
+  when `aggregation.enabled`), start the consumer's range control, then write status. A spec change
   changes the pod template's spec hash, so the StatefulSet rolls its pods one at a time; each
   worker releases its ranges on SIGTERM, so a rollout is a series of ordinary handoffs.
 - a timer per consumer: asks the range control how many workers it needs, scales the StatefulSet,
