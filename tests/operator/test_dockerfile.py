@@ -70,14 +70,7 @@ def test_the_image_installs_the_extras_it_needs() -> None:
     assert entrypoint.endswith('"keyrange"]')
 
 
-_AGGREGATE_LANDED = (ROOT / "src" / "keyrange" / "commands" / "aggregate.py").exists()
-
-
-@pytest.mark.parametrize("command", [
-    "operator", "worker",
-    pytest.param("aggregate", marks=pytest.mark.skipif(
-        not _AGGREGATE_LANDED, reason="`keyrange aggregate` (issue 6) has not landed yet")),
-])
+@pytest.mark.parametrize("command", ["operator", "worker", "aggregate"])
 def test_entrypoint_commands_start(command: str) -> None:
     result = subprocess.run([_keyrange_script(), command, "--help"], capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stderr
