@@ -80,3 +80,13 @@ def test_entrypoint_commands_start(command: str) -> None:
 def test_worker_accepts_the_arguments_the_operator_gives_it() -> None:
     result = subprocess.run([_keyrange_script(), "worker", "--help"], capture_output=True, text=True, timeout=60)
     assert "--spec-file" in result.stdout and "--metrics-port" in result.stdout
+
+
+def test_the_spark_job_entry_point_is_where_the_image_installs_it() -> None:
+    from keyrange.operator.spark import MAIN_FILE
+
+    assert "python -m venv /opt/keyrange" in DOCKERFILE and "python:3.11" in DOCKERFILE
+    installed = MAIN_FILE.removeprefix("local://")
+    assert installed.startswith("/opt/keyrange/lib/python3.11/site-packages/keyrange/")
+    relative = installed.split("site-packages/", 1)[1]
+    assert (ROOT / "src" / relative).exists(), f"{relative} is not in the package"
