@@ -205,3 +205,23 @@ def test_every_value_is_documented() -> None:
         if is_leaf and not documented_at:
             undocumented.append(line.strip())
     assert undocumented == []
+
+
+@pytest.mark.parametrize("values", VALUE_SETS, ids=_ids)
+def test_the_operator_accepts_every_argument_the_chart_passes(helm: Any, values: Path | None) -> None:
+    import argparse
+
+    from keyrange.commands import operator as command
+
+    (deployment,) = _by_kind(_render(helm, values), "Deployment")
+    container = deployment["spec"]["template"]["spec"]["containers"][0]
+    assert container["args"][0] == "operator"
+    parser = argparse.ArgumentParser(exit_on_error=False)
+    command.add_arguments(parser)
+    args = parser.parse_args(container["args"][1:])  # raises on an unknown flag or a bad value
+    settings = command.settings_from_args(args)
+    assert settings.image == container["image"]
+    ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+    assert args.metrics_port == ports["metrics"] and args.liveness.endswith(f":{ports['health']}/healthz")
+    if "webhook" in ports:
+        assert args.webhook_port == ports["webhook"]
