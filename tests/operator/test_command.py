@@ -119,3 +119,12 @@ async def test_peering_lets_only_the_highest_priority_operator_act_until_it_leav
         high.proc.send_signal(signal.SIGTERM)  # failover: leaving removes it from the peering object
         assert await asyncio.wait_for(high.proc.wait(), timeout=30) == 0
         await eventually(low.reconciled_ok, "the remaining operator to take over")
+
+
+async def test_without_peering_objects_the_command_says_what_to_install(cluster: Api, tmp_path: Path) -> None:
+    async with operator_process(tmp_path, "nopeering", f"--peering={PEERING}") as op:
+        code = await asyncio.wait_for(op.proc.wait(), timeout=60)
+        output = op.log.read_text()
+        assert code == 2, output
+        assert f"ClusterKopfPeering {PEERING} not found" in output and "--standalone" in output
+        assert "Traceback" not in output

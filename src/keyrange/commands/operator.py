@@ -84,6 +84,21 @@ def side_services(args: argparse.Namespace, memo: Any) -> list[Coroutine[Any, An
     return [serve_alert_webhook(memo, "0.0.0.0", args.webhook_port, load_token(args.webhook_token))]
 
 
+def check_peering(kube: Any, peering: str, namespaces: list[str]) -> None:
+    """Raise UserError when the peering objects kopf needs are missing (kopf would idle silently)."""
+    if namespaces:
+        missing = [f"KopfPeering {ns}/{peering}" for ns in namespaces
+                   if kube.get("kopf.dev/v1", "KopfPeering", ns, peering) is None]
+    else:
+        missing = [f"ClusterKopfPeering {peering}"] if kube.get(
+            "kopf.dev/v1", "ClusterKopfPeering", None, peering) is None else []
+    if missing:
+        raise UserError(
+            f"{', '.join(missing)} not found: install keyrange with its Helm chart (it creates them), "
+            "or apply charts/keyrange/crds/kopfpeerings.yaml and create the object, or pass --standalone "
+            "to run a single operator without peering")
+
+
 async def run_operator(args: argparse.Namespace, settings: OperatorSettings) -> None:
     """kopf's operator loop plus the side services, until cancelled or signalled."""
     import kopf
@@ -93,6 +108,8 @@ async def run_operator(args: argparse.Namespace, settings: OperatorSettings) -> 
     registry = register_handlers(kopf.OperatorRegistry(), settings)
     memo = operator_memo(settings)
     namespaces = list(args.namespace)
+    if not args.standalone:
+        await asyncio.to_thread(check_peering, memo.kube, args.peering, namespaces)
     tasks = [asyncio.ensure_future(s) for s in side_services(args, memo)]
     try:
         await kopf.operator(

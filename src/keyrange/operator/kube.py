@@ -86,10 +86,14 @@ class Kube:
             raise KubeApiError(response.status, method, path, data or b"")
         return json.loads(data) if data else None
 
-    def get(self, api_version: str, kind: str, namespace: str, name: str) -> dict[str, Any] | None:
-        """The object, or None when it does not exist."""
+    def get(self, api_version: str, kind: str, namespace: str | None, name: str) -> dict[str, Any] | None:
+        """The object (cluster-scoped when `namespace` is None), or None when it does not exist."""
+        if namespace is None:
+            path = f"{api_prefix(api_version)}/{plural_of(kind)}/{name}"
+        else:
+            path = object_path(api_version, kind, namespace, name)
         try:
-            return dict(self._call("GET", object_path(api_version, kind, namespace, name)))
+            return dict(self._call("GET", path))
         except KubeApiError as exc:
             if exc.status == 404:
                 return None
