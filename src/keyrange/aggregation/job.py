@@ -202,7 +202,8 @@ def run_once(bootstrap: str, topic: str, output: str, checkpoint: str | None = N
 
 
 class ContinuousAggregation:
-    """A running continuous aggregation; `stop()` ends it after the current micro-batch."""
+    """A running continuous aggregation; `stop()` ends it (a micro-batch cut short is re-run
+    from the checkpoint at the next start)."""
 
     def __init__(self, query: Any, aggregator: BatchAggregator) -> None:
         self.query = query
@@ -218,8 +219,13 @@ class ContinuousAggregation:
         _await(self.query, timeout_seconds)
 
     def stop(self) -> AggregationSummary:
-        """Stop the query (the checkpoint keeps every completed micro-batch); the final summary."""
+        """Stop the query (the checkpoint keeps every completed micro-batch); the final summary.
+
+        Raises AggregationError if the query had failed."""
         self.query.stop()
+        failure = self.query.exception()
+        if failure is not None:
+            raise AggregationError(f"the aggregation query failed: {_first_line(failure)}")
         return self.aggregator.finish()
 
 

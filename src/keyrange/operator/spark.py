@@ -158,7 +158,7 @@ def _driver_pod_spec(name: str, namespace: str, spec: StreamConsumerSpec, settin
     return {
         "serviceAccountName": aggregation_name(name),
         "restartPolicy": restart_policy,
-        "terminationGracePeriodSeconds": 60,  # the running micro-batch finishes, the checkpoint stays whole
+        "terminationGracePeriodSeconds": 60,  # time to stop the query and Spark cleanly on SIGTERM
         "securityContext": {"runAsNonRoot": True, "runAsUser": 10001, "runAsGroup": 10001,
                             "fsGroup": 10001, "seccompProfile": {"type": "RuntimeDefault"}},
         "containers": [{
