@@ -173,3 +173,39 @@ def test_cli_missing_topic_exits_2_with_one_line(bootstrap, topic_name, tmp_path
     assert main(argv) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("keyrange aggregate: error: topic") and "\n" not in err
+
+
+@pytest.mark.slow
+def test_cli_continuous_stops_cleanly_on_sigterm(bootstrap, topic_name, tmp_path):
+    """What Kubernetes does to the driver pod: SIGTERM ends the query, the summary is printed,
+    exit 0, and the aggregates hold every record."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    make_topic(bootstrap, topic_name, 2)
+    records = processed_records(300, clients=8, seed=40)
+    produce_processed(bootstrap, topic_name, records, 2)
+    output = tmp_path / "out"
+    err = tmp_path / "stderr.txt"
+    with err.open("w") as err_file:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "keyrange.cli", "aggregate", "--bootstrap", bootstrap, "--topic", topic_name,
+             "--output", str(output), "--continuous", "--trigger-seconds", "1", "--master", "local[1]"],
+            stdout=subprocess.PIPE, stderr=err_file, text=True,
+            env={**os.environ, "PYSPARK_PYTHON": os.environ.get("PYSPARK_PYTHON", sys.executable)})
+        try:
+            deadline = time.monotonic() + 240
+            while "batch 0:" not in err.read_text():
+                assert proc.poll() is None, err.read_text()[-2000:]
+                assert time.monotonic() < deadline, "no micro-batch within 240 s"
+                time.sleep(0.5)
+            proc.send_signal(signal.SIGTERM)
+            out, _ = proc.communicate(timeout=120)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+    assert proc.returncode == 0, err.read_text()[-2000:]
+    assert "300 aggregated" in out and "8 clients" in out
+    assert sum(c["events"] for c in read_results(str(output)).clients) == 300
