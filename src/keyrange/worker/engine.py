@@ -28,7 +28,7 @@ from keyrange.kafkaio import TopicSpec, ensure_topics, require_topic
 from keyrange.worker.consumer import ThreadedConsumer
 from keyrange.worker.context import ClientState, HandlerContext
 from keyrange.worker.partition import PartitionMetrics, PartitionState
-from keyrange.worker.restore import restore
+from keyrange.worker.restore import STATE_HEADER, restore
 from keyrange.worker.scheduler import ClientScheduler
 from keyrange.worker.settings import WorkerSettings
 from keyrange.worker.stats import WorkerStats
@@ -322,8 +322,9 @@ class Worker:
                     self._handler_seconds.observe(time.perf_counter() - t0)
                     key, value = encode_processed(event, ps.partition, job.offset, s.worker_id,
                                                   int(started_s * 1000), int(time.time() * 1000), result)
-                    encoded_state = (orjson.dumps(state.staged)
-                                     if state.changed and state.staged is not None else None)
+                    # The state also rides on the processed record, so "handled" and "its state"
+                    # are one record that no torn transaction can split (restore.py).
+                    state_headers = [(STATE_HEADER, orjson.dumps(state.staged))] if state.changed else None
                 except Exception as exc:  # noqa: BLE001 - any handler failure is retried, then dead-lettered
                     self._handler_seconds.observe(time.perf_counter() - t0)
                     if ps.revoked:
@@ -336,13 +337,14 @@ class Worker:
                                       f"{type(exc).__name__}: {exc}", attempt)
                     ps.window.finish(job.offset)
                     return
-                if state.changed:
+                if state_headers is not None:
                     if state.staged is None:
                         ps.store.pop(event.client_id, None)
+                        ps.dirty_state[event.client_id] = (None, job.offset)
                     else:
                         ps.store[event.client_id] = state.staged
-                    ps.dirty_state[event.client_id] = encoded_state
-                ps.outputs.append(OutputRecord(s.sink, ps.output_partition, key, value))
+                        ps.dirty_state[event.client_id] = (state_headers[0][1], job.offset)
+                ps.outputs.append(OutputRecord(s.sink, ps.output_partition, key, value, state_headers))
                 ps.processed_uncommitted += 1
                 ps.window.finish(job.offset)
                 return

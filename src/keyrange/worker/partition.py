@@ -10,7 +10,7 @@ from typing import Any
 from keyrange import metrics
 from keyrange.worker.commits import CommitWindow
 from keyrange.worker.dedup import TtlSet
-from keyrange.worker.restore import RestoredPartition
+from keyrange.worker.restore import SOURCE_OFFSET_HEADER, RestoredPartition
 from keyrange.worker.transactions import OutputRecord
 
 
@@ -64,8 +64,9 @@ class PartitionState:
         """clientId -> committed keyed state (as applied by finished events)."""
         self.outputs: list[OutputRecord] = []
         """Processed records and dead letters finished since the last transaction."""
-        self.dirty_state: dict[int, bytes | None] = {}
-        """clientId -> encoded state to changelog in the next transaction (None: tombstone)."""
+        self.dirty_state: dict[int, tuple[bytes | None, int]] = {}
+        """clientId -> (encoded state, None for a tombstone; input offset of the event that set it),
+        to changelog in the next transaction."""
         self.processed_uncommitted = 0
         self.revoked = False
         """Set on release: nothing more of this partition starts; queued events are skipped."""
@@ -84,8 +85,9 @@ class PartitionState:
         self.outputs = []
         if self.dirty_state:
             p = self.partition
-            records.extend(OutputRecord(state_topic, p, str(client).encode(), value)
-                           for client, value in self.dirty_state.items())
+            records.extend(OutputRecord(state_topic, p, str(client).encode(), value,
+                                        [(SOURCE_OFFSET_HEADER, str(offset).encode())])
+                           for client, (value, offset) in self.dirty_state.items())
             self.dirty_state = {}
         processed, self.processed_uncommitted = self.processed_uncommitted, 0
         return records, processed

@@ -1,14 +1,37 @@
 """Rebuilding a partition's dedup window, finished offsets and keyed state from the logs.
 
-On acquire (and on start) nothing is trusted from memory. For each input partition:
-- the input before the committed offset, from TTL (plus clock slack) before the event time
-  there, gives the uuids the window must hold (everything below the committed offset is
-  finished); the window is in event time (see dedup.py), so it is rebuilt exactly;
-- the sink and dead-letter records of offsets at or above the committed offset are events that
-  finished after the last commit (outputs commit in the same transaction as offsets, and events
-  finish out of order): they are skipped, not run again, and their uuids join the window;
-- the compacted state changelog, read to its end, gives each client's latest state.
+On acquire (and on start) nothing is trusted from memory. For each input partition, with C its
+committed offset:
+- the input before C, from TTL (plus clock slack) before the event time there, gives the uuids
+  the window must hold (everything below C is finished); the window is in event time (see
+  dedup.py), so it is rebuilt exactly;
+- the sink and dead-letter records of offsets >= C are events that finished after the last
+  commit (outputs commit in the same transaction as offsets, and events finish out of order):
+  they are skipped, not run again, and their uuids join the window;
+- keyed state: the changelog entries (`<group>.state`) whose source offset (header
+  `keyrange.source.offset`) is < C are folded in log order, entries >= C are ignored; then the
+  state headers (`keyrange.state`) of the processed records of offsets >= C (exactly the events
+  marked finished above) are applied in offset order.
 Everything here is blocking and runs on a thread of its own.
+
+Why the state is right whatever prefix of a transaction became visible. The state a client must
+resume with is the one after its last finished event. Events finished after the snapshot that
+chose C all have offsets >= C (C was the lowest unfinished offset), so every changelog entry a
+transaction without committed offsets wrote is >= C and ignored; the state of each finished
+event >= C comes from its own processed record, which is one record and cannot be torn from it.
+A client's processed records sit in its partition in offset order (its events run one at a
+time), so the visible ones are a prefix of its events, and the first one missing runs again on
+the state after the last one visible. Entries < C were written in transactions whose offsets
+committed, so they are complete (the producer flushes every output before sending offsets; see
+transactions.py). This matters on tansu, whose init_transactions commits what a killed
+predecessor left open instead of aborting it, so a partition can hold a prefix of that
+transaction's records and the changelog an independent prefix of its state records.
+On real Kafka it is the same state the plain changelog gives: entries >= C committed atomically
+with processed records carrying the same state (an entry coalesces a client's changes of one
+transaction and carries the offset of the last one, whose processed record holds that state);
+and compaction can drop an entry < C only in favour of a newer one of the same client, which
+is either < C itself or >= C, whose processed record then carries the state.
+Changelog records written before the offset header existed are treated as < C.
 """
 
 from __future__ import annotations
@@ -26,6 +49,12 @@ from keyrange.worker.consumer import consumer_config
 from keyrange.worker.settings import WorkerSettings
 
 POLL_SECONDS = 0.1
+
+SOURCE_OFFSET_HEADER = "keyrange.source.offset"
+"""Header of a changelog record: the input offset of the event whose handler wrote the state."""
+STATE_HEADER = "keyrange.state"
+"""Header of a processed record whose handler changed the client's state: the state after the
+event, as JSON; `null` means deleted (a stored state is never null: `set(None)` deletes)."""
 
 
 class RestoreError(UserError, RuntimeError):
@@ -138,35 +167,53 @@ def restore(settings: WorkerSettings, start_offsets: dict[int, int], partition_c
         event_ms = event.created_ms or m.timestamp()[1]  # as the engine does when `created` is missing
         result[m.partition()].seen.append((event.uuid, event_ms / 1000))  # type: ignore[index]
 
+    # (offset, clientId, state or None) from the processed records of offsets >= C, per partition.
+    states_after: dict[int, list[tuple[int, int, Any]]] = {p: [] for p in parts}
     outputs_from_ms = min(resume_ms.values(), default=int(now_s * 1000)) - slack_ms
     input_count = partition_counts[settings.topic]
     for topic in (settings.sink, settings.dlq):
         same_layout = partition_counts[topic] == input_count
         out_parts = parts if same_layout else list(range(partition_counts[topic]))
         for m in _read(settings, topic, _offsets_at(settings, topic, dict.fromkeys(out_parts, outputs_from_ms))):
-            _note_finished(result, topic == settings.dlq, m)
+            _note_finished(result, states_after, topic == settings.dlq, m)
 
     changelog_starts = {p: 0 for p in parts}
     for m in _read(settings, settings.state, changelog_starts):
         key = m.key()
         if key is None:
             continue
-        client = int(key)
-        value = m.value()
         restored = result[m.partition()]  # type: ignore[index]
-        if value is None:
-            restored.state.pop(client, None)
-        else:
-            restored.state[client] = orjson.loads(value)
-    for r in result.values():
+        source = _header(m, SOURCE_OFFSET_HEADER)
+        if source is not None and int(source) >= restored.start_offset:
+            continue  # possibly ahead of its processed record: that record carries the state
+        value = m.value()
+        _set_state(restored.state, int(key), None if value is None else orjson.loads(value))
+    for p, r in result.items():
         r.seen.sort(key=lambda pair: pair[1])
+        for _, client, state in sorted(states_after[p], key=lambda entry: entry[0]):
+            _set_state(r.state, client, state)
     return result
 
 
-def _note_finished(result: dict[int, RestoredPartition], dead_letter: bool, m: Message) -> None:
+def _set_state(states: dict[int, Any], client: int, state: Any) -> None:
+    if state is None:
+        states.pop(client, None)
+    else:
+        states[client] = state
+
+
+def _header(m: Message, name: str) -> bytes | None:
+    value = dict(m.headers() or []).get(name)
+    return value if isinstance(value, bytes) else None
+
+
+def _note_finished(result: dict[int, RestoredPartition], states_after: dict[int, list[tuple[int, int, Any]]],
+                   dead_letter: bool, m: Message) -> None:
     """Record an output (processed record or dead letter) of an event at or past the committed
-    offset: it must not run again, and its uuid joins the window."""
+    offset: it must not run again, its uuid joins the window, and the client's state after it
+    (if its handler changed it) is noted."""
     value = m.value()
+    state: tuple[int, Any] | None = None
     if dead_letter:
         headers = dict(m.headers() or [])
         try:
@@ -186,9 +233,14 @@ def _note_finished(result: dict[int, RestoredPartition], dead_letter: bool, m: M
         record = decode_processed(value)
         partition, offset, uuid = record["partition"], record["offset"], record["uuid"]
         created_s = (record.get("created") or m.timestamp()[1]) / 1000
+        encoded = _header(m, STATE_HEADER)
+        if encoded is not None:
+            state = (record["clientId"], orjson.loads(encoded))
     restored = result.get(partition)
     if restored is None or offset < restored.start_offset:
         return
     restored.finished_offsets.add(offset)
+    if state is not None:
+        states_after[partition].append((offset, *state))
     if uuid is not None:
         restored.seen.append((uuid, created_s))

@@ -1,0 +1,60 @@
+"""What one output transaction carries, and in what order it reaches the producer (no Kafka)."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from confluent_kafka import TopicPartition
+
+from keyrange.worker.partition import PartitionMetrics, PartitionState
+from keyrange.worker.restore import SOURCE_OFFSET_HEADER, RestoredPartition
+from keyrange.worker.settings import WorkerSettings
+from keyrange.worker.transactions import OutputRecord, TransactionalOutput
+
+SETTINGS = WorkerSettings(bootstrap="127.0.0.1:1", topic="events", group_id="g", worker_id="w0")
+
+
+class RecordingProducer:
+    """Stands in for confluent's Producer: records the calls a transaction makes."""
+
+    def __init__(self) -> None:
+        self.calls: list[str] = []
+
+    def begin_transaction(self) -> None:
+        self.calls.append("begin")
+
+    def produce(self, topic: str, **kwargs: Any) -> None:
+        self.calls.append(f"produce {topic}")
+
+    def flush(self, timeout: float) -> int:
+        self.calls.append("flush")
+        return 0
+
+    def send_offsets_to_transaction(self, offsets: Any, metadata: Any, timeout: float) -> None:
+        self.calls.append("send_offsets")
+
+    def commit_transaction(self, timeout: float) -> None:
+        self.calls.append("commit")
+
+
+def test_offsets_join_the_transaction_only_after_every_output_was_acknowledged() -> None:
+    output = TransactionalOutput(SETTINGS, group_metadata=None)
+    producer = RecordingProducer()
+    output._producer = producer  # type: ignore[assignment]
+    records = [OutputRecord("events.processed", 0, b"1", b"{}"), OutputRecord("g.state", 0, b"1", b"5")]
+    output._commit(records, [TopicPartition("events", 0, 10)])
+    assert producer.calls == ["begin", "produce events.processed", "produce g.state", "flush",
+                              "send_offsets", "commit"]
+
+
+def test_changelog_records_carry_the_source_offset_of_the_last_change() -> None:
+    ps = PartitionState(3, RestoredPartition(0), 10.0, time.time, PartitionMetrics("c", "w0", 3))
+    ps.dirty_state[1001] = (b"7", 12)
+    ps.dirty_state[1001] = (b"9", 15)
+    ps.dirty_state[1002] = (None, 14)
+    records, _ = ps.take_outputs("g.state")
+    assert [(r.topic, r.partition, r.key, r.value, r.headers) for r in records] == [
+        ("g.state", 3, b"1001", b"9", [(SOURCE_OFFSET_HEADER, b"15")]),
+        ("g.state", 3, b"1002", None, [(SOURCE_OFFSET_HEADER, b"14")]),
+    ]
