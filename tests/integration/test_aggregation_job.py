@@ -81,9 +81,9 @@ def test_rerun_reads_only_new_records_and_dedups_against_earlier_runs(spark, boo
     output = str(tmp_path / "out")
     first = processed_records(1500, clients=25, seed=12)
     n1 = len(produce_processed(bootstrap, topic_name, first, 3))
-    s1 = run_once(bootstrap, topic_name, output, spark=spark, max_records_per_batch=600)
+    s1 = run_once(bootstrap, topic_name, output, spark=spark, max_records_per_batch=900)
     assert (s1.records_read, s1.aggregated) == (n1, len(first))
-    assert s1.batches >= 3  # the backlog was split, and the batches still add up
+    assert s1.batches >= 2  # the backlog was split, and the batches still add up
 
     # New records for the same clients and minutes, plus re-deliveries of records already aggregated.
     second = processed_records(1200, clients=25, seed=13, start_ms=1_790_000_030_000, first_offset=10_000)
