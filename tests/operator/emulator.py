@@ -2,9 +2,11 @@
 
 kmock stores objects but leaves out what a real API server does around them (ENVIRONMENT.md):
 this subclass stamps uid/namespace/resourceVersion/generation on create, bumps resourceVersion on
-every patch and generation on spec changes, serves a CRD's resource once the CRD is created
-(with its status and scale subresources, mapping `/scale` patches through specReplicasPath), and
-garbage-collects objects whose controller owner is gone (the cascade Kubernetes' GC does).
+every merge patch and generation on spec changes, answers a failed JSON-patch `test` (kopf guards
+finalizer changes with one on resourceVersion) with 422 as the API server does, serves a CRD's
+resource once the CRD is created (with its status and scale subresources, mapping `/scale` patches
+through specReplicasPath), and garbage-collects objects whose controller owner is gone (the
+cascade Kubernetes' GC does).
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from typing import Any
 
 import aiohttp.web
 import attrs
+import jsonpatch
 import kmock
 from kmock import ResourceInfo
 
@@ -96,6 +99,10 @@ class ClusterEmulator(kmock.KubernetesEmulator):
                     meta["generation"] = int(current.get("metadata", {}).get("generation", 1)) + 1
         try:
             return await super()._handle(request)
+        except jsonpatch.JsonPatchTestFailed as exc:
+            # kopf guards some patches with a `test` of resourceVersion; the API server answers a
+            # failed test with 422, and kopf retries on the next watch event.
+            raise kmock.KubernetesError(status=422, reason="Invalid", message=str(exc)) from None
         finally:
             if request.action in (kmock.action.DELETE, kmock.action.UPDATE):
                 await self._collect_garbage()
