@@ -4,8 +4,9 @@ Embedded broker, one StreamConsumer (the `sleep` handler, 10 ms per event as in 
 small concurrency so one worker tops out near 800 events/s), the supervisor of `keyrange run`,
 and three load phases: steady, a burst that one worker cannot keep up with (lag rises, ranges
 split), and a quiet spell (lag stays low, ranges merge back). At the end the processed topic is
-read back to compute exact latency percentiles and to check the guarantees, and a PNG plot of
-rate, lag, latency and worker count is written next to the report.
+read back to compute exact latency percentiles and to check the guarantees, the Spark aggregation
+runs once over the processed topic (see `demo_aggregation`; skipped without pyspark or Java), and
+a PNG plot of rate, lag, latency and worker count is written next to the report.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import orjson
 from confluent_kafka import Consumer, TopicPartition
 
 from keyrange.loadgen import LoadShape
+from keyrange.local.demo_aggregation import AggregationSection, aggregate, render_section
 from keyrange.local.load import LoadTotals, Phase, produce_phases
 from keyrange.local.supervisor import HistoryPoint, Supervisor
 from keyrange.spec import load_file
@@ -64,6 +66,15 @@ class DemoReport:
     rescales: list[dict[str, Any]]
     max_workers: int
     seconds: float
+    aggregation: AggregationSection | None = None
+    """The Spark aggregation's figures and cross-check; None when it did not run."""
+    aggregation_skipped: str = ""
+    """Why the aggregation did not run (--no-aggregate, or pyspark/Java missing)."""
+
+    @property
+    def aggregation_mismatch(self) -> bool:
+        """The aggregation ran and failed, or counted other than the distinct processed uuids."""
+        return self.aggregation is not None and not self.aggregation.matches
 
 
 def read_values(bootstrap: str, topic: str, timeout_seconds: float = 60.0) -> list[dict[str, Any]]:
@@ -122,13 +133,22 @@ def plot(history: list[HistoryPoint], path: Path) -> None:
     plt.close(fig)
 
 
-def run_demo(out_dir: Path, quick: bool, out: TextIO) -> DemoReport:
-    """Run the whole demo; write streamconsumer.yaml, report.json, report.md and demo.png to `out_dir`."""
+def run_demo(out_dir: Path, quick: bool, out: TextIO, aggregate_results: bool = True,
+             phase_seconds: float | None = None) -> DemoReport:
+    """Run the whole demo; write streamconsumer.yaml, report.json, report.md and demo.png to `out_dir`,
+    and with `aggregate_results` the Spark aggregates to `out_dir/aggregates/`.
+
+    `phase_seconds` makes every load phase that long (for tests; the rescales may not happen then).
+    """
     out_dir.mkdir(parents=True, exist_ok=True)
     spec_path = out_dir / "streamconsumer.yaml"
     spec_path.write_text(DEMO_SPEC.format(path=spec_path, cooldown=8 if quick else 10))
     consumer = load_file(spec_path)
-    phases = QUICK_PHASES if quick else FULL_PHASES
+    phases: tuple[Phase, ...] = QUICK_PHASES if quick else FULL_PHASES
+    if phase_seconds is not None:
+        phases = tuple(Phase(phase_seconds, p.rate) for p in phases)
+    section: AggregationSection | None = None
+    skipped = "" if aggregate_results else "`--no-aggregate` was given"
     supervisor = Supervisor(consumer, spec_path.resolve(), None, out_dir / "run")
     stop = threading.Event()
     totals = LoadTotals()
@@ -163,6 +183,10 @@ def run_demo(out_dir: Path, quick: bool, out: TextIO) -> DemoReport:
             processed = read_values(bootstrap, consumer.spec.sink_topic)
         rescales = [dict(asdict(r), moved_slots=sorted(r.moved_slots)) for r in supervisor.controller.rescales]
         history = list(supervisor.history)
+        if aggregate_results:
+            # Before stopping: the embedded broker goes away with the supervisor.
+            distinct = len({r["uuid"] for r in processed})
+            section, skipped = aggregate(bootstrap, consumer.spec.sink_topic, out_dir / "aggregates", distinct, out)
     finally:
         stop.set()
         supervisor.stop()
@@ -182,6 +206,7 @@ def run_demo(out_dir: Path, quick: bool, out: TextIO) -> DemoReport:
         handled_twice_beyond_ttl=sum(1 for n in counts.values() if n > 1) - twice_within_ttl,
         latency_ms=_percentiles(latencies), rescales=rescales,
         max_workers=max((p.workers for p in history), default=0), seconds=time.monotonic() - started,
+        aggregation=section, aggregation_skipped=skipped,
     )
     (out_dir / "report.json").write_text(json.dumps(asdict(report), indent=2))
     (out_dir / "history.json").write_text(json.dumps([asdict(p) for p in history]))
@@ -214,5 +239,6 @@ def render_report(r: DemoReport, out_dir: Path) -> str:
         lines.append(f"- +{(x['decided_ms'] - t0) / 1000:6.1f} s  {x['action']:5}  {x['workers_before']} -> "
                      f"{x['workers_after']} workers, epoch {x['epoch']}, {len(x['moved_slots'])} slots moved, "
                      f"handoff done in {settled:.1f} s: {x['reason']}")
-    lines += ["", f"Plot: {out_dir / 'demo.png'}  (rate, lag, p99 latency and workers over time)", ""]
+    lines += ["", *render_section(r.aggregation, r.aggregation_skipped)]
+    lines += [f"Plot: {out_dir / 'demo.png'}  (rate, lag, p99 latency and workers over time)", ""]
     return "\n".join(lines)
