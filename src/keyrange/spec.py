@@ -19,12 +19,18 @@ API_VERSION = "keyrange.dev/v1alpha1"
 KIND = "StreamConsumer"
 
 
+SPARK_MEMORY_PATTERN = r"^[0-9]+[kKmMgGtT]?[bB]?$"
+"""Spark's memory syntax (`spark.executor.memory`); the CRD carries the same pattern."""
+
+
 class SpecError(UserError, ValueError):
     """A StreamConsumer is invalid; the message lists every problem and where it is."""
 
 
 class _Model(BaseModel):
-    model_config = ConfigDict(populate_by_name=True, extra="forbid", frozen=True)
+    # strict: "10" is not 10 here, exactly as the CRD's schema rejects it in a cluster, so one YAML
+    # means the same thing to `kubectl apply` and to `keyrange run`.
+    model_config = ConfigDict(populate_by_name=True, extra="forbid", frozen=True, strict=True)
 
 
 class KafkaSpec(_Model):
@@ -121,8 +127,10 @@ class AggregationSpec(_Model):
     """Streaming checkpoint location; defaults to `<output>/_checkpoint`."""
     executors: int = Field(default=1, ge=1, le=1_000)
     """Spark executor count on Kubernetes."""
-    executor_memory: str = Field(default="1g", alias="executorMemory")
-    driver_memory: str = Field(default="1g", alias="driverMemory")
+    executor_memory: str = Field(default="1g", alias="executorMemory", pattern=SPARK_MEMORY_PATTERN)
+    """Memory per Spark executor, in Spark's units (`512m`, `2g`; not Kubernetes' `2Gi`)."""
+    driver_memory: str = Field(default="1g", alias="driverMemory", pattern=SPARK_MEMORY_PATTERN)
+    """Memory of the Spark driver, in Spark's units."""
 
     @model_validator(mode="after")
     def _schedule_needs_cron(self) -> AggregationSpec:

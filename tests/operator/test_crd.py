@@ -35,6 +35,10 @@ VALID: list[dict[str, Any]] = [
 
 INVALID: list[dict[str, Any]] = [
     {},
+    {**TOPIC, "concurrency": "10"},  # a string is not a number, locally as in the cluster
+    {**TOPIC, "dedup": {"ttlSeconds": "10"}},
+    {**TOPIC, "aggregation": {"enabled": True, "executorMemory": "2Gi"}},  # Kubernetes units, not Spark's
+    {**TOPIC, "aggregation": {"enabled": True, "driverMemory": "lots"}},
     {"kafka": {}},
     {"kafka": {"topic": ""}},
     {"kafka": {"topic": "has space"}},

@@ -23,7 +23,7 @@ from keyrange.operator.spark import (
     render_spark_application,
     render_spark_objects,
 )
-from keyrange.spec import parse_spec
+from keyrange.spec import SpecError, parse_spec
 
 OWNER = {"metadata": {"name": "payments", "uid": "0b6c3f7e-1111-2222-3333-444455556666"}}
 SETTINGS = SparkJobSettings(image="ghcr.io/keyrange/keyrange:0.1.0")
@@ -148,11 +148,15 @@ def test_object_store_output_needs_no_volume():
 @pytest.mark.parametrize(("aggregation", "message"), [
     ({"checkpoint": "/elsewhere/ckpt"}, "must be under aggregation.output"),
     ({"output": "s3a://bucket/agg", "checkpoint": "/tmp/ckpt"}, "object-store URL"),
-    ({"executorMemory": "1Gi"}, "512m or 2g"),
 ])
 def test_unrenderable_specs_say_what_to_change(aggregation, message):
     with pytest.raises(SparkRenderError, match=message):
         render_spark_objects("payments", "shop", _spec(**aggregation), OWNER, SETTINGS)
+
+
+def test_kubernetes_memory_units_are_rejected_when_the_spec_is_parsed():
+    with pytest.raises(SpecError, match=r"aggregation\.executorMemory"):
+        parse_spec({"kafka": {"topic": "events"}, "aggregation": {"enabled": True, "executorMemory": "1Gi"}})
 
 
 def test_a_cluster_needs_explicit_bootstrap_servers():
