@@ -216,8 +216,10 @@ class ControlChannel:
             raise RuntimeError(f"control record to {self.topic} not delivered: {errors[:1] or 'timeout'}")
 
     def close(self) -> None:
-        """Flush and close the clients."""
+        """Flush and close the clients (a producer left open keeps reconnecting, and logging that it
+        cannot, after `keyrange run` has stopped the embedded broker)."""
         self._producer.flush(5.0)
+        self._producer.close()
         self._consumer.close()
 
 
