@@ -63,7 +63,13 @@ ProgressCallback = Callable[[int, AggregationSummary], None]
 
 
 class BatchAggregator:
-    """The `foreachBatch` function: merges one micro-batch into the stored aggregates."""
+    """The `foreachBatch` function: merges one micro-batch into the stored aggregates.
+
+    Spark jobs per micro-batch with new records: one that reads the batch (into the cache) and
+    counts it per minute, one that broadcasts the uuids stored earlier in those minutes (if any),
+    one that deduplicates the batch and writes the new records, one per table.
+    Stored Parquet is always read with a known schema: inferring one would cost a Spark job.
+    """
 
     def __init__(self, spark: Any, output: str, progress: ProgressCallback | None = None) -> None:
         self._spark = spark
@@ -74,8 +80,6 @@ class BatchAggregator:
 
     def __call__(self, raw: Any, batch_id: int) -> None:
         """Deduplicate, store the new records, merge the three tables, publish the manifest."""
-        from pyspark.sql import functions as F
-
         began = time.monotonic()
         parsed = tables.parse_processed(raw).persist()
         try:
@@ -83,17 +87,7 @@ class BatchAggregator:
             read = sum(r["count"] for r in counts)
             invalid = sum(r["count"] for r in counts if not r["valid"])
             minutes = sorted({r["minute"] for r in counts if r["valid"]})
-            fresh = tables.first_delivery(parsed.where("valid")).drop("valid")
-            records_dir = f"{self.root}/records"
-            if minutes and self._storage.exists("records"):
-                earlier = (self._spark.read.option("basePath", records_dir).parquet(records_dir)
-                           .where(F.col("minute").isin(minutes) & (F.col("batch") < batch_id))
-                           .select("uuid"))
-                fresh = fresh.join(earlier, "uuid", "left_anti")
-            fresh = fresh.withColumn("batch", F.lit(batch_id)).persist()
-            added = fresh.count()
-            if added:
-                self._merge(fresh, batch_id, minutes, records_dir)
+            added = self._add(parsed, batch_id, minutes) if minutes else 0
         finally:
             parsed.unpersist()
         s = self.summary
@@ -107,35 +101,74 @@ class BatchAggregator:
         if self._progress:
             self._progress(batch_id, s)
 
-    def _merge(self, fresh: Any, batch_id: int, minutes: list[int], records_dir: str) -> None:
+    def _add(self, parsed: Any, batch_id: int, minutes: list[int]) -> int:
+        """Store the batch's records not stored before and merge them into the tables; how many."""
+        from pyspark.sql import Observation
         from pyspark.sql import functions as F
 
+        fresh = tables.first_delivery(parsed.where("valid")).drop("valid")
+        earlier = self._earlier_records(batch_id, minutes)
+        if earlier is not None:
+            earlier = earlier.persist()  # read by the dedup and again by the window recomputation
+            fresh = fresh.join(earlier.select("uuid"), "uuid", "left_anti")
+        fresh = fresh.persist()
         try:
-            # One directory per batch id, overwritten whole: a replay replaces exactly its files.
-            (fresh.drop("batch").repartition("minute").write.mode("overwrite")
-             .partitionBy("minute").parquet(f"{records_dir}/batch={batch_id}"))
-            stored = {t: self._stored(t, batch_id) for t in store.TABLES}
-            touched = (self._spark.read.option("basePath", records_dir).parquet(records_dir)
-                       .where(F.col("minute").isin(minutes)))
-            new_tables = {
-                "clients": tables.merge_clients(stored["clients"], tables.client_partials(fresh)),
-                "workers": tables.merge_workers(stored["workers"], tables.worker_partials(fresh)),
-                "windows": tables.merge_windows(stored["windows"], tables.window_stats(touched), minutes),
-            }
-            for name, df in new_tables.items():
-                df.coalesce(1).write.mode("overwrite").parquet(store.table_path(self.root, name, batch_id))
+            # Counted while written (no job of its own). One directory per batch id, overwritten
+            # whole: a replay replaces exactly its files.
+            written = Observation()
+            (fresh.observe(written, F.count(F.lit(1)).alias("rows")).repartition("minute")
+             .write.mode("overwrite").partitionBy("minute").parquet(f"{self.root}/records/batch={batch_id}"))
+            added = int(written.get["rows"])
+            if added:
+                columns = ["minute", *tables.WINDOW_INPUT]
+                touched = fresh.select(columns)
+                if earlier is not None:
+                    touched = earlier.select(columns).unionByName(touched)
+                self._merge(fresh, touched, batch_id, minutes)
         finally:
             fresh.unpersist()
+            if earlier is not None:
+                earlier.unpersist()
+        return added
+
+    def _earlier_records(self, batch_id: int, minutes: list[int]) -> Any:
+        """Records stored by earlier batches in `minutes` (None if there are none).
+
+        A re-delivery repeats its original's `created`, hence its minute, so only those minute
+        directories are listed and read, never the whole history.
+        """
+        paths = [path for batch, path in self._storage.record_partitions(minutes) if batch < batch_id]
+        if not paths:
+            return None
+        return (self._spark.read.schema(tables.STORED_RECORD_COLUMNS)
+                .option("basePath", f"{self.root}/records").parquet(*paths))
+
+    def _merge(self, fresh: Any, touched: Any, batch_id: int, minutes: list[int]) -> None:
+        client_partials = tables.client_partials(fresh)
+        worker_partials = tables.worker_partials(fresh)
+        recomputed = tables.window_stats(touched)
+        stored = {
+            "clients": self._stored("clients", batch_id, client_partials.schema),
+            "workers": self._stored("workers", batch_id, tables.merge_workers(None, worker_partials).schema),
+            "windows": self._stored("windows", batch_id, recomputed.schema),
+        }
+        new_tables = {
+            "clients": tables.merge_clients(stored["clients"], client_partials),
+            "workers": tables.merge_workers(stored["workers"], worker_partials),
+            "windows": tables.merge_windows(stored["windows"], recomputed, minutes),
+        }
+        for name, df in new_tables.items():
+            df.coalesce(1).write.mode("overwrite").parquet(store.table_path(self.root, name, batch_id))
         self._publish(batch_id)
 
-    def _stored(self, table: str, batch_id: int) -> Any:
+    def _stored(self, table: str, batch_id: int, schema: Any) -> Any:
         """The newest version written before this batch (never this batch's own, on a replay)."""
         older = [v for v in self._storage.versions(table) if v < batch_id]
         if not older:
             return None
         for stale in older[:-1]:
             self._storage.delete(f"{table}/version={stale}")
-        return self._spark.read.parquet(store.table_path(self.root, table, older[-1]))
+        return self._spark.read.schema(schema).parquet(store.table_path(self.root, table, older[-1]))
 
     def _publish(self, batch_id: int) -> None:
         manifest = {
@@ -146,12 +179,21 @@ class BatchAggregator:
         self._storage.write_text(store.MANIFEST, json.dumps(manifest, indent=2))
 
     def finish(self) -> AggregationSummary:
-        """Count the rows of the newest tables into the summary (once per run, not per batch)."""
+        """Count the rows of the newest tables into the summary (once per run, in one Spark job)."""
+        from pyspark.sql import functions as F
+
         s = self.summary
         manifest = self._storage.read_text(store.MANIFEST)
         versions = json.loads(manifest)["versions"] if manifest else {}
-        sizes = {t: (self._spark.read.parquet(store.table_path(self.root, t, versions[t])).count()
-                     if t in versions else 0) for t in store.TABLES}
+        sizes = dict.fromkeys(store.TABLES, 0)
+        # Every table has an `events` column: reading just that one needs no schema inference.
+        frames = [self._spark.read.schema("events long").parquet(store.table_path(self.root, t, versions[t]))
+                  .select(F.lit(t).alias("table")) for t in store.TABLES if t in versions]
+        if frames:
+            union = frames[0]
+            for frame in frames[1:]:
+                union = union.unionByName(frame)
+            sizes.update({r["table"]: r["count"] for r in union.groupBy("table").count().collect()})
         s.clients, s.windows, s.workers = sizes["clients"], sizes["windows"], sizes["workers"]
         return s
 

@@ -55,11 +55,23 @@ def spark_session(master: str | None = "local[2]", app_name: str = "keyrange-agg
         .config("spark.sql.shuffle.partitions", str(shuffle_partitions))
         .config("spark.sql.session.timeZone", "UTC")
         .config("spark.ui.showConsoleProgress", "false")
+        # One Python worker process per core, reused by every task (a new one takes seconds to
+        # start and connect back on a busy machine). Spark's default, stated because it matters.
+        .config("spark.python.worker.reuse", "true")
     )
     if master is not None:
         builder = builder.master(master)
     if local:
-        builder = builder.config("spark.ui.enabled", "false")
+        builder = (
+            builder.config("spark.ui.enabled", "false")
+            # Listing a few hundred local directories in the driver takes milliseconds; above the
+            # default threshold (32 paths) Spark would run a Spark job to list them.
+            .config("spark.sql.sources.parallelPartitionDiscovery.threshold", "4096")
+            # Adaptive execution re-plans after every shuffle (a job of its own per shuffle stage)
+            # to coalesce or split partitions; with a couple of small partitions per batch there
+            # is nothing to gain and the extra round trips cost seconds per micro-batch.
+            .config("spark.sql.adaptive.enabled", "false")
+        )
     for key, value in (extra_conf or {}).items():
         builder = builder.config(key, value)
     spark = builder.getOrCreate()

@@ -25,6 +25,7 @@ from urllib.parse import urlparse
 TABLES = ("clients", "windows", "workers")
 MANIFEST = "_latest.json"
 _VERSION = re.compile(r"^version=(\d+)$")
+_BATCH = re.compile(r"^batch=(\d+)$")
 
 
 def normalize(path: str) -> str:
@@ -60,6 +61,18 @@ class HadoopStorage:
             match = _VERSION.match(status.getPath().getName())
             if match and fs.exists(self._jvm.org.apache.hadoop.fs.Path(status.getPath(), "_SUCCESS")):
                 found.append(int(match.group(1)))
+        return sorted(found)
+
+    def record_partitions(self, minutes: list[int]) -> list[tuple[int, str]]:
+        """(batch id, directory) of every stored `records/batch=<id>/minute=<ms>` of `minutes`."""
+        if not minutes:
+            return []
+        pattern, fs = self._path("records/batch=*/minute={" + ",".join(str(m) for m in minutes) + "}")
+        found = []
+        for status in fs.globStatus(pattern) or []:
+            match = _BATCH.match(status.getPath().getParent().getName())
+            if match and status.isDirectory():
+                found.append((int(match.group(1)), str(status.getPath().toString())))
         return sorted(found)
 
     def delete(self, relative: str) -> None:

@@ -33,6 +33,12 @@ PROCESSED_SCHEMA = StructType([
     StructField("result", StringType()),
 ])
 
+STORED_RECORD_COLUMNS = "uuid string, created_ms long, started_ms long, finished_ms long, batch long, minute long"
+"""The stored records' columns that deduplication and the windows need (`batch` and `minute`
+are partition directories); reading with this schema skips Spark's schema inference job."""
+WINDOW_INPUT = ["created_ms", "started_ms", "finished_ms"]
+"""The record columns `window_stats` reads, besides `minute`."""
+
 
 def parse_processed(raw: DataFrame) -> DataFrame:
     """keyrange-kafka rows -> one typed row per processed record; `valid` is False for records
