@@ -48,13 +48,19 @@ from keyrange.events import DLQ_OFFSET, DLQ_PARTITION, BadEvent, decode_processe
 from keyrange.worker.consumer import consumer_config
 from keyrange.worker.settings import WorkerSettings
 
-POLL_SECONDS = 0.1
+POLL_SECONDS = 0.01
+"""How long a read waits for a record when nothing is buffered; bounds how late it sees its end."""
+READ_BATCH = 5000
+"""Records taken from the consumer's buffer in one call."""
 
 SOURCE_OFFSET_HEADER = "keyrange.source.offset"
 """Header of a changelog record: the input offset of the event whose handler wrote the state."""
 STATE_HEADER = "keyrange.state"
 """Header of a processed record whose handler changed the client's state: the state after the
 event, as JSON; `null` means deleted (a stored state is never null: `set(None)` deletes)."""
+
+Span = tuple[str, int]
+"""(topic, partition)."""
 
 
 class RestoreError(UserError, RuntimeError):
@@ -75,119 +81,190 @@ class RestoredPartition:
     """Keyed state per clientId."""
 
 
-def _read(settings: WorkerSettings, topic: str, starts: dict[int, int],
-          stops: dict[int, int] | None = None) -> list[Message]:
-    """Records of `topic` from `starts` per partition up to `stops` (exclusive) or to the end.
+class _Reader:
+    """The one consumer every read of a restore goes through.
 
-    "The end" is the high watermark seen in fetch responses (tansu's ListOffsets answer can be
-    too low, ENVIRONMENT.md bug 1); positions move past transaction markers, so a partition is
-    done when its position reaches it.
+    A consumer per read cost a connection and metadata round trip each; reads of several topics
+    and partitions share one assignment, so they fetch in parallel.
     """
-    wanted = {p: o for p, o in starts.items() if stops is None or o < stops[p]}
-    if not wanted:
-        return []
-    consumer = Consumer(consumer_config(settings, **{"group.id": f"{settings.group_id}.restore"}))
-    try:
-        consumer.assign([TopicPartition(topic, p, o) for p, o in wanted.items()])
-        out: list[Message] = []
-        last: dict[int, int] = {}
-        deadline = time.monotonic() + settings.kafka_timeout_seconds
-        while wanted:
-            if time.monotonic() > deadline:
-                raise RestoreError(
-                    f"could not read topic {topic!r} partitions {sorted(wanted)} to the end within "
-                    f"{settings.kafka_timeout_seconds:g} s (an open transaction of a crashed worker "
-                    "holds it back until it times out); retry, or raise the Kafka timeout"
-                )
-            for m in consumer.consume(1000, POLL_SECONDS):
-                if m.error() is not None:
-                    continue
-                # Every fetched record has a partition and an offset (the stubs say Optional).
-                p: int = m.partition()  # type: ignore[assignment]
-                offset: int = m.offset()  # type: ignore[assignment]
-                if stops is not None and offset >= stops[p]:
-                    continue
-                last[p] = offset
-                out.append(m)
-            for p in list(wanted):
-                tp = TopicPartition(topic, p)
-                position = consumer.position([tp])[0].offset
-                reached = max(position, last.get(p, -1) + 1, wanted[p])
-                high = consumer.get_watermark_offsets(tp, cached=True)[1]
-                end = high if stops is None else (min(stops[p], high) if high >= 0 else stops[p])
-                if end >= 0 and reached >= end:
-                    del wanted[p]
-                    consumer.incremental_unassign([tp])
-        return out
-    finally:
-        consumer.close()
 
+    def __init__(self, settings: WorkerSettings) -> None:
+        self._settings = settings
+        self._consumer = Consumer(consumer_config(settings, **{"group.id": f"{settings.group_id}.restore"}))
+        self._known_topics: set[str] = set()
 
-def _offsets_at(settings: WorkerSettings, topic: str, times_ms: dict[int, int]) -> dict[int, int]:
-    """First offset at or after the given time, per partition, or the end when there is none."""
-    consumer = Consumer(consumer_config(settings, **{"group.id": f"{settings.group_id}.restore"}))
-    try:
-        timeout = settings.kafka_timeout_seconds
-        found = consumer.offsets_for_times([TopicPartition(topic, p, t) for p, t in times_ms.items()],
-                                           timeout=timeout)
+    def close(self) -> None:
+        """Close the consumer (it never joined a group)."""
+        self._consumer.close()
+
+    def read(self, starts: dict[Span, int], stops: dict[Span, int] | None = None
+             ) -> tuple[dict[Span, list[Message]], dict[Span, int]]:
+        """Records from `starts` up to `stops` (exclusive; a span without a stop: to the end), per
+        span in log order; and the offset each span was read to.
+
+        "The end" is the high watermark seen in fetch responses (tansu's ListOffsets answer can be
+        too low, ENVIRONMENT.md bug 1); positions move past transaction markers, so a span is
+        done when its position reaches it. The consumer keeps a partition's last high watermark
+        after it is unassigned, so a span read to the end must not have been read before by this
+        reader (a span with a stop may: the stop bounds it).
+        """
+        stops = stops or {}
+        out: dict[Span, list[Message]] = {span: [] for span in starts}
+        ends: dict[Span, int] = {}
+        wanted = {}
+        for start_span, start in starts.items():
+            if start_span in stops and start >= stops[start_span]:
+                ends[start_span] = start
+            else:
+                wanted[start_span] = start
+        if not wanted:
+            return out, ends
+        consumer = self._consumer
+        for topic in {t for t, _ in wanted} - self._known_topics:
+            # Otherwise a topic this consumer has no metadata for waits for the next periodic
+            # refresh (about 1 s) before its first fetch.
+            consumer.list_topics(topic, timeout=self._settings.kafka_timeout_seconds)
+            self._known_topics.add(topic)
+        consumer.assign([TopicPartition(t, p, o) for (t, p), o in wanted.items()])
+        try:
+            last: dict[Span, int] = {}
+            timeout = self._settings.kafka_timeout_seconds
+            deadline = time.monotonic() + timeout
+            while wanted:
+                if time.monotonic() > deadline:
+                    raise RestoreError(
+                        f"could not read {sorted(wanted)} (topic, partition) to the end within {timeout:g} s "
+                        "(an open transaction of a crashed worker holds it back until it times out); "
+                        "retry, or raise the Kafka timeout"
+                    )
+                # Take what is buffered; wait briefly only when nothing is (a batch consume waits
+                # for a full batch or the timeout, which would add the timeout to every read).
+                messages = consumer.consume(READ_BATCH, 0) or consumer.consume(1, POLL_SECONDS)
+                for m in messages:
+                    if m.error() is not None:
+                        continue
+                    # Every fetched record has a topic, partition and offset (the stubs say Optional).
+                    span: Span = (m.topic(), m.partition())  # type: ignore[assignment]
+                    offset: int = m.offset()  # type: ignore[assignment]
+                    if span not in wanted or offset >= stops.get(span, offset + 1):
+                        continue
+                    last[span] = offset
+                    out[span].append(m)
+                done = []
+                for span in wanted:
+                    tp = TopicPartition(*span)
+                    position = consumer.position([tp])[0].offset
+                    reached = max(position, last.get(span, -1) + 1, wanted[span])
+                    high = consumer.get_watermark_offsets(tp, cached=True)[1]
+                    stop = stops.get(span)
+                    end = high if stop is None else (min(stop, high) if high >= 0 else stop)
+                    if end >= 0 and reached >= end:
+                        done.append(tp)
+                        ends[span] = end
+                if done:
+                    for tp in done:
+                        del wanted[(tp.topic, tp.partition)]
+                    consumer.incremental_unassign(done)
+            return out, ends
+        finally:
+            consumer.unassign()
+
+    def offsets_at(self, times_ms: dict[Span, int]) -> dict[Span, int]:
+        """First offset at or after the given time, per span, or the end when there is none."""
+        if not times_ms:
+            return {}
+        timeout = self._settings.kafka_timeout_seconds
+        found = self._consumer.offsets_for_times(
+            [TopicPartition(t, p, ms) for (t, p), ms in times_ms.items()], timeout=timeout)
         out = {}
         for tp in found:
             # tansu matches broker append time and answers 0 for a future time (bug 2): both only
             # make the read longer, never skip records.
-            out[tp.partition] = tp.offset if tp.offset >= 0 else consumer.get_watermark_offsets(tp, timeout=timeout)[1]
+            out[(tp.topic, tp.partition)] = (
+                tp.offset if tp.offset >= 0 else self._consumer.get_watermark_offsets(tp, timeout=timeout)[1])
         return out
-    finally:
-        consumer.close()
 
 
 def restore(settings: WorkerSettings, start_offsets: dict[int, int], partition_counts: dict[str, int],
             now_s: float | None = None) -> dict[int, RestoredPartition]:
-    """Restore every partition in `start_offsets` (partition -> committed or first offset)."""
+    """Restore every partition in `start_offsets` (partition -> committed or first offset).
+
+    Three round trips on one consumer: the record at each committed offset; the offsets at the
+    window's and the outputs' start times; then the input window, the sink, the dead letters and
+    the changelog, all in one assignment.
+    """
+    reader = _Reader(settings)
+    try:
+        return _restore(reader, settings, start_offsets, partition_counts, now_s)
+    finally:
+        reader.close()
+
+
+def _restore(reader: _Reader, settings: WorkerSettings, start_offsets: dict[int, int],
+             partition_counts: dict[str, int], now_s: float | None) -> dict[int, RestoredPartition]:
     now_s = time.time() if now_s is None else now_s
     result = {p: RestoredPartition(o) for p, o in start_offsets.items()}
     slack_ms = int(settings.restore_clock_slack_seconds * 1000)
     parts = list(start_offsets)
+    topic = settings.topic
 
     # The event time at the committed offset: where the window's stream time stood (under lag it
     # can be far behind now), and a lower bound of when outputs past the offset were written.
-    first_unfinished = _read(settings, settings.topic, start_offsets,
-                             {p: o + 1 for p, o in start_offsets.items()})
+    first_unfinished, ends = reader.read({(topic, p): o for p, o in start_offsets.items()},
+                                         {(topic, p): o + 1 for p, o in start_offsets.items()})
     resume_ms = {p: int(now_s * 1000) for p in parts}
-    for m in first_unfinished:
-        resume_ms[m.partition()] = min(resume_ms[m.partition()], m.timestamp()[1])  # type: ignore[index]
+    for (_, p), messages in first_unfinished.items():
+        for m in messages:
+            resume_ms[p] = min(resume_ms[p], m.timestamp()[1])
+    # A partition that ends at its committed offset has no event at or past it, so no output of
+    # one to find (a transaction marker at the offset does not count: records may follow it).
+    ended = {p for p in parts if ends[(topic, p)] <= start_offsets[p]}
 
-    # Input just before the committed offsets: the uuids the dedup window holds there.
     ttl_ms = int(settings.ttl_seconds * 1000)
-    window_from = _offsets_at(settings, settings.topic, {p: resume_ms[p] - ttl_ms - slack_ms for p in parts})
-    for m in _read(settings, settings.topic, window_from, start_offsets):
-        try:
-            event = parse_input(m.value())
-        except BadEvent:
-            continue
-        event_ms = event.created_ms or m.timestamp()[1]  # as the engine does when `created` is missing
-        result[m.partition()].seen.append((event.uuid, event_ms / 1000))  # type: ignore[index]
+    times = {(topic, p): resume_ms[p] - ttl_ms - slack_ms for p in parts if start_offsets[p] > 0}
+    outputs_from_ms = min(resume_ms.values(), default=int(now_s * 1000)) - slack_ms
+    input_count = partition_counts[topic]
+    for out_topic in (settings.sink, settings.dlq):
+        if partition_counts[out_topic] == input_count:
+            times.update({(out_topic, p): outputs_from_ms for p in parts if p not in ended})
+        elif not ended.issuperset(parts):
+            times.update({(out_topic, p): outputs_from_ms for p in range(partition_counts[out_topic])})
+    offsets = reader.offsets_at(times)
+
+    # Input just before the committed offsets (the uuids the dedup window holds there), the outputs
+    # of offsets >= C, and the changelog from its start.
+    starts = dict(offsets)
+    starts.update({(settings.state, p): 0 for p in parts})
+    logs, _ = reader.read(starts, {(topic, p): start_offsets[p] for p in parts if (topic, p) in starts})
+
+    for p in parts:
+        for m in logs.get((topic, p), []):
+            try:
+                event = parse_input(m.value())
+            except BadEvent:
+                continue
+            event_ms = event.created_ms or m.timestamp()[1]  # as the engine does when `created` is missing
+            result[p].seen.append((event.uuid, event_ms / 1000))
 
     # (offset, clientId, state or None) from the processed records of offsets >= C, per partition.
     states_after: dict[int, list[tuple[int, int, Any]]] = {p: [] for p in parts}
-    outputs_from_ms = min(resume_ms.values(), default=int(now_s * 1000)) - slack_ms
-    input_count = partition_counts[settings.topic]
-    for topic in (settings.sink, settings.dlq):
-        same_layout = partition_counts[topic] == input_count
-        out_parts = parts if same_layout else list(range(partition_counts[topic]))
-        for m in _read(settings, topic, _offsets_at(settings, topic, dict.fromkeys(out_parts, outputs_from_ms))):
-            _note_finished(result, states_after, topic == settings.dlq, m)
+    for out_topic in (settings.sink, settings.dlq):
+        for (t, _), messages in logs.items():
+            if t == out_topic:
+                for m in messages:
+                    _note_finished(result, states_after, out_topic == settings.dlq, m)
 
-    changelog_starts = {p: 0 for p in parts}
-    for m in _read(settings, settings.state, changelog_starts):
-        key = m.key()
-        if key is None:
-            continue
-        restored = result[m.partition()]  # type: ignore[index]
-        source = _header(m, SOURCE_OFFSET_HEADER)
-        if source is not None and int(source) >= restored.start_offset:
-            continue  # possibly ahead of its processed record: that record carries the state
-        value = m.value()
-        _set_state(restored.state, int(key), None if value is None else orjson.loads(value))
+    for p in parts:
+        restored = result[p]
+        for m in logs[(settings.state, p)]:
+            key = m.key()
+            if key is None:
+                continue
+            source = _header(m, SOURCE_OFFSET_HEADER)
+            if source is not None and int(source) >= restored.start_offset:
+                continue  # possibly ahead of its processed record: that record carries the state
+            value = m.value()
+            _set_state(restored.state, int(key), None if value is None else orjson.loads(value))
     for p, r in result.items():
         r.seen.sort(key=lambda pair: pair[1])
         for _, client, state in sorted(states_after[p], key=lambda entry: entry[0]):
