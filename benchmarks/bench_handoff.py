@@ -5,11 +5,14 @@ worker subprocesses in controlled mode. Under a steady 1,000 events/s (`sleep` 2
 and merges are requested back to back; the processed records say when each moved slot's old
 owner finished its last event and its new owner started its first. Lag recovery: a burst of
 backlog into one worker, with the planner free to split (up to 4 workers) versus pinned to one
-worker, in the same run.
+worker, in the same run. Restore: `restore()` timed directly on the embedded broker, after a
+worker processed ~10k ledger events per partition (all of them inside the dedup window).
 """
 
 from __future__ import annotations
 
+import asyncio
+import statistics
 import sys
 import tempfile
 import threading
@@ -18,13 +21,20 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
+from confluent_kafka import Consumer, TopicPartition
+
 from benchmarks.harness import percentile, row
+from keyrange.handlers import load_handler
+from keyrange.kafkaio import TopicSpec, ensure_topics
 from keyrange.loadgen import LoadShape, generate, produce_all
+from keyrange.local.broker import EmbeddedBroker
 from keyrange.local.demo import read_values
 from keyrange.local.load import LoadTotals, Phase, produce_phases
 from keyrange.local.supervisor import Supervisor
 from keyrange.ranges.controller import Rescale
 from keyrange.spec import load_file
+from keyrange.worker import Worker, WorkerSettings
+from keyrange.worker.restore import restore
 
 SPEC = """apiVersion: keyrange.dev/v1alpha1
 kind: StreamConsumer
@@ -150,6 +160,46 @@ def measure_recovery(tmp: Path, max_workers: int, backlog: int) -> float:
         sup.stop()
 
 
+def measure_restore(partitions: int, per_partition: int, repeats: int = 5) -> tuple[float, float]:
+    """Median seconds of `restore()` for one partition and for all `partitions`."""
+    with EmbeddedBroker() as broker:
+        topic = "restore"
+        ensure_topics(broker.bootstrap, [TopicSpec(topic, partitions)])
+        events = list(generate(LoadShape(clients=100, duplicate_ratio=0.0, ledger=True, seed=6),
+                               count=partitions * per_partition))
+        produce_all(broker.bootstrap, topic, events)
+        settings = WorkerSettings(bootstrap=broker.bootstrap, topic=topic, group_id=topic, worker_id="w0",
+                                  commit_interval_ms=50)
+
+        async def process_all() -> None:
+            worker = Worker(settings, load_handler("ledger", {}))
+            await worker.start()
+            try:
+                await worker.acquire(range(partitions))
+                while worker.stats.processed < len(events):
+                    await asyncio.sleep(0.05)
+            finally:
+                await worker.stop()
+
+        asyncio.run(process_all())
+        consumer = Consumer({"bootstrap.servers": broker.bootstrap, "group.id": topic, "log_level": 3})
+        try:
+            found = consumer.committed([TopicPartition(topic, p) for p in range(partitions)], timeout=30)
+        finally:
+            consumer.close()
+        starts = {tp.partition: tp.offset for tp in found}
+        counts = dict.fromkeys([topic, settings.sink, settings.dlq, settings.state], partitions)
+        medians = []
+        for parts in ([0], list(range(partitions))):
+            times = []
+            for _ in range(repeats):
+                began = time.monotonic()
+                restore(settings, {p: starts[p] for p in parts}, counts)
+                times.append(time.monotonic() - began)
+            medians.append(statistics.median(times))
+        return medians[0], medians[1]
+
+
 def run(quick: bool) -> list[dict[str, Any]]:
     """The handoff rows (pause p50/p99, decision -> first event for splits and merges, lag recovery)."""
     with tempfile.TemporaryDirectory(prefix="bench-handoff-") as tmpdir:
@@ -158,6 +208,7 @@ def run(quick: bool) -> list[dict[str, Any]]:
         backlog = 8_000 if quick else 20_000
         scaled = measure_recovery(tmp, 4, backlog)
         pinned = measure_recovery(tmp, 1, backlog)
+    restore_one, restore_all = measure_restore(4, 2_000 if quick else 10_000)
     n = f"{len(done)} rescales, {len(pauses)} slot moves, 1,000 events/s"
     return [
         row("handoff: moved-slot pause p50", percentile(pauses, 0.5), "s", notes=n),
@@ -166,6 +217,9 @@ def run(quick: bool) -> list[dict[str, Any]]:
             notes=f"median of {len(splits)}; max {max(splits, default=0):.2f} s; a standby worker process is ready"),
         row("handoff: decision -> new owner's first event (merge)", percentile(merges, 0.5), "s", goal="<= 2 s",
             notes=f"median of {len(merges)}; max {max(merges, default=0):.2f} s"),
+        row("restore() of 1 partition (~10k events in the window)", restore_one, "s",
+            notes="median of 5; what the new owner's acquire spends before its first fetch"),
+        row("restore() of 4 partitions at once", restore_all, "s", notes="median of 5; one assignment for all reads"),
         row("lag recovery after a burst, autoscaled (max 4 workers)", scaled, "s", baseline=pinned,
             notes=f"{backlog:,} events of backlog on top of 400/s; baseline: pinned to 1 worker"),
     ]
