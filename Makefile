@@ -33,7 +33,7 @@ types: install-dev
 	$(VENV)/bin/mypy
 
 pytest: install-dev tools
-	$(PY) -m pytest -q -p no:cacheprovider
+	$(PY) -m pytest -q -p no:cacheprovider --durations=15
 
 test: lint types pytest
 
