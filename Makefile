@@ -8,7 +8,7 @@ TOOLS   := $(CURDIR)/.tools
 export PATH := $(CURDIR)/$(VENV)/bin:$(TOOLS)/bin:$(PATH)
 export PYSPARK_PYTHON := $(CURDIR)/$(PY)
 
-.PHONY: demo test install install-dev tools lint types unit pytest bench clean
+.PHONY: demo test install install-dev tools lint types pytest bench clean
 
 $(VENV)/.installed-%: pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
