@@ -164,13 +164,16 @@ class Worker:
             return
         tickets = {s: _AcquireTicket() for s in new}
         self._acquiring.update(tickets)
+        began = time.monotonic()
         try:
             committed = await self._consumer.committed(new)
             lows = await self._consumer.low_watermarks(new)
             starts = {s: committed[s] if committed[s] >= 0 else lows[s] for s in new}
+            restore_began = time.monotonic()
             restored = await asyncio.get_running_loop().run_in_executor(
                 None, restore, self.settings, starts, self._counts
             )
+            restore_ms = (time.monotonic() - restore_began) * 1000
         finally:
             for s, ticket in tickets.items():
                 if self._acquiring.get(s) is ticket:
@@ -186,8 +189,9 @@ class Worker:
             assign[s] = restored[s].start_offset
         await self._consumer.assign(assign)
         self._held_gauge.set(len(self.held_slots))
-        log.info("acquired slots %s at offsets %s (restored %d finished-after-commit offsets, %d uuids, "
-                 "%d client states)", sorted(assign), assign,
+        log.info("acquired slots %s at offsets %s in %.0f ms, restore %.0f ms (restored %d finished-after-commit "
+                 "offsets, %d uuids, %d client states)", sorted(assign), assign,
+                 (time.monotonic() - began) * 1000, restore_ms,
                  sum(len(restored[s].finished_offsets) for s in assign),
                  sum(len(restored[s].seen) for s in assign), sum(len(restored[s].state) for s in assign))
 
@@ -206,6 +210,7 @@ class Worker:
         states = [self._partitions[s] for s in sorted(targets) if s in self._partitions]
         if not states:
             return
+        began = time.monotonic()
         for ps in states:
             ps.revoked = True
         await self._consumer.unassign([ps.partition for ps in states])
@@ -219,7 +224,7 @@ class Worker:
                 del self._partitions[ps.partition]
             ps.metrics.remove()
         self._held_gauge.set(len(self.held_slots))
-        log.info("released slots %s", [ps.partition for ps in states])
+        log.info("released slots %s in %.0f ms", [ps.partition for ps in states], (time.monotonic() - began) * 1000)
 
     # --- fetching and dispatch ---------------------------------------------------------------
 
