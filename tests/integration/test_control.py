@@ -9,9 +9,10 @@ from __future__ import annotations
 import asyncio
 import random
 import threading
+import time
 from collections.abc import Collection, Mapping, Set
 
-from keyrange.ranges.control import ControlChannel
+from keyrange.ranges.control import ControlChannel, WorkerReport, now_ms
 from keyrange.ranges.controller import Controller
 from keyrange.ranges.member import RangeMember
 from keyrange.ranges.planner import ScalingLimits, SlotLag
@@ -177,3 +178,61 @@ def test_controller_resumes_from_the_newest_epoch(bootstrap: str, topic_name: st
     stop = threading.Event()
     stop.set()
     second.run(stop)  # returns at once when stopped
+
+
+def test_poll_returns_when_a_record_arrives_not_at_its_timeout(bootstrap: str, topic_name: str) -> None:
+    """Handoff latency rests on this: a reader waiting on the topic sees a record at once."""
+    ControlChannel.ensure_topic(bootstrap, topic_name)
+    reader = ControlChannel(bootstrap, topic_name, "reader")
+    writer = ControlChannel(bootstrap, topic_name, "writer")
+    try:
+        reader.catch_up()
+        timer = threading.Timer(0.3, writer.report, args=(WorkerReport(3, 1, frozenset({1}), now_ms(), 1),))
+        timer.start()
+        began = time.monotonic()
+        assert reader.poll(30.0) == 1
+        timer.join()
+        assert time.monotonic() - began < 15, "poll waited for its timeout instead of the record"
+        assert reader.state.reports[3].held == {1}
+    finally:
+        reader.close()
+        writer.close()
+
+
+async def test_a_requested_rescale_is_followed_at_once_not_at_the_next_idle_step(bootstrap: str,
+                                                                                 topic_name: str) -> None:
+    """request_scale (the alert webhook's path) wakes the run loop, which then follows the handoff
+    record by record: with an idle interval of 60 s the handoff still completes in seconds."""
+    group = topic_name
+    ControlChannel.ensure_topic(bootstrap, group)
+    holdings, rng = Holdings(), random.Random(3)
+    limits = ScalingLimits(min_workers=1, max_workers=2, cooldown_seconds=0)
+    controller = Controller(ControlChannel(bootstrap, group, "controller"), SLOTS, limits, NoLag())
+    await asyncio.to_thread(controller.start)
+    controller.start_timeout_seconds = 0  # w1's member runs, but the split need not wait for its report
+    stop_controller = threading.Event()
+    runner = threading.Thread(target=controller.run, args=(stop_controller, 60.0), daemon=True)
+    members = [(ControlChannel(bootstrap, group, f"w{w}"), asyncio.Event()) for w in range(2)]
+    tasks = [asyncio.create_task(RangeMember(FakeEngine(w, holdings, rng), channel, w, poll_seconds=0.02).run(stop))
+             for w, (channel, stop) in enumerate(members)]
+    try:
+        while holdings.holder.get(0) != 0:
+            await asyncio.sleep(0.02)
+        runner.start()
+        await asyncio.sleep(0.5)  # the run loop is now in its 60 s idle wait
+        began = time.monotonic()
+        assert (await asyncio.to_thread(controller.request_scale, "up", "test")).applied
+        while controller.publication.transit or controller.publication.epoch < 3:
+            assert time.monotonic() - began < 30, f"handoff not followed: {controller.status()}"
+            await asyncio.sleep(0.02)
+    finally:
+        stop_controller.set()
+        for _, stop in members:
+            stop.set()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        await asyncio.to_thread(runner.join, 10)
+        for channel, _ in members:
+            channel.close()
+        controller.channel.close()
+    assert not runner.is_alive(), "the run loop did not stop within its idle wait"
+    assert controller.publication.map.workers == 2

@@ -125,11 +125,10 @@ class KafkaRangeControl:
                     self._stop.wait(self._retry_seconds)
                     continue
             try:
-                self._controller.step()
+                self._controller.step_and_wait(self._stop, self._step_seconds)
             except Exception:
                 log.exception("%s/%s: controller step failed; retrying", self._namespace, self._name)
                 self._stop.wait(self._retry_seconds)
-            self._stop.wait(self._step_seconds)
         self._disconnect()
 
     def _disconnect(self) -> None:

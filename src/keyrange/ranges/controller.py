@@ -31,6 +31,9 @@ from keyrange.ranges.rangemap import RangeMap
 
 log = logging.getLogger(__name__)
 
+WAKE_CHECK_SECONDS = 0.05
+"""How often an idle wait checks its stop event (a `request_scale` wakes it at once)."""
+
 
 class LagSource(Protocol):
     """Per-slot lag as measured now (worker metrics, Prometheus, or Kafka offsets)."""
@@ -114,6 +117,7 @@ class Controller:
         self._lock = threading.RLock()
         self._lag: Mapping[int, SlotLag] = {}
         self._stuck_logged_at = 0.0
+        self._wake = threading.Event()
 
     @property
     def publication(self) -> Publication:
@@ -159,6 +163,7 @@ class Controller:
             if decision.next_map is None:
                 return ScaleResult(False, decision.reason, before, before)
             self._begin(pub, decision)
+            self._wake.set()  # the run loop follows the handoff from now on, not at its next idle tick
             return ScaleResult(True, decision.reason, before, decision.next_map.workers)
 
     def step(self) -> Publication:
@@ -243,14 +248,27 @@ class Controller:
                                 self._pending is not None, self.last_decision, tuple(self.rescales))
 
     def run(self, stop: threading.Event, interval_seconds: float = 0.2, busy_interval_seconds: float = 0.02) -> None:
-        """Step until `stop` is set (run it in a thread); every `busy_interval_seconds` while a
-        rescale is in flight, since the moved slots pause until the next step sees the release."""
+        """Step until `stop` is set (run it in a thread); see `step_and_wait`."""
         while not stop.is_set():
-            busy = False
             try:
-                pub = self.step()
-                busy = bool(pub.transit) or self._pending is not None
+                self.step_and_wait(stop, interval_seconds, busy_interval_seconds)
             except Exception:
                 log.exception("controller step failed; retrying")
                 stop.wait(1.0)
-            stop.wait(busy_interval_seconds if busy else interval_seconds)
+
+    def step_and_wait(self, stop: threading.Event, interval_seconds: float,
+                      busy_interval_seconds: float = 0.02) -> None:
+        """One step, then wait for the next: up to `interval_seconds` when idle (less after
+        `request_scale` or `stop`), and while a rescale is in flight only until a control record
+        arrives (at most `busy_interval_seconds`), since the moved slots pause until a step sees the
+        release."""
+        pub = self.step()
+        if pub.transit or self._pending is not None:
+            with self._lock:
+                self.channel.poll(busy_interval_seconds)
+            return
+        deadline = time.monotonic() + interval_seconds
+        while not stop.is_set() and time.monotonic() < deadline:
+            if self._wake.wait(min(WAKE_CHECK_SECONDS, max(0.0, deadline - time.monotonic()))):
+                break
+        self._wake.clear()

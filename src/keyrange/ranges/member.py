@@ -9,7 +9,6 @@ and reports again. Between epochs it sends a heartbeat report every `heartbeat_s
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import os
 from collections.abc import Collection, Set
@@ -58,8 +57,8 @@ class RangeMember:
         await asyncio.to_thread(self.channel.catch_up)
         while not stop.is_set():
             await self.sync_once()
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), self.poll_seconds)
+            # Wait on the topic itself, not a timer: a new epoch is applied the moment it arrives.
+            await asyncio.to_thread(self.channel.poll, self.poll_seconds)
 
     async def sync_once(self) -> None:
         """One round: read new control records, apply the newest epoch, heartbeat when due."""
