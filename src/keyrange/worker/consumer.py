@@ -1,7 +1,8 @@
 """The worker's one Kafka consumer, driven from asyncio through one dedicated thread.
 
 confluent-kafka's Consumer is not thread-safe, so every call on it (fetch, assign, pause,
-committed, watermarks, close) runs on a single-thread executor and calls are serialized. The
+watermarks, close) runs on a single-thread executor and calls are serialized; a fetch that waits
+for records gives way as soon as another call is queued behind it. The
 consumer never joins a group (joins are slow on tansu and the range map, not Kafka, decides
 ownership): partitions are `incremental_assign`ed explicitly and the group id only keys the
 committed offsets.
@@ -10,6 +11,7 @@ committed offsets.
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
@@ -21,7 +23,10 @@ from keyrange.worker.settings import WorkerSettings
 R = TypeVar("R")
 
 FETCH_WAIT_SECONDS = 0.05
-"""How long one fetch blocks when nothing is buffered; bounds the delay of queued commands."""
+"""How long one fetch blocks when nothing is buffered."""
+FETCH_SLICE_SECONDS = 0.005
+"""A waiting fetch checks this often whether a command (assign, unassign, pause...) is queued
+behind it, and returns early if so: a handoff waits for those commands."""
 
 
 def consumer_config(settings: WorkerSettings, **overrides: Any) -> dict[str, Any]:
@@ -51,9 +56,15 @@ class ThreadedConsumer:
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="keyrange-consumer")
         self._consumer: Consumer | None = None
         self._settings = settings
+        self._commands_queued = 0
+        """Calls other than fetch submitted and not finished (read by the fetch thread)."""
 
     async def _call(self, function: Callable[..., R], *args: Any) -> R:
-        return await asyncio.get_running_loop().run_in_executor(self._executor, function, *args)
+        self._commands_queued += 1
+        try:
+            return await asyncio.get_running_loop().run_in_executor(self._executor, function, *args)
+        finally:
+            self._commands_queued -= 1
 
     async def open(self) -> Any:
         """Create the consumer; return its group metadata (for send_offsets_to_transaction)."""
@@ -80,35 +91,14 @@ class ThreadedConsumer:
         def fetch_batch() -> list[Message]:
             consumer = self._c
             messages = consumer.consume(self._batch, 0)
-            if not messages:
-                messages = consumer.consume(1, FETCH_WAIT_SECONDS)
+            deadline = time.monotonic() + FETCH_WAIT_SECONDS
+            while not messages and not self._commands_queued and time.monotonic() < deadline:
+                messages = consumer.consume(1, FETCH_SLICE_SECONDS)
                 if messages:
                     messages.extend(consumer.consume(self._batch - 1, 0))
             return messages
 
-        return await self._call(fetch_batch)
-
-    async def committed(self, partitions: Iterable[int]) -> dict[int, int]:
-        """Committed offset per partition (negative when the group has none)."""
-        tps = [TopicPartition(self._topic, p) for p in partitions]
-
-        def committed() -> dict[int, int]:
-            found = self._c.committed(tps, timeout=self._settings.kafka_timeout_seconds)
-            return {tp.partition: tp.offset for tp in found}
-
-        return await self._call(committed)
-
-    async def low_watermarks(self, partitions: Iterable[int]) -> dict[int, int]:
-        """The first available offset of each partition."""
-
-        def lows() -> dict[int, int]:
-            timeout = self._settings.kafka_timeout_seconds
-            return {
-                p: self._c.get_watermark_offsets(TopicPartition(self._topic, p), timeout=timeout)[0]
-                for p in partitions
-            }
-
-        return await self._call(lows)
+        return await asyncio.get_running_loop().run_in_executor(self._executor, fetch_batch)
 
     async def assign(self, start_offsets: dict[int, int]) -> None:
         """Start fetching the given partitions from the given offsets."""

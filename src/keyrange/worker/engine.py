@@ -28,7 +28,7 @@ from keyrange.kafkaio import TopicSpec, ensure_topics, require_topic
 from keyrange.worker.consumer import ThreadedConsumer
 from keyrange.worker.context import ClientState, HandlerContext
 from keyrange.worker.partition import PartitionMetrics, PartitionState
-from keyrange.worker.restore import STATE_HEADER, restore
+from keyrange.worker.restore import STATE_HEADER, Restorer
 from keyrange.worker.scheduler import ClientScheduler
 from keyrange.worker.settings import WorkerSettings
 from keyrange.worker.stats import WorkerStats
@@ -70,6 +70,7 @@ class Worker:
         self._acquiring: dict[int, _AcquireTicket] = {}
         self._consumer = ThreadedConsumer(settings)
         self._output: TransactionalOutput | None = None
+        self._restorer: Restorer | None = None
         self._pool = ThreadPoolExecutor(max_workers=settings.concurrency, thread_name_prefix="keyrange-handler")
         self._scheduler: ClientScheduler[_Job] | None = None
         self._commit_lock = asyncio.Lock()
@@ -108,6 +109,8 @@ class Worker:
         ]
         outputs = await loop.run_in_executor(None, ensure_topics, s.bootstrap, specs, s.kafka_timeout_seconds)
         self._counts = {s.topic: count, **outputs}
+        self._restorer = Restorer(s, self._counts)
+        self._restorer.prepare()
         group_metadata = await self._consumer.open()
         self._output = TransactionalOutput(s, group_metadata)
         await self._output.open()
@@ -133,6 +136,8 @@ class Worker:
         if self._scheduler is not None:
             await self._scheduler.cancel()
         await self._consumer.close()
+        if self._restorer is not None:
+            await asyncio.get_running_loop().run_in_executor(None, self._restorer.close)
         if self._output is not None:
             await self._output.close()
         self._pool.shutdown(wait=False, cancel_futures=True)
@@ -165,15 +170,12 @@ class Worker:
         tickets = {s: _AcquireTicket() for s in new}
         self._acquiring.update(tickets)
         began = time.monotonic()
+        assert self._restorer is not None, "worker not started"
         try:
-            committed = await self._consumer.committed(new)
-            lows = await self._consumer.low_watermarks(new)
-            starts = {s: committed[s] if committed[s] >= 0 else lows[s] for s in new}
-            restore_began = time.monotonic()
-            restored = await asyncio.get_running_loop().run_in_executor(
-                None, restore, self.settings, starts, self._counts
-            )
-            restore_ms = (time.monotonic() - restore_began) * 1000
+            # Committed offsets are looked up by the restore's own consumer too: the worker's consumer
+            # is busy fetching the slots that keep flowing.
+            restored = await asyncio.get_running_loop().run_in_executor(None, self._restorer.restore_slots, new)
+            restore_ms = (time.monotonic() - began) * 1000
         finally:
             for s, ticket in tickets.items():
                 if self._acquiring.get(s) is ticket:

@@ -36,12 +36,16 @@ Changelog records written before the offset header existed are treated as < C.
 
 from __future__ import annotations
 
+import contextlib
+import threading
 import time
+from collections.abc import Iterable
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
-from confluent_kafka import Consumer, Message, TopicPartition
+from confluent_kafka import Consumer, KafkaException, Message, TopicPartition
 
 from keyrange.errors import UserError
 from keyrange.events import DLQ_OFFSET, DLQ_PARTITION, BadEvent, decode_processed, parse_input
@@ -50,6 +54,8 @@ from keyrange.worker.settings import WorkerSettings
 
 POLL_SECONDS = 0.01
 """How long a read waits for a record when nothing is buffered; bounds how late it sees its end."""
+FETCH_WAIT_MS = 5
+"""How long the broker may hold a fetch at a log's end: every read ends with one such fetch."""
 READ_BATCH = 5000
 """Records taken from the consumer's buffer in one call."""
 
@@ -90,8 +96,31 @@ class _Reader:
 
     def __init__(self, settings: WorkerSettings) -> None:
         self._settings = settings
-        self._consumer = Consumer(consumer_config(settings, **{"group.id": f"{settings.group_id}.restore"}))
+        # The worker's own group id, to look up its committed offsets; this consumer only ever
+        # assigns, so it never joins the group or commits.
+        self._consumer = Consumer(consumer_config(settings, **{"fetch.wait.max.ms": FETCH_WAIT_MS}))
         self._known_topics: set[str] = set()
+
+    def connect(self, topics: Iterable[str]) -> None:
+        """Connect and fetch the topics' metadata now, so a later read does not wait for either."""
+        self._learn_topics(set(topics))
+
+    def _learn_topics(self, topics: set[str]) -> None:
+        for topic in topics - self._known_topics:
+            # Otherwise a topic this consumer has no metadata for waits for the next periodic
+            # refresh (about 1 s) before its first fetch.
+            self._consumer.list_topics(topic, timeout=self._settings.kafka_timeout_seconds)
+            self._known_topics.add(topic)
+
+    def start_offsets(self, topic: str, partitions: Iterable[int]) -> dict[int, int]:
+        """Where each partition resumes: the group's committed offset, or the first offset when none."""
+        timeout = self._settings.kafka_timeout_seconds
+        found = self._consumer.committed([TopicPartition(topic, p) for p in partitions], timeout=timeout)
+        starts = {tp.partition: tp.offset for tp in found}
+        for p, offset in starts.items():
+            if offset < 0:
+                starts[p] = self._consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=timeout)[0]
+        return starts
 
     def close(self) -> None:
         """Close the consumer (it never joined a group)."""
@@ -120,11 +149,7 @@ class _Reader:
         if not wanted:
             return out, ends
         consumer = self._consumer
-        for topic in {t for t, _ in wanted} - self._known_topics:
-            # Otherwise a topic this consumer has no metadata for waits for the next periodic
-            # refresh (about 1 s) before its first fetch.
-            consumer.list_topics(topic, timeout=self._settings.kafka_timeout_seconds)
-            self._known_topics.add(topic)
+        self._learn_topics({t for t, _ in wanted})
         consumer.assign([TopicPartition(t, p, o) for (t, p), o in wanted.items()])
         try:
             last: dict[Span, int] = {}
@@ -198,6 +223,77 @@ def restore(settings: WorkerSettings, start_offsets: dict[int, int], partition_c
         return _restore(reader, settings, start_offsets, partition_counts, now_s)
     finally:
         reader.close()
+
+
+class Restorer:
+    """Restores slots for one worker, with a connected reader always ready for the next acquire.
+
+    A handoff's moved slots pause for as long as the new owner's acquire takes, and a fresh
+    consumer spends tens of milliseconds connecting and fetching metadata before its first read.
+    So the reader for the next restore connects in the background as soon as the previous one is
+    used up. Each reader serves one restore only: a consumer keeps a partition's last high
+    watermark after unassigning it, and `_Reader.read` must not mistake that for the end.
+    """
+
+    def __init__(self, settings: WorkerSettings, partition_counts: dict[str, int]) -> None:
+        self._settings = settings
+        self._counts = dict(partition_counts)
+        self._topics = list(partition_counts)
+        self._lock = threading.Lock()
+        self._ready: Future[_Reader] | None = None
+        self._closed = False
+
+    def prepare(self) -> None:
+        """Start connecting the next reader (idempotent)."""
+        with self._lock:
+            if self._ready is None and not self._closed:
+                self._ready = Future()
+                threading.Thread(target=self._connect, args=(self._ready,), name="keyrange-restore-warmup",
+                                 daemon=True).start()
+
+    def _connect(self, ready: Future[_Reader]) -> None:
+        try:
+            reader = _Reader(self._settings)
+            try:
+                reader.connect(self._topics)
+            except Exception:
+                reader.close()
+                raise
+            ready.set_result(reader)
+        except Exception as exc:  # noqa: BLE001 - handed to the restore that takes this reader
+            ready.set_exception(exc)
+
+    def _take(self) -> _Reader:
+        self.prepare()
+        with self._lock:
+            ready, self._ready = self._ready, None
+        if ready is None:  # closed
+            raise RuntimeError("restorer is closed")
+        try:
+            return ready.result(timeout=self._settings.kafka_timeout_seconds)
+        except KafkaException:
+            return _Reader(self._settings)  # the warm-up failed (broker away then): try afresh
+
+    def restore_slots(self, slots: Iterable[int], now_s: float | None = None) -> dict[int, RestoredPartition]:
+        """Look up where each slot resumes (committed offset, else the first), then restore it.
+        Blocking: run it on a thread."""
+        reader = self._take()
+        try:
+            starts = reader.start_offsets(self._settings.topic, sorted(set(slots)))
+            return _restore(reader, self._settings, starts, self._counts, now_s)
+        finally:
+            # Closing takes tens of milliseconds the acquire need not wait for.
+            threading.Thread(target=reader.close, name="keyrange-restore-close", daemon=True).start()
+            self.prepare()
+
+    def close(self) -> None:
+        """Close the ready reader, if any; no reader is prepared after this."""
+        with self._lock:
+            self._closed = True
+            ready, self._ready = self._ready, None
+        if ready is not None:
+            with contextlib.suppress(Exception):
+                ready.result(timeout=self._settings.kafka_timeout_seconds).close()
 
 
 def _restore(reader: _Reader, settings: WorkerSettings, start_offsets: dict[int, int],
