@@ -42,8 +42,11 @@ class WorkerSettings:
     """Records taken from the consumer per call."""
     handler_config: dict[str, Any] = field(default_factory=dict)
     """Passed to handlers as `ctx.config`."""
-    restore_clock_slack_seconds: float = 60.0
-    """Extra history read on restore to tolerate clock skew between hosts."""
+    restore_clock_slack_seconds: float = 10.0
+    """Extra history a restore reads, before the dedup window and before the outputs it looks for,
+    to tolerate clock skew between producers, workers and the broker. Skew beyond it could let a
+    duplicate through or re-run an event finished just before a handoff; more costs restore time
+    (every handoff reads TTL + this much input, and this much output, per moved slot)."""
     kafka_timeout_seconds: float = 30.0
     """Timeout of a single Kafka admin, restore or transaction call."""
 
