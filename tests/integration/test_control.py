@@ -12,6 +12,8 @@ import threading
 import time
 from collections.abc import Collection, Mapping, Set
 
+import pytest
+
 from keyrange.ranges.control import ControlChannel, WorkerReport, now_ms
 from keyrange.ranges.controller import Controller
 from keyrange.ranges.member import RangeMember
@@ -27,6 +29,7 @@ class Holdings:
         self.holder: dict[int, int] = {}
         self.violations: list[str] = []
         self.acquisitions = 0
+        self.prefetched: list[tuple[int, frozenset[int]]] = []
 
     def acquire(self, worker: int, slots: Collection[int]) -> None:
         for s in slots:
@@ -66,6 +69,11 @@ class FakeEngine:
         self._held -= set(slots)
         self.holdings.release(self.worker, slots)
 
+    async def prefetch(self, slots: Collection[int]) -> bool:
+        await asyncio.sleep(self.rng.uniform(0, 0.1))
+        self.holdings.prefetched.append((self.worker, frozenset(slots)))
+        return True
+
 
 class NoLag:
     def slot_lag(self) -> Mapping[int, SlotLag]:
@@ -80,7 +88,8 @@ class DesiredCount:
         self.workers = workers
 
 
-async def test_forced_rescales_never_let_two_workers_hold_a_slot(bootstrap: str, topic_name: str) -> None:
+async def test_forced_rescales_never_let_two_workers_hold_a_slot(bootstrap: str, topic_name: str,
+                                                                 caplog: pytest.LogCaptureFixture) -> None:
     group = topic_name
     ControlChannel.ensure_topic(bootstrap, group)
     holdings, rng, fleet = Holdings(), random.Random(7), DesiredCount()
@@ -156,6 +165,9 @@ async def test_forced_rescales_never_let_two_workers_hold_a_slot(bootstrap: str,
     assert len(controller.rescales) == 24
     assert {r.action for r in controller.rescales} == {"split", "merge"}
     assert all(r.settled_ms is not None for r in controller.rescales)
+    # Every handoff waited for its new owner to read the moved slots ahead.
+    assert len(holdings.prefetched) >= 24
+    assert "did not read ahead" not in caplog.text
     assert {s: holdings.holder.get(s) for s in range(SLOTS)} == {s: final.owner_of(s) for s in range(SLOTS)}
 
 
@@ -167,6 +179,7 @@ def test_controller_resumes_from_the_newest_epoch(bootstrap: str, topic_name: st
     assert pub.map.describe() == "epoch 1: w0=0-11"
     assert first.request_scale("down", "test").detail == "already at workers.min=1"
     first.start_timeout_seconds = 0  # nobody runs w1: publish the split without waiting for it
+    first.warm_timeout_seconds = 0  # ... or for it to read ahead
     assert first.request_scale("up", "test").applied
     # epoch 2 has slots in transit; w0 never reports, so the handoff stays pending
     assert first.request_scale("up", "again").detail.startswith("a rescale is in progress")

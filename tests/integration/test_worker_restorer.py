@@ -1,9 +1,10 @@
-"""The worker's Restorer (a pre-connected reader per acquire, offsets looked up by itself) restores
-exactly what `restore()` does from the committed offsets, acquire after acquire."""
+"""The worker's Restorer (a pre-connected reader per acquire, offsets looked up by itself, logs read
+ahead) restores exactly what `restore()` does from the committed offsets, acquire after acquire."""
 
 from __future__ import annotations
 
 import time
+from unittest.mock import patch
 
 from confluent_kafka import Consumer, TopicPartition
 
@@ -11,7 +12,8 @@ from keyrange.kafkaio import TopicSpec, ensure_topics
 from keyrange.loadgen import LoadShape, generate, produce_all
 from keyrange.ranges.slots import partition_for_key
 from keyrange.worker import WorkerSettings
-from keyrange.worker.restore import Restorer, restore
+from keyrange.worker.restore import restore
+from keyrange.worker.restorer import Prefetched, Restorer
 from tests.integration.worker_helpers import run_worker_until, settings_for
 
 PARTITIONS = 4
@@ -39,6 +41,7 @@ async def test_restorer_matches_restore_from_committed_offsets_acquire_after_acq
     settings = settings_for(bootstrap, topic_name)
     ensure_topics(bootstrap, [TopicSpec(topic_name, PARTITIONS)])
     restorer: Restorer | None = None
+    prefetched: Prefetched | None = None
     try:
         ends = dict.fromkeys(range(PARTITIONS), 0)
         for round_ in range(2):
@@ -57,9 +60,15 @@ async def test_restorer_matches_restore_from_committed_offsets_acquire_after_acq
             committed = _committed(settings)
             assert committed[3] < 0, "partition 3 was never worked on"
             now_s = time.time()
-            got = restorer.restore_slots(range(PARTITIONS), now_s=now_s)
+            if prefetched is None:
+                got = restorer.restore_slots(range(PARTITIONS), now_s=now_s)
+            else:
+                # Read ahead before round 2's events were produced and handled: only the rest is read now.
+                with patch("keyrange.worker.restorer.restore_with", side_effect=AssertionError("read it all")):
+                    got = restorer.restore_slots(range(PARTITIONS), prefetched, now_s=now_s)
             want = restore(settings, {**committed, 3: 0}, counts, now_s=now_s)
             assert got == want
+            prefetched = restorer.prefetch(range(PARTITIONS))
             assert got[3].start_offset == 0 and not got[3].state
             assert all(got[p].start_offset == committed[p] > 0 for p in WORKED)
             assert sum(len(got[p].state) for p in WORKED) > 0, "the ledger handler keeps per-client state"

@@ -1,17 +1,22 @@
 """The control channel: a compacted, single-partition Kafka topic per consumer (`<groupId>.control`).
 
 Like Kafka Connect's config and status topics, it needs nothing but Kafka, so it works the same
-with and without Kubernetes. Two kinds of records, both JSON, keyed so compaction keeps the latest:
+with and without Kubernetes. Three kinds of records, all JSON, keyed so compaction keeps the latest:
 
 - key `assignment`, written only by the controller: a `Publication` = a range map (epoch,
   ranges, owners) plus the slots still `in transit` (their old owner may still hold them, so
   their new owner must not acquire them yet) and the workers whose release the controller
   awaits. A worker may hold exactly `slots_of(itself) - transit` of the newest publication.
+- key `prepare`, written only by the controller before a handoff: a `Prepare` (which slots will
+  move to whom), so the new owners read their logs ahead while the slots still flow at their old
+  owners; it changes no ownership.
 - key `worker.<n>`, written by worker n: a `WorkerReport` (the newest epoch it has applied,
-  the slots it holds, a timestamp). Written after every acquire/release and as a heartbeat.
+  the slots it holds, the slots it has read ahead, a timestamp). Written after every
+  acquire/release/read-ahead and as a heartbeat.
 
-Two-phase handoff: the controller publishes epoch E with the moved slots in transit; each old
-owner releases them (commits in its transaction) and reports epoch E; when every awaited worker
+Two-phase handoff, after a read-ahead: the controller announces the moves, waits (boundedly)
+until every new owner reports them read ahead, then publishes epoch E with the moved slots in
+transit; each old owner releases them (commits in its transaction) and reports epoch E; when every awaited worker
 has reported E without the slots, the controller publishes E+1 with the same map and nothing in
 transit, and only then do the new owners acquire. Slots that do not move are never in transit.
 """
@@ -31,6 +36,7 @@ from keyrange.ranges.rangemap import RangeMap
 from keyrange.ranges.slots import format_slot_list, parse_slot_list
 
 ASSIGNMENT_KEY = b"assignment"
+PREPARE_KEY = b"prepare"
 WORKER_KEY_PREFIX = "worker."
 
 
@@ -95,8 +101,36 @@ class Publication:
 
 
 @dataclass(frozen=True)
+class Prepare:
+    """Announced before a handoff's epoch: which slots will move to whom, so the new owners read
+    their logs ahead while the old owners still handle the slots (worker/restorer.py)."""
+
+    epoch: int
+    """The epoch of the publication the moves start from (the handoff's epoch is the next one)."""
+    moves: Mapping[int, frozenset[int]]
+    """New owner -> the slots it will be granted."""
+    at_ms: int
+
+    def slots_for(self, worker: int) -> frozenset[int]:
+        """The slots `worker` will be granted."""
+        return self.moves.get(worker, frozenset())
+
+    def encode(self) -> bytes:
+        """The record value."""
+        return orjson.dumps({"epoch": self.epoch, "moves": {str(w): _slots_json(s) for w, s in self.moves.items()},
+                             "at": self.at_ms})
+
+    @classmethod
+    def decode(cls, value: bytes) -> Prepare:
+        """Parse a record value; raise ValueError when it is malformed."""
+        d = orjson.loads(value)
+        return cls(int(d["epoch"]), {int(w): _slots_parse(s) for w, s in d["moves"].items()}, int(d.get("at", 0)))
+
+
+@dataclass(frozen=True)
 class WorkerReport:
-    """What a worker reports: the newest epoch it applied and the slots it holds."""
+    """What a worker reports: the newest epoch it applied, the slots it holds, the slots it has read
+    ahead for the newest `Prepare`."""
 
     worker: int
     epoch: int
@@ -104,18 +138,22 @@ class WorkerReport:
     at_ms: int
     """Wall-clock time of the report (a heartbeat)."""
     pid: int = 0
+    warm: frozenset[int] = frozenset()
+    """Slots read ahead for the prepare of epoch `warm_epoch`."""
+    warm_epoch: int = 0
 
     def encode(self) -> bytes:
         """The record value."""
         return orjson.dumps({"worker": self.worker, "epoch": self.epoch, "held": _slots_json(self.held),
-                             "at": self.at_ms, "pid": self.pid})
+                             "at": self.at_ms, "pid": self.pid, "warm": _slots_json(self.warm),
+                             "warmEpoch": self.warm_epoch})
 
     @classmethod
     def decode(cls, value: bytes) -> WorkerReport:
         """Parse a record value; raise ValueError when it is malformed."""
         d = orjson.loads(value)
         return cls(int(d["worker"]), int(d["epoch"]), _slots_parse(d.get("held", "")), int(d.get("at", 0)),
-                   int(d.get("pid", 0)))
+                   int(d.get("pid", 0)), _slots_parse(d.get("warm", "")), int(d.get("warmEpoch", 0)))
 
 
 @dataclass
@@ -123,6 +161,7 @@ class ControlState:
     """The latest publication and worker reports, as read so far."""
 
     publication: Publication | None = None
+    prepare: Prepare | None = None
     reports: dict[int, WorkerReport] = field(default_factory=dict)
 
     def apply(self, key: bytes | None, value: bytes | None) -> None:
@@ -135,6 +174,8 @@ class ControlState:
                 pub = Publication.decode(value)
                 if self.publication is None or pub.epoch >= self.publication.epoch:
                     self.publication = pub
+            elif key == PREPARE_KEY:
+                self.prepare = Prepare.decode(value)
             elif key.startswith(WORKER_KEY_PREFIX.encode()):
                 report = WorkerReport.decode(value)
                 self.reports[report.worker] = report
@@ -145,6 +186,11 @@ class ControlState:
         """True once `worker` reported applying `epoch` (or newer) without holding any of `slots`."""
         r = self.reports.get(worker)
         return r is not None and r.epoch >= epoch and not (r.held & slots)
+
+    def warm(self, worker: int, epoch: int, slots: frozenset[int]) -> bool:
+        """True once `worker` reported having read `slots` ahead for the prepare of `epoch`."""
+        r = self.reports.get(worker)
+        return r is not None and r.warm_epoch == epoch and slots <= r.warm
 
 
 class ControlChannel:
@@ -213,6 +259,10 @@ class ControlChannel:
     def publish(self, publication: Publication) -> None:
         """Write an assignment record (controller only) and wait until the broker has it."""
         self._write(ASSIGNMENT_KEY, publication.encode())
+
+    def announce(self, prepare: Prepare) -> None:
+        """Write the prepare record (controller only) and wait until the broker has it."""
+        self._write(PREPARE_KEY, prepare.encode())
 
     def report(self, report: WorkerReport) -> None:
         """Write a worker report and wait until the broker has it."""

@@ -5,7 +5,9 @@ given the bootstrap servers, the group, the slot count, the scaling limits, a la
 fleet (who starts and stops worker processes or pods); it measures lag, asks the pure planner,
 and drives the two-phase handoff over the control topic (see `control.py`):
 
-    decide -> fleet.scale_to(max(old, new)) -> [split: the new worker reports it runs]
+    decide -> fleet.scale_to(max(old, new)) -> announce the moves (prepare record)
+           -> [split: the new worker reports it runs] -> the new owners report the moved slots
+              read ahead (or `warm_timeout_seconds` pass)
            -> publish epoch E (moved slots in transit)
            -> every old owner reports E without them -> publish E+1 (nothing in transit)
            -> fleet.scale_to(new)
@@ -25,7 +27,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from keyrange.errors import UserError
-from keyrange.ranges.control import ControlChannel, Publication, describe_reports, now_ms
+from keyrange.ranges.control import ControlChannel, Prepare, Publication, describe_reports, now_ms
 from keyrange.ranges.planner import Decision, Direction, Planner, ScalingLimits, SlotLag, range_lag, with_epoch
 from keyrange.ranges.rangemap import RangeMap
 
@@ -103,7 +105,7 @@ class Controller:
 
     def __init__(self, channel: ControlChannel, slot_count: int, limits: ScalingLimits, lag_source: LagSource,
                  fleet: WorkerFleet | None = None, clock: Callable[[], float] = time.monotonic,
-                 start_timeout_seconds: float = 60.0) -> None:
+                 start_timeout_seconds: float = 60.0, warm_timeout_seconds: float = 10.0) -> None:
         self.channel = channel
         self.slot_count = slot_count
         self.planner = Planner(limits)
@@ -113,6 +115,8 @@ class Controller:
         self.rescales: list[Rescale] = []
         self.last_decision = "starting"
         self.start_timeout_seconds = start_timeout_seconds
+        self.warm_timeout_seconds = warm_timeout_seconds
+        """How long a handoff waits for its new owners to read ahead; after that they restore in full."""
         self._pending: tuple[Decision, int] | None = None
         self._lock = threading.RLock()
         self._lag: Mapping[int, SlotLag] = {}
@@ -186,6 +190,13 @@ class Controller:
     def _begin(self, pub: Publication, decision: Decision) -> Publication:
         assert decision.next_map is not None
         self._pending = (decision, now_ms())
+        moves: dict[int, frozenset[int]] = {}
+        for slot in decision.moved_slots:
+            owner = decision.next_map.owner_of(slot)
+            moves[owner] = moves.get(owner, frozenset()) | {slot}
+        prepare = Prepare(pub.epoch, moves, now_ms())
+        self.channel.announce(prepare)
+        self.channel.state.prepare = prepare
         if self.fleet is not None:
             self.fleet.scale_to(max(pub.map.workers, decision.next_map.workers))
         return self._publish_when_ready(pub)
@@ -205,6 +216,16 @@ class Controller:
         if waiting:
             log.warning("worker(s) %s did not report within %.0f s; publishing anyway", waiting,
                         self.start_timeout_seconds)
+        # The moved slots keep flowing at their old owners while the new ones read ahead, so the
+        # pause after the release is only the catch-up on what was appended since.
+        prepare = self.channel.state.prepare
+        moves = prepare.moves if prepare is not None and prepare.epoch == pub.epoch else {}
+        cold = [w for w, slots in moves.items() if not self.channel.state.warm(w, pub.epoch, slots)]
+        if cold and now_ms() - decided_ms < self.warm_timeout_seconds * 1000:
+            return pub
+        if cold:
+            log.warning("worker(s) %s did not read ahead within %.0f s; handing over anyway (they restore in full)",
+                        cold, self.warm_timeout_seconds)
         self._pending = None
         new_map = with_epoch(decision.next_map, pub.epoch + 1)
         moved = decision.moved_slots

@@ -3,7 +3,9 @@
 A worker in controlled mode runs one `RangeMember` next to its engine. On every newer epoch it
 first releases what the epoch does not allow it (fencing: a slot it does not hold in the newest
 epoch it has seen is never handled again), reports, then acquires what the epoch newly allows,
-and reports again. Between epochs it sends a heartbeat report every `heartbeat_seconds`.
+and reports again. When a handoff that will grant it slots is announced, it reads their logs
+ahead in the background and reports them warm. Between epochs it sends a heartbeat report every
+`heartbeat_seconds`.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ import os
 from collections.abc import Collection, Set
 from typing import Protocol
 
-from keyrange.ranges.control import ControlChannel, WorkerReport, now_ms
+from keyrange.ranges.control import ControlChannel, Prepare, WorkerReport, now_ms
 from keyrange.ranges.slots import format_slot_list
 
 log = logging.getLogger(__name__)
@@ -36,6 +38,10 @@ class SlotOwner(Protocol):
         """Stop fetching `slots`, finish in-flight work, commit outputs, state and offsets."""
         ...
 
+    async def prefetch(self, slots: Collection[int]) -> bool:
+        """Read ahead the logs a later `acquire(slots)` needs; return whether it succeeded."""
+        ...
+
 
 class RangeMember:
     """Keeps one worker's held slots equal to what the newest publication allows it."""
@@ -50,15 +56,25 @@ class RangeMember:
         self.applied_epoch = 0
         """The newest epoch this worker has fully applied (released and acquired)."""
         self._last_report = 0.0
+        self._reported_epoch = 0
+        self._report_lock = asyncio.Lock()
+        self._prepare_seen: Prepare | None = None
+        self._warm: tuple[int, frozenset[int]] = (0, frozenset())
+        """(prepare epoch, slots) of the newest finished read-ahead."""
+        self._read_ahead_task: asyncio.Task[None] | None = None
 
     async def run(self, stop: asyncio.Event) -> None:
         """Follow the control topic until `stop` is set; then report holding nothing the engine
         no longer holds (call after the engine stopped, or release first)."""
         await asyncio.to_thread(self.channel.catch_up)
-        while not stop.is_set():
-            await self.sync_once()
-            # Wait on the topic itself, not a timer: a new epoch is applied the moment it arrives.
-            await asyncio.to_thread(self.channel.poll, self.poll_seconds)
+        try:
+            while not stop.is_set():
+                await self.sync_once()
+                # Wait on the topic itself, not a timer: a new epoch is applied the moment it arrives.
+                await asyncio.to_thread(self.channel.poll, self.poll_seconds)
+        finally:
+            if self._read_ahead_task is not None:
+                self._read_ahead_task.cancel()
 
     async def sync_once(self) -> None:
         """One round: read new control records, apply the newest epoch, heartbeat when due."""
@@ -66,6 +82,7 @@ class RangeMember:
         pub = self.channel.state.publication
         if pub is None:
             return
+        self._follow_prepare(pub.epoch)
         loop = asyncio.get_running_loop()
         if pub.epoch != self.applied_epoch:
             allowed = pub.allowed_slots(self.worker)
@@ -87,11 +104,35 @@ class RangeMember:
         elif loop.time() - self._last_report >= self.heartbeat_seconds:
             await self.report(self.applied_epoch)
 
+    def _follow_prepare(self, epoch: int) -> None:
+        """Start reading ahead the slots a newly announced handoff from `epoch` will grant us."""
+        prepare = self.channel.state.prepare
+        if prepare is None or prepare.epoch != epoch or prepare == self._prepare_seen:
+            return
+        self._prepare_seen = prepare
+        slots = prepare.slots_for(self.worker) - set(self.engine.held_slots)
+        if slots:
+            if self._read_ahead_task is not None:
+                self._read_ahead_task.cancel()
+            log.info("w%d: reading ahead %s for the handoff from epoch %d", self.worker,
+                     format_slot_list(sorted(slots)), epoch)
+            self._read_ahead_task = asyncio.create_task(self._read_ahead(prepare.epoch, frozenset(slots)))
+
+    async def _read_ahead(self, epoch: int, slots: frozenset[int]) -> None:
+        if await self.engine.prefetch(slots):
+            self._warm = (epoch, slots)
+            await self.report(self._reported_epoch)
+
     async def report(self, epoch: int) -> None:
-        """Write this worker's report: `epoch` applied, the slots the engine holds now."""
-        self._last_report = asyncio.get_running_loop().time()
-        report = WorkerReport(self.worker, epoch, frozenset(self.engine.held_slots), now_ms(), os.getpid())
-        await asyncio.to_thread(self.channel.report, report)
+        """Write this worker's report: `epoch` applied (or a newer one reported before), the slots
+        the engine holds now, the slots read ahead."""
+        async with self._report_lock:  # a read-ahead reports too: never let a report go back an epoch
+            self._reported_epoch = max(self._reported_epoch, epoch)
+            self._last_report = asyncio.get_running_loop().time()
+            warm_epoch, warm = self._warm
+            report = WorkerReport(self.worker, self._reported_epoch, frozenset(self.engine.held_slots), now_ms(),
+                                  os.getpid(), warm, warm_epoch)
+            await asyncio.to_thread(self.channel.report, report)
 
 
 def ordinal_from_hostname(hostname: str) -> int:

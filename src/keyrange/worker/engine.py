@@ -28,7 +28,8 @@ from keyrange.kafkaio import TopicSpec, ensure_topics, require_topic
 from keyrange.worker.consumer import ThreadedConsumer
 from keyrange.worker.context import ClientState, HandlerContext
 from keyrange.worker.partition import PartitionMetrics, PartitionState
-from keyrange.worker.restore import STATE_HEADER, Restorer
+from keyrange.worker.restore import STATE_HEADER
+from keyrange.worker.restorer import Prefetched, Restorer
 from keyrange.worker.scheduler import ClientScheduler
 from keyrange.worker.settings import WorkerSettings
 from keyrange.worker.stats import WorkerStats
@@ -71,6 +72,8 @@ class Worker:
         self._consumer = ThreadedConsumer(settings)
         self._output: TransactionalOutput | None = None
         self._restorer: Restorer | None = None
+        self._prefetch: tuple[frozenset[int], asyncio.Future[Prefetched]] | None = None
+        """The newest read-ahead: for which slots, and its result."""
         self._pool = ThreadPoolExecutor(max_workers=settings.concurrency, thread_name_prefix="keyrange-handler")
         self._scheduler: ClientScheduler[_Job] | None = None
         self._commit_lock = asyncio.Lock()
@@ -172,10 +175,13 @@ class Worker:
         began = time.monotonic()
         assert self._restorer is not None, "worker not started"
         try:
+            prefetched = await self._take_prefetch(new)
+            restore_began = time.monotonic()
             # Committed offsets are looked up by the restore's own consumer too: the worker's consumer
             # is busy fetching the slots that keep flowing.
-            restored = await asyncio.get_running_loop().run_in_executor(None, self._restorer.restore_slots, new)
-            restore_ms = (time.monotonic() - began) * 1000
+            restored = await asyncio.get_running_loop().run_in_executor(
+                None, self._restorer.restore_slots, new, prefetched)
+            restore_ms = (time.monotonic() - restore_began) * 1000
         finally:
             for s, ticket in tickets.items():
                 if self._acquiring.get(s) is ticket:
@@ -191,11 +197,39 @@ class Worker:
             assign[s] = restored[s].start_offset
         await self._consumer.assign(assign)
         self._held_gauge.set(len(self.held_slots))
-        log.info("acquired slots %s at offsets %s in %.0f ms, restore %.0f ms (restored %d finished-after-commit "
+        log.info("acquired slots %s at offsets %s in %.0f ms, restore %.0f ms%s (restored %d finished-after-commit "
                  "offsets, %d uuids, %d client states)", sorted(assign), assign,
-                 (time.monotonic() - began) * 1000, restore_ms,
+                 (time.monotonic() - began) * 1000, restore_ms, " after a read-ahead" if prefetched else "",
                  sum(len(restored[s].finished_offsets) for s in assign),
                  sum(len(restored[s].seen) for s in assign), sum(len(restored[s].state) for s in assign))
+
+    async def prefetch(self, slots: Iterable[int]) -> bool:
+        """Read ahead the logs a later `acquire(slots)` restores from, while another worker still
+        handles the slots, so that acquire only reads what was appended since (restorer.py).
+        Returns whether the read-ahead succeeded; a failed one only makes the acquire read it all."""
+        assert self._restorer is not None, "worker not started"
+        wanted = frozenset(slots) - self.held_slots
+        if not wanted:
+            return True
+        future = asyncio.get_running_loop().run_in_executor(None, self._restorer.prefetch, wanted)
+        self._prefetch = (wanted, future)
+        try:
+            await asyncio.shield(future)
+        except Exception as exc:  # noqa: BLE001 - the acquire restores in full instead
+            log.warning("read-ahead of slots %s failed (%s); their acquire will read everything", sorted(wanted), exc)
+            return False
+        return True
+
+    async def _take_prefetch(self, slots: list[int]) -> Prefetched | None:
+        """The read-ahead of exactly `slots` (waiting for it if it still runs), or None; either way
+        the read-ahead is dropped."""
+        prefetch, self._prefetch = self._prefetch, None
+        if prefetch is None or prefetch[0] != frozenset(slots):
+            return None
+        try:
+            return await prefetch[1]
+        except Exception:  # noqa: BLE001 - logged by prefetch
+            return None
 
     async def release(self, slots: Iterable[int], commit: bool = True) -> None:
         """Stop the slots: no new handler starts, in-flight calls finish, and (with `commit`) their

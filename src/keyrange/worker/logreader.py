@@ -1,0 +1,149 @@
+"""The consumer a restore reads its logs through (worker/restore.py, worker/restorer.py)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable
+
+from confluent_kafka import Consumer, Message, TopicPartition
+
+from keyrange.errors import UserError
+from keyrange.worker.consumer import consumer_config
+from keyrange.worker.settings import WorkerSettings
+
+POLL_SECONDS = 0.01
+"""How long a read waits for a record when nothing is buffered; bounds how late it sees its end."""
+FETCH_WAIT_MS = 5
+"""How long the broker may hold a fetch at a log's end: every read ends with one such fetch."""
+READ_BATCH = 5000
+"""Records taken from the consumer's buffer in one call."""
+
+Span = tuple[str, int]
+"""(topic, partition)."""
+
+
+class RestoreError(UserError, RuntimeError):
+    """A log could not be read to its end in time, so restoring would risk re-running events."""
+
+
+class LogReader:
+    """The one consumer every read of a restore goes through.
+
+    A consumer per read cost a connection and metadata round trip each; reads of several topics
+    and partitions share one assignment, so they fetch in parallel.
+    """
+
+    def __init__(self, settings: WorkerSettings) -> None:
+        self._settings = settings
+        # The worker's own group id, to look up its committed offsets; this consumer only ever
+        # assigns, so it never joins the group or commits.
+        self._consumer = Consumer(consumer_config(settings, **{"fetch.wait.max.ms": FETCH_WAIT_MS}))
+        self._known_topics: set[str] = set()
+
+    def connect(self, topics: Iterable[str]) -> None:
+        """Connect and fetch the topics' metadata now, so a later read does not wait for either."""
+        self._learn_topics(set(topics))
+
+    def _learn_topics(self, topics: set[str]) -> None:
+        for topic in topics - self._known_topics:
+            # Otherwise a topic this consumer has no metadata for waits for the next periodic
+            # refresh (about 1 s) before its first fetch.
+            self._consumer.list_topics(topic, timeout=self._settings.kafka_timeout_seconds)
+            self._known_topics.add(topic)
+
+    def start_offsets(self, topic: str, partitions: Iterable[int]) -> dict[int, int]:
+        """Where each partition resumes: the group's committed offset, or the first offset when none."""
+        timeout = self._settings.kafka_timeout_seconds
+        found = self._consumer.committed([TopicPartition(topic, p) for p in partitions], timeout=timeout)
+        starts = {tp.partition: tp.offset for tp in found}
+        for p, offset in starts.items():
+            if offset < 0:
+                starts[p] = self._consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=timeout)[0]
+        return starts
+
+    def close(self) -> None:
+        """Close the consumer (it never joined a group)."""
+        self._consumer.close()
+
+    def read(self, starts: dict[Span, int], stops: dict[Span, int] | None = None
+             ) -> tuple[dict[Span, list[Message]], dict[Span, int]]:
+        """Records from `starts` up to `stops` (exclusive; a span without a stop: to the end), per
+        span in log order; and the offset each span was read to.
+
+        "The end" is the high watermark seen in fetch responses (tansu's ListOffsets answer can be
+        too low, ENVIRONMENT.md bug 1); positions move past transaction markers, so a span is
+        done when its position reaches it. The consumer keeps a partition's last high watermark
+        after it is unassigned, so a span read to the end must not have been read before by this
+        reader (a span with a stop may: the stop bounds it).
+        """
+        stops = stops or {}
+        out: dict[Span, list[Message]] = {span: [] for span in starts}
+        ends: dict[Span, int] = {}
+        wanted = {}
+        for start_span, start in starts.items():
+            if start_span in stops and start >= stops[start_span]:
+                ends[start_span] = start
+            else:
+                wanted[start_span] = start
+        if not wanted:
+            return out, ends
+        consumer = self._consumer
+        self._learn_topics({t for t, _ in wanted})
+        consumer.assign([TopicPartition(t, p, o) for (t, p), o in wanted.items()])
+        try:
+            last: dict[Span, int] = {}
+            timeout = self._settings.kafka_timeout_seconds
+            deadline = time.monotonic() + timeout
+            while wanted:
+                if time.monotonic() > deadline:
+                    raise RestoreError(
+                        f"could not read {sorted(wanted)} (topic, partition) to the end within {timeout:g} s "
+                        "(an open transaction of a crashed worker holds it back until it times out); "
+                        "retry, or raise the Kafka timeout"
+                    )
+                # Take what is buffered; wait briefly only when nothing is (a batch consume waits
+                # for a full batch or the timeout, which would add the timeout to every read).
+                messages = consumer.consume(READ_BATCH, 0) or consumer.consume(1, POLL_SECONDS)
+                for m in messages:
+                    if m.error() is not None:
+                        continue
+                    # Every fetched record has a topic, partition and offset (the stubs say Optional).
+                    span: Span = (m.topic(), m.partition())  # type: ignore[assignment]
+                    offset: int = m.offset()  # type: ignore[assignment]
+                    if span not in wanted or offset >= stops.get(span, offset + 1):
+                        continue
+                    last[span] = offset
+                    out[span].append(m)
+                done = []
+                for span in wanted:
+                    tp = TopicPartition(*span)
+                    position = consumer.position([tp])[0].offset
+                    reached = max(position, last.get(span, -1) + 1, wanted[span])
+                    high = consumer.get_watermark_offsets(tp, cached=True)[1]
+                    stop = stops.get(span)
+                    end = high if stop is None else (min(stop, high) if high >= 0 else stop)
+                    if end >= 0 and reached >= end:
+                        done.append(tp)
+                        ends[span] = end
+                if done:
+                    for tp in done:
+                        del wanted[(tp.topic, tp.partition)]
+                    consumer.incremental_unassign(done)
+            return out, ends
+        finally:
+            consumer.unassign()
+
+    def offsets_at(self, times_ms: dict[Span, int]) -> dict[Span, int]:
+        """First offset at or after the given time, per span, or the end when there is none."""
+        if not times_ms:
+            return {}
+        timeout = self._settings.kafka_timeout_seconds
+        found = self._consumer.offsets_for_times(
+            [TopicPartition(t, p, ms) for (t, p), ms in times_ms.items()], timeout=timeout)
+        out = {}
+        for tp in found:
+            # tansu matches broker append time and answers 0 for a future time (bug 2): both only
+            # make the read longer, never skip records.
+            out[(tp.topic, tp.partition)] = (
+                tp.offset if tp.offset >= 0 else self._consumer.get_watermark_offsets(tp, timeout=timeout)[1])
+        return out

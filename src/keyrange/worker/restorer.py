@@ -1,0 +1,161 @@
+"""A worker's restores: a reader always connected for the next acquire, and logs read ahead.
+
+A handoff's moved slots pause for as long as the new owner's acquire takes, so two things are
+done before the grant rather than after it:
+- **A connected reader.** A fresh consumer spends tens of milliseconds connecting and fetching
+  metadata before its first read, so the reader for the next restore connects in the background
+  as soon as the previous one is used up. Each reader serves one restore only: a consumer keeps a
+  partition's last high watermark after unassigning it, which a later read "to the end" would
+  take for the end (`LogReader.read`).
+- **Read-ahead (`prefetch`).** While the old owner still handles the slots, the new owner reads
+  what a restore from the committed offsets of that moment (C0) would read, with every span read
+  on to its current end. After the grant, the restore from the final committed offsets C >= C0
+  reads only what was appended since (`restore_slots(..., prefetched)`): its window and outputs
+  start no later than those read ahead, because they start at times taken from the record at the
+  committed offset, and that record's timestamp has not gone back (checked; otherwise the
+  restore starts over in full). Reading a span in two pieces returns what one read would: a read
+  only ever stops at an offset below which every transaction is decided (the input is not
+  transactional; read_committed reads stop at the last stable offset).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+from collections.abc import Iterable
+from concurrent.futures import Future
+from dataclasses import dataclass
+
+from confluent_kafka import KafkaException
+
+from keyrange.worker.logreader import LogReader, Span
+from keyrange.worker.restore import ParsedLogs, RestoredPartition, fold_parsed, plan_reads, restore_with
+from keyrange.worker.settings import WorkerSettings
+
+
+@dataclass
+class Prefetched:
+    """Logs read ahead for slots about to be acquired."""
+
+    committed: dict[int, int]
+    """The committed offsets (C0) the read-ahead was planned from."""
+    resume_ms: dict[int, int]
+    """Timestamp of the record at each C0 (the read-ahead's window and outputs start from it)."""
+    logs: ParsedLogs
+    """The records read, parsed."""
+    reached: dict[Span, int]
+    """Per span, the offset the read reached (exclusive)."""
+
+
+class Restorer:
+    """Restores slots for one worker (see the module docstring). Blocking: call from a thread."""
+
+    def __init__(self, settings: WorkerSettings, partition_counts: dict[str, int]) -> None:
+        self._settings = settings
+        self._counts = dict(partition_counts)
+        self._topics = list(partition_counts)
+        self._lock = threading.Lock()
+        self._ready: Future[LogReader] | None = None
+        self._closed = False
+
+    def prepare(self) -> None:
+        """Start connecting the next reader (idempotent)."""
+        with self._lock:
+            if self._ready is None and not self._closed:
+                self._ready = Future()
+                threading.Thread(target=self._connect, args=(self._ready,), name="keyrange-restore-warmup",
+                                 daemon=True).start()
+
+    def _connect(self, ready: Future[LogReader]) -> None:
+        try:
+            reader = LogReader(self._settings)
+            try:
+                reader.connect(self._topics)
+            except Exception:
+                reader.close()
+                raise
+            ready.set_result(reader)
+        except Exception as exc:  # noqa: BLE001 - handed to the restore that takes this reader
+            ready.set_exception(exc)
+
+    def _take(self) -> LogReader:
+        self.prepare()
+        with self._lock:
+            ready, self._ready = self._ready, None
+        if ready is None:
+            raise RuntimeError("restorer is closed")
+        try:
+            return ready.result(timeout=self._settings.kafka_timeout_seconds)
+        except KafkaException:
+            return LogReader(self._settings)  # the warm-up failed (broker away then): try afresh
+
+    def _done_with(self, reader: LogReader) -> None:
+        # Closing takes tens of milliseconds nobody needs to wait for.
+        threading.Thread(target=reader.close, name="keyrange-restore-close", daemon=True).start()
+        self.prepare()
+
+    def prefetch(self, slots: Iterable[int], now_s: float | None = None) -> Prefetched:
+        """Read ahead what restoring `slots` will need (the slots may still be handled elsewhere)."""
+        reader = self._take()
+        try:
+            committed = reader.start_offsets(self._settings.topic, sorted(set(slots)))
+            # Outputs for every partition: one that ends at C0 now may not at C.
+            plan = plan_reads(reader, self._settings, committed, self._counts, now_s, skip_ended=False)
+            starts = dict(plan.starts)
+            for p, offset in committed.items():
+                starts.setdefault((self._settings.topic, p), offset)  # C0 = 0: no window before it, but C may be later
+            logs, ends = reader.read(starts)
+            # A read can return records past the end it stopped at (they came in the same fetch).
+            reached = {span: max([ends[span]] + [m.offset() + 1 for m in logs[span][-1:]])  # type: ignore[operator]
+                       for span in starts}
+            return Prefetched(committed, plan.resume_ms, ParsedLogs.of(self._settings, logs), reached)
+        finally:
+            self._done_with(reader)
+
+    def restore_slots(self, slots: Iterable[int], prefetched: Prefetched | None = None,
+                      now_s: float | None = None) -> dict[int, RestoredPartition]:
+        """Look up where each slot resumes (committed offset, else the first), then restore it,
+        reading only what was appended since `prefetched` when that read-ahead covers the slots."""
+        reader = self._take()
+        try:
+            starts = reader.start_offsets(self._settings.topic, sorted(set(slots)))
+            if prefetched is not None:
+                caught_up = _catch_up(reader, self._settings, starts, prefetched, now_s)
+                if caught_up is not None:
+                    return caught_up
+            return restore_with(reader, self._settings, starts, self._counts, now_s)
+        finally:
+            self._done_with(reader)
+
+    def close(self) -> None:
+        """Close the ready reader, if any; no reader is prepared after this."""
+        with self._lock:
+            self._closed = True
+            ready, self._ready = self._ready, None
+        if ready is not None:
+            with contextlib.suppress(Exception):
+                ready.result(timeout=self._settings.kafka_timeout_seconds).close()
+
+
+def _catch_up(reader: LogReader, settings: WorkerSettings, committed: dict[int, int], pre: Prefetched,
+              now_s: float | None) -> dict[int, RestoredPartition] | None:
+    """The restore from `committed` using `pre` plus what was appended since; None when `pre` does
+    not cover it (other slots, a committed offset that went back, or an earlier resume time)."""
+    topic = settings.topic
+    if set(committed) != set(pre.committed) or any(committed[p] < pre.committed[p] for p in committed):
+        return None
+    starts, stops = dict(pre.reached), {}
+    for p, offset in committed.items():
+        # Up to and including the record at the committed offset (its timestamp is checked).
+        stops[(topic, p)] = max(starts[(topic, p)], offset + 1)
+    fresh, _ = reader.read(starts, stops)
+    logs = pre.logs
+    for span, messages in fresh.items():
+        logs.add(settings, span, messages)
+    now_ms = int((time.time() if now_s is None else now_s) * 1000)
+    for p, offset in committed.items():
+        at_offset = next((e.timestamp_ms for e in reversed(logs.inputs.get(p, [])) if e.offset == offset), now_ms)
+        if at_offset < pre.resume_ms[p]:
+            return None  # the window would start before the read-ahead's: read it all
+    return fold_parsed(committed, logs)

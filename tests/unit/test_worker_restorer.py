@@ -1,0 +1,64 @@
+"""When an acquire may finish a read-ahead instead of restoring in full (restorer._catch_up)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from keyrange.worker.logreader import Span
+from keyrange.worker.restore import InputEntry, OutputEntry, ParsedLogs, StateEntry
+from keyrange.worker.restorer import Prefetched, _catch_up
+from keyrange.worker.settings import WorkerSettings
+
+SETTINGS = WorkerSettings(bootstrap="unused:9092", topic="events", group_id="g", worker_id="w0")
+
+
+class NothingNewReader:
+    """A reader for which nothing was appended since the read-ahead; records what was asked."""
+
+    def __init__(self) -> None:
+        self.asked: list[tuple[dict[Span, int], dict[Span, int]]] = []
+
+    def read(self, starts: dict[Span, int], stops: dict[Span, int] | None = None) -> tuple[dict[Span, list[Any]], dict]:
+        self.asked.append((dict(starts), dict(stops or {})))
+        return {span: [] for span in starts}, dict(starts)
+
+
+def read_ahead(committed: int = 10, resume_ms: int = 50_000) -> Prefetched:
+    logs = ParsedLogs()
+    logs.inputs[0] = [InputEntry(o, 40_000 + o * 1000, f"u{o}", 40.0 + o) for o in range(4, 14)]
+    logs.outputs = [OutputEntry(0, 11, "u11", 51.0, (7, {"n": 2}))]
+    logs.states[0] = [StateEntry(7, 9, {"n": 1}), StateEntry(7, 11, {"n": 2})]
+    reached = {(SETTINGS.topic, 0): 14, (SETTINGS.sink, 0): 1, (SETTINGS.state, 0): 2}
+    return Prefetched({0: committed}, {0: resume_ms}, logs, reached)
+
+
+def test_a_read_ahead_is_finished_from_where_it_stopped() -> None:
+    reader = NothingNewReader()
+    restored = _catch_up(reader, SETTINGS, {0: 11}, read_ahead(), now_s=100.0)  # type: ignore[arg-type]
+    assert restored is not None
+    r = restored[0]
+    assert r.start_offset == 11
+    assert r.finished_offsets == {11}  # its processed record is there: not run again
+    assert r.state == {7: {"n": 2}}  # changelog < 11, then the state the processed record carries
+    assert [u for u, _ in r.seen] == [f"u{o}" for o in range(4, 11)] + ["u11"]
+    starts, stops = reader.asked[0]
+    assert starts == {(SETTINGS.topic, 0): 14, (SETTINGS.sink, 0): 1, (SETTINGS.state, 0): 2}
+    assert stops == {(SETTINGS.topic, 0): 14}  # the record at the committed offset was read ahead
+
+
+def test_the_input_is_read_up_to_the_record_at_a_committed_offset_past_the_read_ahead() -> None:
+    reader = NothingNewReader()
+    assert _catch_up(reader, SETTINGS, {0: 20}, read_ahead(), now_s=100.0) is not None  # type: ignore[arg-type]
+    assert reader.asked[0][1] == {(SETTINGS.topic, 0): 21}
+
+
+def test_an_earlier_timestamp_at_the_committed_offset_means_restoring_in_full() -> None:
+    # The record at offset 11 has timestamp 51,000 ms: before the 60,000 the read-ahead planned from,
+    # so the dedup window may start before what was read ahead.
+    assert _catch_up(NothingNewReader(), SETTINGS, {0: 11}, read_ahead(resume_ms=60_000),  # type: ignore[arg-type]
+                     now_s=100.0) is None
+
+
+def test_other_slots_or_a_committed_offset_that_went_back_mean_restoring_in_full() -> None:
+    assert _catch_up(NothingNewReader(), SETTINGS, {0: 11, 1: 0}, read_ahead(), None) is None  # type: ignore[arg-type]
+    assert _catch_up(NothingNewReader(), SETTINGS, {0: 9}, read_ahead(committed=10), None) is None  # type: ignore[arg-type]
