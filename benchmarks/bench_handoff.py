@@ -6,7 +6,8 @@ and merges are requested back to back; the processed records say when each moved
 owner finished its last event and its new owner started its first. Lag recovery: a burst of
 backlog into one worker, with the planner free to split (up to 4 workers) versus pinned to one
 worker, in the same run. Restore: `restore()` timed directly on the embedded broker, after a
-worker processed ~10k ledger events per partition (all of them inside the dedup window).
+worker processed ~10k ledger events per partition (all of them inside the dedup window), and the
+acquire's restore after a read-ahead (`Restorer.prefetch`, then `restore_slots`), side by side.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from keyrange.ranges.controller import Rescale
 from keyrange.spec import load_file
 from keyrange.worker import Worker, WorkerSettings
 from keyrange.worker.restore import restore
+from keyrange.worker.restorer import Restorer
 
 SPEC = """apiVersion: keyrange.dev/v1alpha1
 kind: StreamConsumer
@@ -160,8 +162,9 @@ def measure_recovery(tmp: Path, max_workers: int, backlog: int) -> float:
         sup.stop()
 
 
-def measure_restore(partitions: int, per_partition: int, repeats: int = 5) -> tuple[float, float]:
-    """Median seconds of `restore()` for one partition and for all `partitions`."""
+def measure_restore(partitions: int, per_partition: int, repeats: int = 5) -> tuple[float, float, float]:
+    """Median seconds of `restore()` for one partition and for all `partitions`, and of restoring all
+    `partitions` after a read-ahead."""
     with EmbeddedBroker() as broker:
         topic = "restore"
         ensure_topics(broker.bootstrap, [TopicSpec(topic, partitions)])
@@ -197,7 +200,20 @@ def measure_restore(partitions: int, per_partition: int, repeats: int = 5) -> tu
                 restore(settings, {p: starts[p] for p in parts}, counts)
                 times.append(time.monotonic() - began)
             medians.append(statistics.median(times))
-        return medians[0], medians[1]
+        # What the acquire after a handoff's read-ahead costs (the read-ahead itself runs before).
+        restorer = Restorer(settings, counts)
+        try:
+            times = []
+            for _ in range(repeats):
+                restorer.prepare()
+                prefetched = restorer.prefetch(range(partitions))
+                time.sleep(0.2)  # the next reader connects, as it has time to during a handoff
+                began = time.monotonic()
+                restorer.restore_slots(range(partitions), prefetched)
+                times.append(time.monotonic() - began)
+        finally:
+            restorer.close()
+        return medians[0], medians[1], statistics.median(times)
 
 
 def run(quick: bool) -> list[dict[str, Any]]:
@@ -208,7 +224,7 @@ def run(quick: bool) -> list[dict[str, Any]]:
         backlog = 8_000 if quick else 20_000
         scaled = measure_recovery(tmp, 4, backlog)
         pinned = measure_recovery(tmp, 1, backlog)
-    restore_one, restore_all = measure_restore(4, 2_000 if quick else 10_000)
+    restore_one, restore_all, after_read_ahead = measure_restore(4, 2_000 if quick else 10_000)
     n = f"{len(done)} rescales, {len(pauses)} slot moves, 1,000 events/s"
     return [
         row("handoff: moved-slot pause p50", percentile(pauses, 0.5), "s", notes=n),
@@ -220,6 +236,8 @@ def run(quick: bool) -> list[dict[str, Any]]:
         row("restore() of 1 partition (~10k events in the window)", restore_one, "s",
             notes="median of 5; what the new owner's acquire spends before its first fetch"),
         row("restore() of 4 partitions at once", restore_all, "s", notes="median of 5; one assignment for all reads"),
+        row("acquire's restore of 4 partitions after a read-ahead", after_read_ahead, "s", baseline=restore_all,
+            notes="median of 5; what a handoff's new owner spends after the grant; baseline: restore() in full"),
         row("lag recovery after a burst, autoscaled (max 4 workers)", scaled, "s", baseline=pinned,
             notes=f"{backlog:,} events of backlog on top of 400/s; baseline: pinned to 1 worker"),
     ]
