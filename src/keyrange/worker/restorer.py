@@ -36,7 +36,7 @@ from keyrange.worker.settings import WorkerSettings
 
 @dataclass
 class Prefetched:
-    """Logs read ahead for slots about to be acquired."""
+    """Logs read ahead for slots about to be acquired. Used once: the catch-up appends to `logs`."""
 
     committed: dict[int, int]
     """The committed offsets (C0) the read-ahead was planned from."""
