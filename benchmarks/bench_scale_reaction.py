@@ -104,7 +104,8 @@ def measure(alerts: bool, workdir: Path) -> dict[str, float]:
                 rules = yaml.safe_load(sup.alerts.rules_file.read_text())
                 stack = PrometheusStack(workdir / "prom", rules, sup.alerts.webhook_url, TOKEN,
                                         targets_file=sup.alerts.targets_file).start()
-                _wait(lambda: len(stack.query('up{consumer="reaction",worker="0"} == 1')) == 1, 60)  # worker 1: the standby
+                # Worker 1 is the standby process: it may or may not be scraped yet.
+                _wait(lambda: len(stack.query('up{consumer="reaction",worker="0"} == 1')) == 1, 60)
             else:
                 _wait(lambda: _worker_lag(sup.fleet.urls()[0]) is not None, 60)  # type: ignore[union-attr]
             load = threading.Thread(target=produce_phases, daemon=True, args=(
