@@ -156,6 +156,18 @@ def test_operator_rules_cover_every_kind_it_applies(helm: Any) -> None:
         assert {"get", "create", "patch"} <= allowed, f"{obj['kind']}: the operator may only {sorted(allowed)}"
 
 
+def test_operator_rules_let_it_delete_every_spark_kind_it_prunes(helm: Any) -> None:
+    from keyrange.operator import spark
+    from keyrange.operator.kube import plural_of
+
+    rules = [r for role in _by_kind(_render(helm, None), "ClusterRole") for r in role["rules"]]
+    for api_version, kind in spark.AGGREGATION_KINDS:
+        group = api_version.rpartition("/")[0]
+        allowed = {v for r in rules if group in r["apiGroups"] and plural_of(kind) in r["resources"]
+                   for v in r["verbs"]}
+        assert {"get", "delete"} <= allowed, f"{kind}: the operator may only {sorted(allowed)}"
+
+
 def test_namespaced_mode_uses_roles_and_namespaced_peering(helm: Any) -> None:
     docs = _render(helm, Path(__file__).parent / "chart_values" / "namespaced.yaml")
     (deployment,) = _by_kind(docs, "Deployment")

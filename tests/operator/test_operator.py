@@ -250,3 +250,30 @@ async def test_aggregation_starts_a_spark_driver_with_its_own_rbac(cluster: Api,
         obj = {**obj, "metadata": {k: v for k, v in obj["metadata"].items() if k not in stored_only}}
         kubernetes_validate.validate(obj, "1.30", strict=True)
     assert "aggregate" in driver["spec"]["template"]["spec"]["containers"][0]["args"]
+
+
+async def test_turning_aggregation_off_or_changing_its_mode_deletes_what_is_no_longer_wanted(
+        cluster: Api, operator: kopf.Memo) -> None:
+    rbac = f"/apis/rbac.authorization.k8s.io/v1/namespaces/{NS}"
+    deployment = f"/apis/apps/v1/namespaces/{NS}/deployments/tally-aggregation"
+    cronjob = f"/apis/batch/v1/namespaces/{NS}/cronjobs/tally-aggregation"
+    spark_objects = [deployment, cronjob, f"{rbac}/roles/tally-aggregation", f"{rbac}/rolebindings/tally-aggregation",
+                     f"/api/v1/namespaces/{NS}/serviceaccounts/tally-aggregation",
+                     f"/api/v1/namespaces/{NS}/services/tally-aggregation"]
+    await cluster.create(SC, cluster.streamconsumer(
+        "tally", aggregation={"enabled": True, "output": "s3a://bucket/tally"}))
+    await eventually(lambda: cluster.get(deployment), "the continuous driver Deployment")
+
+    await cluster.patch(f"{SC}/tally", {"spec": {"aggregation": {"mode": "schedule", "schedule": "*/5 * * * *"}}})
+    await eventually(lambda: cluster.get(cronjob), "the scheduled driver CronJob")
+    await eventually(lambda: _absent(cluster, deployment), "the continuous driver deleted")
+
+    await cluster.patch(f"{SC}/tally", {"spec": {"aggregation": {"enabled": False}}})
+    for path in spark_objects:
+        await eventually(lambda path=path: _absent(cluster, path), f"{path} deleted")  # type: ignore[misc]
+    # The workers are untouched.
+    assert await cluster.get(f"/apis/apps/v1/namespaces/{NS}/statefulsets/tally-worker") is not None
+
+
+async def _absent(cluster: Api, path: str) -> bool | None:
+    return True if await cluster.get(path) is None else None

@@ -89,19 +89,23 @@ app.kubernetes.io/part-of: keyrange
   resources: [kopfpeerings]
   verbs: [get, list, watch, patch]
 {{- if .Values.rbac.sparkAggregation }}
-# Spark aggregation (spec.aggregation): the driver's objects ...
+# Spark aggregation (spec.aggregation): the driver's objects (deleted again when aggregation is
+# turned off or its mode changes) ...
 - apiGroups: [apps]
   resources: [deployments]
-  verbs: [get, create, patch]
+  verbs: [get, create, patch, delete]
 - apiGroups: [batch]
   resources: [cronjobs]
-  verbs: [get, create, patch]
+  verbs: [get, create, patch, delete]
 - apiGroups: [rbac.authorization.k8s.io]
   resources: [roles, rolebindings]
-  verbs: [get, create, patch]
+  verbs: [get, create, patch, delete]
 - apiGroups: [sparkoperator.k8s.io]
   resources: [sparkapplications, scheduledsparkapplications]
-  verbs: [get, create, patch]
+  verbs: [get, create, patch, delete]
+- apiGroups: [""]
+  resources: [serviceaccounts]
+  verbs: [delete]
 # ... and what the driver's Role grants, which the operator must hold to grant it.
 - apiGroups: [""]
   resources: [pods, services, configmaps, persistentvolumeclaims]

@@ -6,7 +6,8 @@ OperatorSettings and tests can run the real operator with a short one.
 
 - create / resume / spec update: render and apply the workers' ServiceAccount, ConfigMap, headless
   Service and StatefulSet (a ServiceMonitor / PrometheusRule when those CRDs exist, the Spark job
-  when `aggregation.enabled`), start the consumer's range control, then write status. A spec change
+  when `aggregation.enabled`, whose objects are deleted again when it is turned off or its mode
+  changes; its data claim stays), start the consumer's range control, then write status. A spec change
   changes the pod template's spec hash, so the StatefulSet rolls its pods one at a time; each
   worker releases its ranges on SIGTERM, so a rollout is a series of ordinary handoffs.
 - a timer per consumer: asks the range control how many workers it needs, scales the StatefulSet,
@@ -40,6 +41,7 @@ from keyrange.spec import SpecError, StreamConsumerSpec, parse_spec
 GROUP, VERSION, PLURAL = "keyrange.dev", "v1alpha1", "streamconsumers"
 Clock = Callable[[], datetime]
 Logger = logging.Logger | logging.LoggerAdapter[Any]
+log = logging.getLogger(__name__)
 
 
 def utc_now() -> datetime:
@@ -83,9 +85,32 @@ def _apply_children(kube: Kube, settings: OperatorSettings, body: Any, model: St
     for obj in rendering.render_optional(name, namespace, model, owner, settings):
         if kube.has_resource(obj["apiVersion"], plural_of(obj["kind"])):
             kube.apply(obj)
-    for obj in _aggregation_objects(kube, settings, name, namespace, model, owner):
+    wanted = _aggregation_objects(kube, settings, name, namespace, model, owner)
+    for obj in wanted:
         kube.apply(obj)
+    _prune_aggregation(kube, name, namespace, owner, {(o["apiVersion"], o["kind"]) for o in wanted})
     return sts
+
+
+def _prune_aggregation(kube: Kube, name: str, namespace: str, owner: dict[str, Any],
+                       wanted: set[tuple[str, str]]) -> None:
+    """Delete the Spark objects of this consumer that its spec no longer asks for: all of them when
+    `aggregation.enabled` is turned off, the Deployment or CronJob left by a mode change. Only
+    objects this consumer owns are touched; the data claim is kept."""
+    from keyrange.operator import spark
+
+    uid = owner["metadata"].get("uid")
+    target = spark.aggregation_name(name)
+    for api_version, kind in spark.AGGREGATION_KINDS:
+        if (api_version, kind) in wanted:
+            continue
+        if api_version == spark.SPARK_APPLICATION_API and not kube.has_resource(api_version, plural_of(kind)):
+            continue
+        found = kube.get(api_version, kind, namespace, target)
+        owners = (found or {}).get("metadata", {}).get("ownerReferences") or []
+        if found is not None and any(ref.get("uid") == uid for ref in owners):
+            kube.delete(api_version, kind, namespace, target)
+            log.info("%s/%s: deleted %s %s (no longer in spec.aggregation)", namespace, name, kind, target)
 
 
 def _aggregation_objects(kube: Kube, settings: OperatorSettings, name: str, namespace: str,

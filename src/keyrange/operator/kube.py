@@ -112,6 +112,16 @@ class Kube:
         return dict(self._call("PATCH", object_path(api_version, kind, ns, name), obj,
                                "application/merge-patch+json"))
 
+    def delete(self, api_version: str, kind: str, namespace: str, name: str) -> bool:
+        """Delete an object; False when it did not exist."""
+        try:
+            self._call("DELETE", object_path(api_version, kind, namespace, name))
+        except KubeApiError as exc:
+            if exc.status == 404:
+                return False
+            raise
+        return True
+
     def patch(self, api_version: str, kind: str, namespace: str, name: str,
               changes: dict[str, Any], subresource: str | None = None) -> dict[str, Any]:
         """Merge-patch part of an object (e.g. `{"spec": {"replicas": 3}}`)."""

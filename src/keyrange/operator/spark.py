@@ -57,6 +57,16 @@ def aggregation_name(name: str) -> str:
     return f"{name}-aggregation"
 
 
+AGGREGATION_KINDS = (
+    ("v1", "ServiceAccount"), ("rbac.authorization.k8s.io/v1", "Role"),
+    ("rbac.authorization.k8s.io/v1", "RoleBinding"), ("v1", "Service"), ("apps/v1", "Deployment"),
+    ("batch/v1", "CronJob"), (SPARK_APPLICATION_API, "SparkApplication"),
+    (SPARK_APPLICATION_API, "ScheduledSparkApplication"),
+)
+"""(apiVersion, kind) of every object named `aggregation_name` the operator may render. The data
+claim is not among them: turning aggregation off or changing its mode must not delete its output."""
+
+
 def pod_labels(name: str, role: str) -> dict[str, str]:
     """Labels of the driver and executor pods. Distinct from the workers' selector labels
     (`app.kubernetes.io/name: keyrange`) so the worker Service never routes to Spark pods."""
