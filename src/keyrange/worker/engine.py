@@ -236,7 +236,10 @@ class Worker:
         outputs, state and offsets commit; then their state is dropped. Safe mid-acquire.
 
         `commit=False` is for fencing (a newer epoch gave the slots away): the slots' uncommitted
-        outputs are discarded with their offsets, so the new owner runs those events once.
+        outputs are discarded with their offsets, so the new owner runs those events once. Either
+        way, when this returns no transaction of this worker holding the slots' records is still in
+        flight: one that was (the commit loop's) has committed, and is visible to the new owner's
+        restore, which would otherwise miss its outputs and run those events again.
         """
         targets = set(slots)
         for s in targets:
@@ -253,12 +256,13 @@ class Worker:
         await asyncio.gather(*(ps.drained.wait() for ps in states))
         if commit:
             await self.commit_now()
-        for ps in states:
-            ps.outputs.clear()
-            ps.dirty_state.clear()
-            if self._partitions.get(ps.partition) is ps:
-                del self._partitions[ps.partition]
-            ps.metrics.remove()
+        async with self._commit_lock:  # waits out an in-flight commit; no later one sees the slots
+            for ps in states:
+                ps.outputs.clear()
+                ps.dirty_state.clear()
+                if self._partitions.get(ps.partition) is ps:
+                    del self._partitions[ps.partition]
+                ps.metrics.remove()
         self._held_gauge.set(len(self.held_slots))
         log.info("released slots %s in %.0f ms", [ps.partition for ps in states], (time.monotonic() - began) * 1000)
 
