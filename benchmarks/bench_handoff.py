@@ -205,7 +205,7 @@ def measure_restore(partitions: int, per_partition: int, repeats: int = 5) -> tu
         try:
             times = []
             for _ in range(repeats):
-                restorer.prepare()
+                restorer.connect_next_reader()
                 prefetched = restorer.prefetch(range(partitions))
                 time.sleep(0.2)  # the next reader connects, as it has time to during a handoff
                 began = time.monotonic()

@@ -56,7 +56,7 @@ async def test_restorer_matches_restore_from_committed_offsets_acquire_after_acq
             counts = dict(worker._counts)
             if restorer is None:
                 restorer = Restorer(settings, counts)
-                restorer.prepare()
+                restorer.connect_next_reader()
             committed = _committed(settings)
             assert committed[3] < 0, "partition 3 was never worked on"
             now_s = time.time()

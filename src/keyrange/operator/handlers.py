@@ -104,9 +104,7 @@ def _prune_aggregation(kube: Kube, name: str, namespace: str, owner: dict[str, A
     for api_version, kind in spark.AGGREGATION_KINDS:
         if (api_version, kind) in wanted:
             continue
-        if api_version == spark.SPARK_APPLICATION_API and not kube.has_resource(api_version, plural_of(kind)):
-            continue
-        found = kube.get(api_version, kind, namespace, target)
+        found = kube.get(api_version, kind, namespace, target)  # None too where the kind is not served
         owners = (found or {}).get("metadata", {}).get("ownerReferences") or []
         if found is not None and any(ref.get("uid") == uid for ref in owners):
             kube.delete(api_version, kind, namespace, target)

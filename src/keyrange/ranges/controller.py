@@ -116,7 +116,8 @@ class Controller:
         self.last_decision = "starting"
         self.start_timeout_seconds = start_timeout_seconds
         self.warm_timeout_seconds = warm_timeout_seconds
-        """How long a handoff waits for its new owners to read ahead; after that they restore in full."""
+        """How long a handoff waits for its new owners to read ahead; after that it goes on, and their
+        acquire finishes the read-ahead (or restores in full if it failed)."""
         self._pending: tuple[Decision, int] | None = None
         self._lock = threading.RLock()
         self._lag: Mapping[int, SlotLag] = {}
@@ -224,8 +225,8 @@ class Controller:
         if cold and now_ms() - decided_ms < self.warm_timeout_seconds * 1000:
             return pub
         if cold:
-            log.warning("worker(s) %s did not read ahead within %.0f s; handing over anyway (they restore in full)",
-                        cold, self.warm_timeout_seconds)
+            log.warning("worker(s) %s did not read ahead within %.0f s; handing over anyway (their acquire "
+                        "finishes the read-ahead, or restores in full if it failed)", cold, self.warm_timeout_seconds)
         self._pending = None
         new_map = with_epoch(decision.next_map, pub.epoch + 1)
         moved = decision.moved_slots

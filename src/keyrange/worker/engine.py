@@ -113,7 +113,7 @@ class Worker:
         outputs = await loop.run_in_executor(None, ensure_topics, s.bootstrap, specs, s.kafka_timeout_seconds)
         self._counts = {s.topic: count, **outputs}
         self._restorer = Restorer(s, self._counts)
-        self._restorer.prepare()
+        self._restorer.connect_next_reader()
         group_metadata = await self._consumer.open()
         self._output = TransactionalOutput(s, group_metadata)
         await self._output.open()

@@ -88,7 +88,7 @@ def restore_with(reader: LogReader, settings: WorkerSettings, start_offsets: dic
     """`restore` on a given reader."""
     plan = plan_reads(reader, settings, start_offsets, partition_counts, now_s)
     logs, _ = reader.read(plan.starts, {(settings.topic, p): start_offsets[p] for p in start_offsets})
-    return fold_logs(settings, start_offsets, logs)
+    return fold_logs(start_offsets, ParsedLogs.of(settings, logs))
 
 
 @dataclass
@@ -206,16 +206,10 @@ class ParsedLogs:
         return parsed
 
 
-def fold_logs(settings: WorkerSettings, start_offsets: dict[int, int],
-              logs: dict[Span, list[Message]]) -> dict[int, RestoredPartition]:
-    """The restored partitions from the records read (see the module docstring for the rules)."""
-    return fold_parsed(start_offsets, ParsedLogs.of(settings, logs))
-
-
-def fold_parsed(start_offsets: dict[int, int], parsed: ParsedLogs) -> dict[int, RestoredPartition]:
-    """`fold_logs` on parsed records. Input records at or past a committed offset and outputs of
-    offsets before it are ignored, so the logs may hold more than a plan asked for, from earlier
-    offsets or up to a later end."""
+def fold_logs(start_offsets: dict[int, int], parsed: ParsedLogs) -> dict[int, RestoredPartition]:
+    """The restored partitions from the records read (see the module docstring for the rules).
+    Input records at or past a committed offset and outputs of offsets before it are ignored, so
+    the logs may hold more than a plan asked for, from earlier offsets or up to a later end."""
     result = {p: RestoredPartition(o) for p, o in start_offsets.items()}
     for p, restored in result.items():
         for entry in parsed.inputs.get(p, []):

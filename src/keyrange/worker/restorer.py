@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from confluent_kafka import KafkaException
 
 from keyrange.worker.logreader import LogReader, Span
-from keyrange.worker.restore import ParsedLogs, RestoredPartition, fold_parsed, plan_reads, restore_with
+from keyrange.worker.restore import ParsedLogs, RestoredPartition, fold_logs, plan_reads, restore_with
 from keyrange.worker.settings import WorkerSettings
 
 
@@ -59,7 +59,7 @@ class Restorer:
         self._ready: Future[LogReader] | None = None
         self._closed = False
 
-    def prepare(self) -> None:
+    def connect_next_reader(self) -> None:
         """Start connecting the next reader (idempotent)."""
         with self._lock:
             if self._ready is None and not self._closed:
@@ -80,7 +80,7 @@ class Restorer:
             ready.set_exception(exc)
 
     def _take(self) -> LogReader:
-        self.prepare()
+        self.connect_next_reader()
         with self._lock:
             ready, self._ready = self._ready, None
         if ready is None:
@@ -93,7 +93,7 @@ class Restorer:
     def _done_with(self, reader: LogReader) -> None:
         # Closing takes tens of milliseconds nobody needs to wait for.
         threading.Thread(target=reader.close, name="keyrange-restore-close", daemon=True).start()
-        self.prepare()
+        self.connect_next_reader()
 
     def prefetch(self, slots: Iterable[int], now_s: float | None = None) -> Prefetched:
         """Read ahead what restoring `slots` will need (the slots may still be handled elsewhere)."""
@@ -158,4 +158,4 @@ def _catch_up(reader: LogReader, settings: WorkerSettings, committed: dict[int, 
         at_offset = next((e.timestamp_ms for e in reversed(logs.inputs.get(p, [])) if e.offset == offset), now_ms)
         if at_offset < pre.resume_ms[p]:
             return None  # the window would start before the read-ahead's: read it all
-    return fold_parsed(committed, logs)
+    return fold_logs(committed, logs)
