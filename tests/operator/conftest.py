@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -22,6 +22,7 @@ from keyrange.operator.kube import Kube, new_api_client
 from keyrange.operator.settings import OperatorSettings
 from tests.operator.crd_schema import load_crd
 from tests.operator.emulator import ClusterEmulator
+from tests.operator.kubecluster import ControlPlane
 
 T = TypeVar("T")
 SC_PATH = "/apis/keyrange.dev/v1alpha1/namespaces/{ns}/streamconsumers"
@@ -158,3 +159,13 @@ async def shared_operator(shared_cluster: Api) -> AsyncIterator[kopf.Memo]:
     """One operator for a whole module: kopf's 5 s shutdown is paid once."""
     async with running_operator() as memo:
         yield memo
+
+
+@pytest.fixture(scope="session")
+def control_plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPlane]:
+    """One real control plane (etcd, kube-apiserver, kube-controller-manager) for the whole session."""
+    plane = ControlPlane.up(tmp_path_factory.mktemp("kube"))
+    try:
+        yield plane
+    finally:
+        plane.down()
