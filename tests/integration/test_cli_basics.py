@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
-
 import pytest
 
 from keyrange.cli import main
@@ -24,17 +21,3 @@ def test_produce_rejects_a_bad_duplicate_ratio(capsys: pytest.CaptureFixture[str
     assert code == 2
     assert err.startswith("keyrange produce: error: duplicate ratio must be between 0 and 1")
     assert "Traceback" not in err
-
-
-def test_broker_command_prints_its_address_and_stops_on_sigterm() -> None:
-    proc = subprocess.Popen([sys.executable, "-m", "keyrange.cli", "broker", "--port", "0"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
-        assert proc.stdout is not None
-        address = proc.stdout.readline().strip()
-        assert address.startswith("127.0.0.1:")
-        proc.terminate()
-        assert proc.wait(timeout=20) == 0
-    finally:
-        if proc.poll() is None:
-            proc.kill()

@@ -1,4 +1,9 @@
-"""`keyrange broker`: the embedded Kafka-protocol broker, in the foreground."""
+"""`keyrange broker`: a Kafka broker on 127.0.0.1, in the foreground.
+
+`--engine tansu` (the default) is the embedded Kafka-protocol broker; `--engine kafka` is Apache
+Kafka in KRaft mode, one node or a quorum (`--nodes 3`), from the jars `make tools` installs or
+from `$KAFKA_HOME/libs`.
+"""
 
 from __future__ import annotations
 
@@ -6,30 +11,59 @@ import argparse
 import signal
 import sys
 import threading
+from typing import Protocol
 
+from keyrange.errors import UserError
 from keyrange.local.broker import EmbeddedBroker
+
+DEFAULT_TANSU_STORAGE = "memory://tansu/"
+
+
+class _Broker(Protocol):
+    def start(self) -> str: ...
+    def stop(self) -> None: ...
+    def is_running(self) -> bool: ...
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Arguments of `keyrange broker`."""
-    parser.add_argument("--port", type=int, default=9092, help="TCP port on 127.0.0.1 (default 9092; 0 = any free)")
-    parser.add_argument(
-        "--storage",
-        default="memory://tansu/",
-        help="tansu storage URL (default memory://tansu/: data is lost on stop)",
-    )
+    parser.add_argument("--engine", choices=("tansu", "kafka"), default="tansu",
+                        help="tansu: the embedded broker (default); kafka: Apache Kafka (KRaft), "
+                             "jars from `make tools` or $KAFKA_HOME/libs")
+    parser.add_argument("--port", type=int, default=9092,
+                        help="client TCP port on 127.0.0.1 (default 9092; 0 = any free); with --nodes, node 1's")
+    parser.add_argument("--nodes", type=int, default=1,
+                        help="kafka only: number of nodes in the KRaft quorum (default 1; 3 for a replicated cluster)")
+    parser.add_argument("--storage",
+                        help=f"tansu only: storage URL (default {DEFAULT_TANSU_STORAGE}: data is lost on stop)")
+
+
+def _broker(args: argparse.Namespace) -> _Broker:
+    if args.engine == "tansu":
+        if args.nodes != 1:
+            raise UserError("tansu runs a single node: --nodes needs --engine kafka")
+        return EmbeddedBroker(port=args.port, storage_url=args.storage or DEFAULT_TANSU_STORAGE)
+    if args.storage is not None:
+        raise UserError("--storage is a tansu setting; Apache Kafka keeps its logs in a temporary folder")
+    if args.nodes < 1:
+        raise UserError(f"--nodes must be at least 1, got {args.nodes}")
+    from keyrange.local.kafka import KafkaCluster
+
+    return KafkaCluster(nodes=args.nodes, port=args.port)
 
 
 def run(args: argparse.Namespace) -> int:
-    """Start the broker, print its bootstrap address, wait for Ctrl-C or SIGTERM."""
+    """Start the broker, print its bootstrap address, wait for Ctrl-C or SIGTERM, stop it."""
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())
-    broker = EmbeddedBroker(port=args.port, storage_url=args.storage)
-    broker.start()
-    print(broker.bootstrap, flush=True)
-    print(f"embedded broker ready at {broker.bootstrap} (Ctrl-C to stop)", file=sys.stderr, flush=True)
+    broker = _broker(args)
     try:
+        bootstrap = broker.start()
+        if stop.is_set():
+            return 0
+        print(bootstrap, flush=True)
+        print(f"{args.engine} broker ready at {bootstrap} (Ctrl-C to stop)", file=sys.stderr, flush=True)
         while not stop.wait(0.5):
             if not broker.is_running():
                 print("keyrange broker: the broker process exited unexpectedly", file=sys.stderr)

@@ -1,0 +1,182 @@
+"""What an Apache Kafka node needs before it starts: Java, the broker's jars and its settings.
+
+The jars come from Maven Central (`scripts/install-kafka.sh`, run by `make tools`, puts them in
+the checkout's `.tools/kafka/libs`) or from an Apache Kafka download named by `$KAFKA_HOME`. The
+settings are those of a test or laptop cluster on 127.0.0.1: internal topics replicated to every
+node, no auto-created topics, no rebalance delay, and short timers wherever a test would wait.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from keyrange.errors import UserError
+
+
+class KafkaSetupMissing(UserError, RuntimeError):
+    """Java or the Apache Kafka jars are not installed."""
+
+
+def tools_dir() -> Path:
+    """The project's tools folder: `$KEYRANGE_TOOLS`, else `.tools` at the root of this checkout."""
+    configured = os.environ.get("KEYRANGE_TOOLS")
+    if configured:
+        return Path(configured)
+    return Path(__file__).resolve().parents[3] / ".tools"
+
+
+def _has_broker_jars(libs: Path) -> bool:
+    return any(libs.glob("kafka_2.13-*.jar"))
+
+
+def kafka_libs() -> Path:
+    """The folder of the broker's jars: `$KAFKA_HOME/libs` when set, else the tools folder's."""
+    candidates: list[Path] = []
+    home = os.environ.get("KAFKA_HOME")
+    if home:
+        candidates.append(Path(home) / "libs")
+    candidates.append(tools_dir() / "kafka" / "libs")
+    for libs in candidates:
+        if _has_broker_jars(libs):
+            return libs
+    where = " nor in ".join(str(c) for c in reversed(candidates))
+    if not home:
+        where += " ($KAFKA_HOME is not set)"
+    raise KafkaSetupMissing(
+        f"Apache Kafka's jars are not in {where}: run `make tools` in the keyrange checkout "
+        "(scripts/install-kafka.sh fetches them from Maven Central), or set KAFKA_HOME to an Apache Kafka 4.x download"
+    )
+
+
+def java_binary() -> str:
+    """`$JAVA_HOME/bin/java`, else `java` on the PATH."""
+    home = os.environ.get("JAVA_HOME")
+    if home and os.access(Path(home) / "bin" / "java", os.X_OK):
+        return str(Path(home) / "bin" / "java")
+    found = shutil.which("java")
+    if found is None:
+        raise KafkaSetupMissing(
+            "Apache Kafka needs Java 17 or newer, and no `java` is on the PATH: install one "
+            "(e.g. apt-get install openjdk-17-jre-headless) or set JAVA_HOME"
+        )
+    return found
+
+
+def class_archive(java: str, libs: Path) -> Path | None:
+    """Where the JVM's class-data archive for this Java and these jars lives (it may not exist yet).
+
+    A node started with the archive skips most class loading and verification: on 2 busy cores
+    that is seconds per node. The name holds a digest of the Java binary and the jar list, since
+    an archive only fits the JVM and class path it was made with. None without a tools folder
+    (jars from `$KAFKA_HOME` only): there is nowhere to keep it.
+    """
+    home = tools_dir() / "kafka"
+    if not home.is_dir():
+        return None
+    real_java = Path(java).resolve()
+    key = f"{real_java}:{real_java.stat().st_mtime_ns}:{libs}:{sorted(p.name for p in libs.glob('*.jar'))}"
+    return home / f"classes-{hashlib.sha256(key.encode()).hexdigest()[:16]}.jsa"
+
+
+@dataclass(frozen=True)
+class NodeAddress:
+    """Where one node listens: its client port, its KRaft controller port, extra listeners' ports."""
+
+    node_id: int
+    port: int
+    controller_port: int
+    extra_ports: Mapping[str, int]
+    """Port of each extra listener, by listener name."""
+
+
+def min_insync_replicas(nodes: int) -> int:
+    """2 with three or more nodes (one may be lost with acks=all), else 1."""
+    return max(1, min(2, nodes - 1))
+
+
+def local_cluster_settings(nodes: int) -> dict[str, str]:
+    """Broker settings for a cluster of `nodes` on one machine, for tests and `keyrange broker`."""
+    isr = str(min_insync_replicas(nodes))
+    return {
+        # Topics keyrange creates without a replication factor get every node, as in production.
+        "default.replication.factor": str(nodes),
+        "min.insync.replicas": isr,
+        "offsets.topic.replication.factor": str(nodes),
+        "transaction.state.log.replication.factor": str(nodes),
+        "transaction.state.log.min.isr": isr,
+        # Fewer coordinator partitions than the default 50: the first group join and the first
+        # init_transactions create these topics, and 50 partitions take seconds on 2 cores.
+        "offsets.topic.num.partitions": "8",
+        "transaction.state.log.num.partitions": "8",
+        "group.initial.rebalance.delay.ms": "0",
+        # keyrange creates its topics explicitly; a typo must fail, not create a topic.
+        "auto.create.topics.enable": "false",
+        # Tests use short session timeouts (the default floor is 6 s).
+        "group.min.session.timeout.ms": "1000",
+        # A zombie's open transaction is aborted about 1 s after its transaction.timeout.ms
+        # (default check every 10 s), so tests with short transaction timeouts see it promptly.
+        "transaction.abort.timed.out.transaction.cleanup.interval.ms": "1000",
+        # A frozen replica leaves the ISR after 10 s instead of 30 s.
+        "replica.lag.time.max.ms": "10000",
+        "num.network.threads": "2",
+        "num.io.threads": "4",
+        "num.recovery.threads.per.data.dir": "1",
+        "log.cleaner.threads": "1",
+    }
+
+
+def server_properties(node: NodeAddress, cluster: list[NodeAddress], log_dir: Path,
+                      extra_listeners: Mapping[str, str] | None = None,
+                      overrides: Mapping[str, str] | None = None) -> dict[str, str]:
+    """One combined broker+controller node's server.properties.
+
+    `extra_listeners` maps a listener name to its security protocol (e.g. SECURE -> SASL_SSL);
+    its port is `node.extra_ports[name]`. Clients use PLAINTEXT (always present) or those.
+    """
+    extra = dict(extra_listeners or {})
+    listeners = [f"PLAINTEXT://127.0.0.1:{node.port}", f"CONTROLLER://127.0.0.1:{node.controller_port}"]
+    listeners += [f"{name}://127.0.0.1:{node.extra_ports[name]}" for name in extra]
+    advertised = [listeners[0], *listeners[2:]]
+    protocols = {"PLAINTEXT": "PLAINTEXT", "CONTROLLER": "PLAINTEXT", **extra}
+    props = {
+        "process.roles": "broker,controller",
+        "node.id": str(node.node_id),
+        "listeners": ",".join(listeners),
+        "advertised.listeners": ",".join(advertised),
+        "listener.security.protocol.map": ",".join(f"{k}:{v}" for k, v in protocols.items()),
+        "controller.listener.names": "CONTROLLER",
+        "inter.broker.listener.name": "PLAINTEXT",
+        "controller.quorum.voters": ",".join(f"{n.node_id}@127.0.0.1:{n.controller_port}" for n in cluster),
+        "log.dirs": str(log_dir),
+        **local_cluster_settings(len(cluster)),
+    }
+    props.update(overrides or {})
+    return props
+
+
+def write_properties(path: Path, props: Mapping[str, str]) -> None:
+    """Write a Java .properties file (values escaped as Java reads them)."""
+    def escape(value: str) -> str:
+        return value.replace("\\", "\\\\").replace("\n", "\\n")
+
+    path.write_text("".join(f"{k}={escape(v)}\n" for k, v in props.items()), encoding="utf-8")
+
+
+LOG4J2_PROPERTIES = """\
+status = warn
+appender.out.type = Console
+appender.out.name = OUT
+appender.out.target = SYSTEM_OUT
+appender.out.layout.type = PatternLayout
+appender.out.layout.pattern = [%d] %p %m (%c)%n
+rootLogger.level = WARN
+rootLogger.appenderRef.out.ref = OUT
+logger.kafka.name = kafka.server.KafkaRaftServer
+logger.kafka.level = INFO
+"""
+"""The broker's log config: warnings and errors, plus the one line that says the node started."""
