@@ -20,7 +20,7 @@ COMMANDS: dict[str, str] = {
     "demo": "the local demo: embedded broker, the kata's load with a burst, a report",
     "worker": "one worker process: consume partitions, handle events in order, commit",
     "operator": "the Kubernetes operator (kopf) that reconciles StreamConsumers",
-    "broker": "run the embedded Kafka-protocol broker on 127.0.0.1",
+    "broker": "run a Kafka broker on 127.0.0.1: embedded tansu, or Apache Kafka with --engine kafka",
     "produce": "produce the kata's event stream (load generator)",
     "aggregate": "the PySpark job that aggregates processed records into Parquet",
 }
