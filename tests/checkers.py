@@ -2,7 +2,7 @@
 
 Each takes the input log as produced (in per-partition offset order) and the processed records
 as consumed from the sink, and raises AssertionError with a readable sample of what broke. Like
-Decaton's PROCESS_ORDERING and AT_LEAST_ONCE_DELIVERY, one checker per guarantee in DESIGN.md.
+Decaton's PROCESS_ORDERING and AT_LEAST_ONCE_DELIVERY, one checker per guarantee in docs/design.md.
 """
 
 from __future__ import annotations

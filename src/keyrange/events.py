@@ -1,4 +1,4 @@
-"""Wire formats (DESIGN.md, "Wire contracts"): input events, processed records, dead letters.
+"""Wire formats (docs/design.md, "Wire contracts"): input events, processed records, dead letters.
 
 Input: key = clientId as decimal UTF-8, value = JSON with at least `clientId` (int), `uuid`
 (string) and `created` (epoch ms). Processed: key = clientId, value = JSON with the input's

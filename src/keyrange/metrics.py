@@ -1,6 +1,6 @@
 """Every `keyrange_*` Prometheus metric, declared once here and grouped by subject.
 
-Names and labels are a contract (DESIGN.md, alerts, dashboards). Labels are `consumer`,
+Names and labels are a contract (docs/design.md, alerts, dashboards). Labels are `consumer`,
 `worker` and `partition` where relevant; never a client id (unbounded cardinality).
 """
 

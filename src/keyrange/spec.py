@@ -1,6 +1,6 @@
 """The StreamConsumer resource: one YAML shape for the cluster and for `keyrange run -f`.
 
-Field names are a contract (DESIGN.md). The model is the single parser for both paths: the
+Field names are a contract (docs/design.md, "The StreamConsumer"). The model is the single parser for both paths: the
 operator validates `spec` with it, `keyrange run` validates the whole document with it, and both
 turn pydantic's errors into one readable line per problem (`SpecError`).
 """

@@ -114,7 +114,7 @@ def test_restart_from_checkpoint_reads_only_new_records(spark, bootstrap, topic_
 
 
 def test_end_probe_finds_the_true_end_after_batched_produce_and_skips_open_transactions(bootstrap, topic_name):
-    """tansu's ListOffsets can answer too low after batched produce (ENVIRONMENT.md bug 1) and 0
+    """tansu's ListOffsets can answer too low right after a batched produce, and 0
     with an open transaction; the data source's end must be the committed end regardless."""
     make_topic(bootstrap, topic_name, 2)
     producer = transactional_producer(bootstrap)

@@ -1,6 +1,6 @@
 """kmock's KubernetesEmulator with the API-server behaviour the operator relies on.
 
-kmock stores objects but leaves out what a real API server does around them (ENVIRONMENT.md):
+kmock stores objects but leaves out what a real API server does around them, so
 this subclass stamps uid/namespace/resourceVersion/generation on create, bumps resourceVersion on
 every merge patch and generation on spec changes, answers a failed JSON-patch `test` (kopf guards
 finalizer changes with one on resourceVersion) with 422 as the API server does, serves a CRD's

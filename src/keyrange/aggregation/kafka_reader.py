@@ -6,7 +6,7 @@ partition's offset range `[start, end)` (`read_range`, in a Spark task). Both re
 reach the aggregates and records of open transactions wait for a later micro-batch.
 
 Why a probe that consumes instead of ListOffsets: the embedded broker (tansu) answers ListOffsets
-with a high watermark that can be too low after batched produce (ENVIRONMENT.md, bug 1), and with
+with a high watermark that can be too low right after a batched produce, and with
 read_committed it may answer 0 while a transaction is open. Consuming to the end and taking the
 consumer's position is correct on every broker: librdkafka moves the position past transaction
 markers and stops at the last stable offset. The probe keeps its position between calls, so each

@@ -80,8 +80,8 @@ def wait_until_ready(bootstrap: str, timeout_seconds: float) -> None:
 class EmbeddedBroker:
     """A tansu broker on 127.0.0.1 with in-memory storage; a context manager.
 
-    `storage_url` may point at an S3 bucket (see ENVIRONMENT.md) when data must survive a
-    broker restart; the default keeps everything in memory.
+    `storage_url` may be a tansu `s3://bucket/` URL (against a local S3 server such as s3rver) when
+    data must survive a broker restart; the default keeps everything in memory.
     """
 
     port: int = 0

@@ -2,8 +2,8 @@
 
 The same `keyrange_*` metrics Prometheus scrapes in a cluster; locally the supervisor scrapes them
 itself, once a second. Lag comes from the workers (`keyrange_consumer_lag` is computed from the
-consumer's cached high watermark, which avoids tansu's too-low ListOffsets answer, bug 1 in
-ENVIRONMENT.md), so a slot that no worker holds right now has no measurement.
+consumer's cached high watermark, which avoids tansu's ListOffsets answer, too low right after a
+batched produce), so a slot that no worker holds right now has no measurement.
 """
 
 from __future__ import annotations

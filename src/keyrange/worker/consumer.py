@@ -127,8 +127,8 @@ class ThreadedConsumer:
     async def high_watermarks(self, partitions: Iterable[int]) -> dict[int, int]:
         """High watermark per partition as last seen in fetch responses (-1 when unknown).
 
-        The cached value is used on purpose: tansu's ListOffsets answer can be too low after
-        batched produce (ENVIRONMENT.md, tansu bug 1), while fetch responses carry the true one.
+        The cached value is used on purpose: tansu answers ListOffsets with a high watermark that
+        can be too low right after a batched produce, while its fetch responses carry the true one.
         """
 
         def highs() -> dict[int, int]:

@@ -60,7 +60,7 @@ class _AcquireTicket:
 
 
 class Worker:
-    """One worker: handles the events of the slots it holds, keeping DESIGN.md's guarantees."""
+    """One worker: handles the events of the slots it holds, keeping the guarantees of docs/design.md."""
 
     def __init__(self, settings: WorkerSettings, handler: Handler, metrics: WorkerStats | None = None) -> None:
         self.settings = settings

@@ -71,7 +71,7 @@ class LogReader:
         span in log order; and the offset each span was read to.
 
         "The end" is the high watermark seen in fetch responses (tansu's ListOffsets answer can be
-        too low, ENVIRONMENT.md bug 1); positions move past transaction markers, so a span is
+        too low right after a batched produce); positions move past transaction markers, so a span is
         done when its position reaches it. The consumer keeps a partition's last high watermark
         after it is unassigned, so a span read to the end must not have been read before by this
         reader (a span with a stop may: the stop bounds it).
@@ -142,7 +142,7 @@ class LogReader:
             [TopicPartition(t, p, ms) for (t, p), ms in times_ms.items()], timeout=timeout)
         out = {}
         for tp in found:
-            # tansu matches broker append time and answers 0 for a future time (bug 2): both only
+            # tansu matches broker append time and answers 0 for a future time: both only
             # make the read longer, never skip records.
             out[(tp.topic, tp.partition)] = (
                 tp.offset if tp.offset >= 0 else self._consumer.get_watermark_offsets(tp, timeout=timeout)[1])
