@@ -12,11 +12,15 @@ from keyrange.events import decode_processed
 from tests.checkers import LoggedEvent
 
 
-def read_topic(bootstrap: str, topic: str, expect: int | None = None, idle_seconds: float = 2.0,
+def read_topic(bootstrap: str, topic: str, expect: int | None = None,
                timeout_seconds: float = 60.0) -> list[Any]:
-    """Every record of `topic` from the beginning (read_committed), as confluent Messages.
+    """Every record of `topic` from the beginning to its end (read_committed), as confluent Messages.
 
-    Stops when `expect` records were read, or after `idle_seconds` with nothing new.
+    The end is each partition's high watermark as the broker's fetch responses report it (tansu's
+    ListOffsets can answer too low after a batched produce). `expect` is a minimum for a log still
+    being written, never a place to stop early: an event handled twice must not stay unread
+    behind it. A partition that cannot be read to its end in time (an open transaction holds
+    read_committed reads back) fails the read, naming the partition.
     """
     consumer = Consumer({
         "bootstrap.servers": bootstrap,
@@ -30,20 +34,35 @@ def read_topic(bootstrap: str, topic: str, expect: int | None = None, idle_secon
         parts = sorted(metadata.topics[topic].partitions)
         consumer.assign([TopicPartition(topic, p, 0) for p in parts])
         out: list[Any] = []
+        next_offset = dict.fromkeys(parts, 0)
         deadline = time.monotonic() + timeout_seconds
-        last_new = time.monotonic()
-        while time.monotonic() < deadline:
-            batch = [m for m in consumer.consume(1000, 0.2) if m.error() is None]
-            if batch:
-                out.extend(batch)
-                last_new = time.monotonic()
-            if expect is not None and len(out) >= expect:
-                break
-            if time.monotonic() - last_new > idle_seconds and (expect is None or len(out) >= expect):
-                break
-        return out
+        while True:
+            for m in consumer.consume(1000, 0.1):
+                if m.error() is None:
+                    out.append(m)
+                    next_offset[m.partition()] = m.offset() + 1
+            behind = _partitions_behind(consumer, topic, next_offset)
+            if not behind and (expect is None or len(out) >= expect):
+                return out
+            if time.monotonic() > deadline:
+                raise AssertionError(
+                    f"{topic}: read {len(out)} records (expected at least {expect}) in {timeout_seconds:g} s; "
+                    f"partitions not read to their end, as {{partition: (read to, high watermark)}}: {behind}")
     finally:
         consumer.close()
+
+
+def _partitions_behind(consumer: Consumer, topic: str, next_offset: dict[int, int]) -> dict[int, tuple[int, int]]:
+    """Partitions whose position is below the high watermark of the last fetch response (-1001: none yet)."""
+    behind = {}
+    for p, after_last in next_offset.items():
+        tp = TopicPartition(topic, p)
+        # Under read_committed the position moves past transaction markers, which no record shows.
+        reached = max(consumer.position([tp])[0].offset, after_last)
+        high = consumer.get_watermark_offsets(tp, cached=True)[1]
+        if high < 0 or reached < high:
+            behind[p] = (reached, high)
+    return behind
 
 
 def read_input_log(bootstrap: str, topic: str, expect: int | None = None) -> list[LoggedEvent]:

@@ -1,0 +1,54 @@
+"""tests/kafkatools.read_topic, which every guarantee check reads its evidence through."""
+
+from __future__ import annotations
+
+import uuid
+
+import pytest
+from confluent_kafka import Producer
+
+from keyrange.kafkaio import TopicSpec, ensure_topics
+from tests.kafkatools import read_topic
+
+
+def _produce(bootstrap: str, topic: str, count: int, partitions: int) -> None:
+    producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 5, "log_level": 3})
+    for i in range(count):
+        producer.produce(topic, str(i).encode(), partition=i % partitions)
+    assert producer.flush(30) == 0
+
+
+def test_expect_is_a_minimum_not_where_the_read_stops(bootstrap: str, topic_name: str) -> None:
+    # More records than one consume call returns, so a reader that stopped at `expect` would stop
+    # early; a record written past `expect` (an event handled twice) must be read too.
+    ensure_topics(bootstrap, [TopicSpec(topic_name, 3)])
+    _produce(bootstrap, topic_name, 3001, 3)
+    records = read_topic(bootstrap, topic_name, expect=1000)
+    assert len(records) == 3001
+    assert sorted(int(m.value()) for m in records) == list(range(3001))
+
+
+def test_an_empty_topic_reads_as_empty(bootstrap: str, topic_name: str) -> None:
+    ensure_topics(bootstrap, [TopicSpec(topic_name, 2)])
+    assert read_topic(bootstrap, topic_name, timeout_seconds=30) == []
+
+
+def test_a_partition_held_back_by_an_open_transaction_fails_the_read(bootstrap: str, topic_name: str) -> None:
+    # read_committed cannot reach the end while a transaction is open: say so rather than return
+    # part of the log as if it were all of it.
+    ensure_topics(bootstrap, [TopicSpec(topic_name, 2)])
+    _produce(bootstrap, topic_name, 10, 2)
+    producer = Producer({"bootstrap.servers": bootstrap, "transactional.id": f"test-{uuid.uuid4()}",
+                         "log_level": 3})
+    producer.init_transactions(30)
+    producer.begin_transaction()
+    producer.produce(topic_name, b"open", partition=1)
+    assert producer.flush(30) == 0
+    try:
+        with pytest.raises(AssertionError, match=r"not read to their end.*\{1: \(5, 6\)\}"):
+            read_topic(bootstrap, topic_name, timeout_seconds=3)
+    finally:
+        producer.abort_transaction(30)
+    # Decided, the transaction no longer holds the read back.
+    values = {m.value() for m in read_topic(bootstrap, topic_name, expect=10, timeout_seconds=30)}
+    assert {str(i).encode() for i in range(10)} <= values
