@@ -161,8 +161,9 @@ async def test_partitions_pause_past_max_pending_and_resume(bootstrap: str, topi
     assert worker.stats.pauses > 0 and paused_gauge_seen
     # The backlog shows as lag (records behind the high watermark) while paused partitions wait.
     assert max_lag > 200
-    # Bounded: fetches stop above the limit (plus at most one batch already fetched).
-    assert max_seen <= 60 + 2 * 50
+    # Bounded: a partition is checked after every fetch and paused before the next one, and a
+    # pause drops what the consumer had buffered for it, so it overshoots by one fetch at most.
+    assert max_seen <= settings.max_pending + settings.fetch_batch_size
     check_all(log, read_processed(bootstrap, f"{topic_name}.processed", sent))
 
 
