@@ -20,12 +20,13 @@ from keyrange.aggregation import AggregateResults, AggregationSummary, SparkSetu
 from keyrange.local import demo_aggregation
 from keyrange.local.demo import DemoReport, render_report
 from keyrange.local.demo_aggregation import aggregate, build_section, render_section
+from tests.integration.test_aggregation_support import require_pyspark
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(420)  # ~100 s alone; Spark's start alone took over a minute on a busy 2-core machine
 def test_demo_report_has_the_aggregation_and_it_counts_every_processed_uuid_once(tmp_path: Path) -> None:
-    pytest.importorskip("pyspark")
+    require_pyspark()
     out = tmp_path / "demo"
     proc = subprocess.run(
         [sys.executable, "-m", "keyrange.cli", "demo", "--quick", "--phase-seconds", "3", "--out", str(out)],
