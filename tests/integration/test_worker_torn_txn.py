@@ -9,9 +9,11 @@ directly on the topics (non-transactionally, as the engine would have laid them 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import orjson
+import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 
 from keyrange.events import encode_processed, parse_input
@@ -133,27 +135,22 @@ class Scenario:
             assert orjson.loads(m.value()) == self.state_after(offset)
 
 
-async def test_changelog_entries_ahead_of_their_processed_records_are_ignored(
-        bootstrap: str, topic_name: str) -> None:
-    s = Scenario(bootstrap, topic_name)
+def changelog_ahead_of_processed_records(s: Scenario) -> None:
+    """State records a transaction wrote ahead of its processed records are ignored."""
     s.write(Txn(list(range(200)), commit=200))
     # The crashed worker's transaction: every state record landed, none of the processed ones.
     s.write(Txn(list(range(200, 260)), sink_visible=0))
-    await s.check()
 
 
-async def test_processed_records_without_changelog_entries_carry_the_state(
-        bootstrap: str, topic_name: str) -> None:
-    s = Scenario(bootstrap, topic_name)
+def processed_records_without_changelog(s: Scenario) -> None:
+    """Processed records whose state records never landed carry the state themselves."""
     s.write(Txn(list(range(200)), commit=200))
     # Every processed record landed, none of the state records.
     s.write(Txn(list(range(200, 260)), changelog_visible=0))
-    await s.check()
 
 
-async def test_torn_transaction_after_offsets_committed_past_out_of_order_outputs(
-        bootstrap: str, topic_name: str) -> None:
-    s = Scenario(bootstrap, topic_name)
+def torn_after_offsets_committed_past_out_of_order_outputs(s: Scenario) -> None:
+    """A torn transaction after one whose outputs reach past its committed offset."""
     s.write(Txn(list(range(150)), commit=150))
     # Events finish out of order: one client's event at 170 is still running, so the complete
     # transaction commits 170 while holding later events of other clients (their changelog
@@ -165,4 +162,13 @@ async def test_torn_transaction_after_offsets_committed_past_out_of_order_output
     # for some clients) prefix of its state records, and no offsets.
     s.write(Txn(held_back + list(range(260, 330)), sink_visible=30, changelog_visible=18))
     assert s.committed == 170
+
+
+@pytest.mark.parametrize("lay_out", [changelog_ahead_of_processed_records, processed_records_without_changelog,
+                                     torn_after_offsets_committed_past_out_of_order_outputs],
+                         ids=lambda lay_out: lay_out.__name__)
+async def test_restore_and_the_next_worker_are_right_after_a_torn_transaction(
+        bootstrap: str, topic_name: str, lay_out: Callable[[Scenario], None]) -> None:
+    s = Scenario(bootstrap, topic_name)
+    lay_out(s)
     await s.check()
