@@ -23,9 +23,14 @@ from keyrange.operator.settings import OperatorSettings
 from tests.operator.crd_schema import load_crd
 from tests.operator.emulator import ClusterEmulator
 from tests.operator.kubecluster import ControlPlane
+from tests.timeouts import tier_timeout
 
 T = TypeVar("T")
 SC_PATH = "/apis/keyrange.dev/v1alpha1/namespaces/{ns}/streamconsumers"
+TIMEOUT_SECONDS = 300
+"""The operator tier's tests take up to ~20 s alone; a rollout of real workers waits minutes at worst."""
+
+pytest_collection_modifyitems = tier_timeout(Path(__file__).parent, TIMEOUT_SECONDS)
 
 
 class Api:
