@@ -7,6 +7,7 @@ import os
 import re
 import shutil
 import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -19,7 +20,9 @@ import yaml
 from tests.operator.crd_schema import CRD_PATH, ROOT, admit, admit_streamconsumer
 
 CHART = ROOT / "charts" / "keyrange"
-VALUES = sorted((Path(__file__).parent / "chart_values").glob("*.yaml"))
+CI_VALUES = sorted((CHART / "ci").glob("*-values.yaml"))
+"""The chart's own example values files (charts/keyrange/ci/, as chart-testing expects them)."""
+VALUES = sorted((Path(__file__).parent / "chart_values").glob("*.yaml")) + CI_VALUES
 VALUE_SETS = [None, *VALUES]
 
 
@@ -88,10 +91,26 @@ def test_rendered_objects_are_valid(helm: Any, values: Path | None) -> None:
             _, errors = admit(doc, schemas[key])
             assert errors == [], f"{key}: {errors}"
         elif doc["apiVersion"].startswith("monitoring.coreos.com/"):
-            assert doc["spec"]["endpoints"] and doc["spec"]["selector"]["matchLabels"]
+            _check_prometheus_operator_object(doc)
         else:
             kubernetes_validate.validate(doc, "1.30", strict=True)
     assert {"CustomResourceDefinition", "Deployment", "Service"} <= kinds
+
+
+def _check_prometheus_operator_object(doc: dict[str, Any]) -> None:
+    """The Prometheus Operator's CRDs are not installed here: check the fields it needs by hand."""
+    spec = doc["spec"]
+    if doc["kind"] == "ServiceMonitor":
+        assert spec["endpoints"] and spec["selector"]["matchLabels"]
+    elif doc["kind"] == "PrometheusRule":  # the rules themselves are promtool-tested (test_rules_chart.py)
+        assert spec["groups"] and all(r["alert"] and r["expr"] for g in spec["groups"] for r in g["rules"])
+    elif doc["kind"] == "AlertmanagerConfig":
+        receivers = {r["name"]: r for r in spec["receivers"]}
+        webhook = receivers[spec["route"]["receiver"]]["webhookConfigs"][0]
+        assert webhook["url"].endswith("/alertmanager/webhook")
+        assert webhook["httpConfig"]["authorization"]["credentials"]["key"] == "token"
+    else:
+        raise AssertionError(f"no check for {doc['kind']}")
 
 
 def _by_kind(docs: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
@@ -237,3 +256,25 @@ def test_the_operator_accepts_every_argument_the_chart_passes(helm: Any, values:
     assert args.metrics_port == ports["metrics"] and args.liveness.endswith(f":{ports['health']}/healthz")
     if "webhook" in ports:
         assert args.webhook_port == ports["webhook"]
+
+
+def test_the_readme_values_table_is_generated_from_values_yaml() -> None:
+    result = subprocess.run([sys.executable, str(ROOT / "scripts" / "chart-values-table.py"), "--check"],
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+
+
+def test_the_readme_lists_every_ci_values_file() -> None:
+    readme = (CHART / "README.md").read_text()
+    assert CI_VALUES and all(f"(ci/{path.name})" in readme for path in CI_VALUES)
+
+
+def test_the_alertmanager_config_posts_to_the_operators_service(helm: Any) -> None:
+    # docs/autoscaling.md gives this URL: the Service is named after the release.
+    docs = _render(helm, CHART / "ci" / "prometheus-operator-values.yaml")
+    (service,) = _by_kind(docs, "Service")
+    (config,) = _by_kind(docs, "AlertmanagerConfig")
+    port = {p["name"]: p["port"] for p in service["spec"]["ports"]}["webhook"]
+    url = config["spec"]["receivers"][0]["webhookConfigs"][0]["url"]
+    assert url == f"http://{service['metadata']['name']}.keyrange-system.svc:{port}/alertmanager/webhook"
+    assert service["metadata"]["name"] == "rel-keyrange"
