@@ -33,6 +33,13 @@ def test_an_empty_topic_reads_as_empty(bootstrap: str, topic_name: str) -> None:
     assert read_topic(bootstrap, topic_name, timeout_seconds=30) == []
 
 
+def test_a_log_shorter_than_expected_is_returned_whole_after_the_timeout(bootstrap: str, topic_name: str) -> None:
+    # The caller's checks then say what is missing (e.g. which uuid was lost).
+    ensure_topics(bootstrap, [TopicSpec(topic_name, 2)])
+    _produce(bootstrap, topic_name, 10, 2)
+    assert len(read_topic(bootstrap, topic_name, expect=11, timeout_seconds=2)) == 10
+
+
 def test_a_partition_held_back_by_an_open_transaction_fails_the_read(bootstrap: str, topic_name: str) -> None:
     # read_committed cannot reach the end while a transaction is open: say so rather than return
     # part of the log as if it were all of it.
