@@ -1,14 +1,26 @@
-"""Fixtures shared by every tier: the real embedded broker and unique topic names."""
+"""Fixtures shared by every tier: the brokers and unique topic names.
+
+Brokers (each started once per session, and only if a test asks for it):
+- `broker` / `bootstrap`: the embedded tansu broker.
+- `kafka_broker` / `kafka_bootstrap`: Apache Kafka, one KRaft node.
+- `broker_engine` / `any_bootstrap`: parametrized over both ("tansu", "kafka"), for the guarantee
+  tests that must hold on either; `broker_engine.engine` says which one a test runs on.
+- `kafka_cluster3`: a 3-node Apache Kafka cluster for fault tests (replication factor 3,
+  min.insync.replicas 2). Kill, pause or restart its nodes freely: after each test every node is
+  resumed or restarted and the cluster serves again.
+"""
 
 from __future__ import annotations
 
 import itertools
 import os
 from collections.abc import Iterator
+from dataclasses import dataclass
 
 import pytest
 
 from keyrange.local.broker import EmbeddedBroker
+from keyrange.local.kafka import QUICK_START_JVM_OPTIONS, KafkaCluster
 
 _names = itertools.count()
 
@@ -24,6 +36,55 @@ def broker() -> Iterator[EmbeddedBroker]:
 def bootstrap(broker: EmbeddedBroker) -> str:
     """Bootstrap address of the session broker."""
     return broker.bootstrap
+
+
+@pytest.fixture(scope="session")
+def kafka_broker() -> Iterator[KafkaCluster]:
+    """One Apache Kafka node (KRaft) for the whole session; tests use unique topics."""
+    with KafkaCluster(nodes=1, jvm_options=QUICK_START_JVM_OPTIONS) as cluster:
+        yield cluster
+
+
+@pytest.fixture
+def kafka_bootstrap(kafka_broker: KafkaCluster) -> str:
+    """Bootstrap address of the session's Apache Kafka node."""
+    return kafka_broker.bootstrap
+
+
+@dataclass(frozen=True)
+class BrokerUnderTest:
+    """Which broker a parametrized test runs on, and where it is."""
+
+    engine: str
+    """"tansu" or "kafka"."""
+    bootstrap: str
+
+
+@pytest.fixture(params=["tansu", "kafka"])
+def broker_engine(request: pytest.FixtureRequest) -> BrokerUnderTest:
+    """The test runs once on tansu and once on Apache Kafka (ids "tansu" / "kafka")."""
+    if request.param == "tansu":
+        return BrokerUnderTest("tansu", request.getfixturevalue("broker").bootstrap)
+    return BrokerUnderTest("kafka", request.getfixturevalue("kafka_broker").bootstrap)
+
+
+@pytest.fixture
+def any_bootstrap(broker_engine: BrokerUnderTest) -> str:
+    """Bootstrap address of the parametrized broker (see `broker_engine`)."""
+    return broker_engine.bootstrap
+
+
+@pytest.fixture(scope="session")
+def _kafka_cluster3_session() -> Iterator[KafkaCluster]:
+    with KafkaCluster(nodes=3, jvm_options=QUICK_START_JVM_OPTIONS) as cluster:
+        yield cluster
+
+
+@pytest.fixture
+def kafka_cluster3(_kafka_cluster3_session: KafkaCluster) -> Iterator[KafkaCluster]:
+    """The session's 3-node Apache Kafka cluster, healed after the test (see the module docstring)."""
+    yield _kafka_cluster3_session
+    _kafka_cluster3_session.heal()
 
 
 @pytest.fixture

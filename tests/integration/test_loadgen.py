@@ -23,7 +23,8 @@ def test_generated_stream_has_the_kata_shape() -> None:
     assert set(clients) == set(range(1000, 1100))
 
 
-def test_produced_events_land_on_the_murmur2_partition(bootstrap: str, topic_name: str) -> None:
+def test_produced_events_land_on_the_murmur2_partition(any_bootstrap: str, topic_name: str) -> None:
+    bootstrap = any_bootstrap
     ensure_topics(bootstrap, [TopicSpec(topic_name, 12)])
     records = list(generate(LoadShape(seed=2, ledger=True), count=2000))
     produce_all(bootstrap, topic_name, records)

@@ -85,6 +85,8 @@ class KafkaNode:
     """The JVM's class-data archive (`kafka_setup.class_archive`): used when it exists."""
     writes_class_archive: bool = False
     """When the archive does not exist yet, this node writes it as it exits."""
+    paused: bool = field(default=False, init=False)
+    """True between `pause` and `resume`."""
     _process: subprocess.Popen[bytes] | None = field(default=None, init=False, repr=False)
 
     @property
@@ -153,11 +155,13 @@ class KafkaNode:
         """SIGSTOP: the node freezes (no heartbeats, no fetches) but keeps its sockets open."""
         if self._process is not None and self.is_running():
             self._process.send_signal(signal.SIGSTOP)
+            self.paused = True
 
     def resume(self) -> None:
         """SIGCONT: a paused node carries on."""
         if self._process is not None and self.is_running():
             self._process.send_signal(signal.SIGCONT)
+        self.paused = False
 
     def _signal_and_reap(self, sig: signal.Signals, grace_seconds: float) -> None:
         proc = self._process
@@ -173,6 +177,7 @@ class KafkaNode:
                 proc.kill()
                 proc.wait()
         self._process = None
+        self.paused = False
         self._keep_class_archive()
 
     def _keep_class_archive(self) -> None:
@@ -330,6 +335,16 @@ class KafkaCluster:
         node.terminate()
         node.launch()
         self.wait_until_ready(timeout_seconds or self.start_timeout_seconds, [node])
+
+    def heal(self, timeout_seconds: float | None = None) -> None:
+        """Resume paused nodes and start stopped or killed ones; wait until all serve again."""
+        for node in self.members:
+            if node.paused:
+                node.resume()
+            if not node.is_running():
+                node.terminate()  # reaps a node that died on its own
+                node.launch()
+        self.wait_until_ready(timeout_seconds or self.start_timeout_seconds)
 
     def is_running(self) -> bool:
         """True while every node's JVM is alive."""
