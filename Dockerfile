@@ -19,6 +19,16 @@ RUN python -m venv /opt/keyrange \
  && /opt/keyrange/bin/pip install --upgrade pip \
  && /opt/keyrange/bin/pip install ".[spark]" \
  && /opt/keyrange/bin/keyrange --version
+# Spark's own Kafka connector at the installed PySpark's version, fetched by Maven into
+# /opt/keyrange/tools/spark-jars/<version>/ (the driver and the executors find it there through
+# KEYRANGE_TOOLS and hand it to Spark with spark.jars).
+RUN apt-get update \
+ && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends maven openjdk-17-jre-headless \
+ && rm -rf /var/lib/apt/lists/*
+COPY scripts/install-spark-connector.sh ./scripts/
+COPY scripts/spark-connector ./scripts/spark-connector
+RUN bash scripts/install-spark-connector.sh /opt/keyrange/tools /opt/keyrange/bin/python \
+ && rm -rf /root/.m2
 
 # --- runtime: the virtualenv, a JRE for Spark, tini, and an unprivileged user ----------------------
 FROM ${PYTHON_IMAGE}
@@ -31,7 +41,8 @@ COPY --from=build /opt/keyrange /opt/keyrange
 ENV PATH=/opt/keyrange/bin:$PATH \
     PYTHONUNBUFFERED=1 \
     PYTHONDONTWRITEBYTECODE=1 \
-    PYSPARK_PYTHON=/opt/keyrange/bin/python
+    PYSPARK_PYTHON=/opt/keyrange/bin/python \
+    KEYRANGE_TOOLS=/opt/keyrange/tools
 # Numeric, so Kubernetes' runAsNonRoot can verify it without reading /etc/passwd.
 USER 10001:10001
 WORKDIR /tmp

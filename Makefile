@@ -10,8 +10,9 @@ TOOLS   ?= $(or $(KEYRANGE_TOOLS),$(CURDIR)/.tools)
 export KEYRANGE_TOOLS := $(TOOLS)
 export PATH := $(CURDIR)/$(VENV)/bin:$(TOOLS)/bin:$(PATH)
 export PYSPARK_PYTHON := $(CURDIR)/$(PY)
+export KEYRANGE_TOOLS := $(TOOLS)
 
-.PHONY: demo test install install-dev tools lint types pytest bench clean
+.PHONY: demo test install install-dev tools spark-connector lint types pytest bench clean
 
 $(VENV)/.installed-%: pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -29,18 +30,22 @@ demo: install
 tools:
 	bash scripts/install-tools.sh $(TOOLS)
 
+# Spark's Kafka connector at the venv's PySpark version (Maven, cached in .tools/spark-jars); after install.
+spark-connector:
+	bash scripts/install-spark-connector.sh $(TOOLS) $(PY)
+
 lint: install-dev
 	$(VENV)/bin/ruff check src tests benchmarks
 
 types: install-dev
 	$(VENV)/bin/mypy
 
-pytest: install-dev tools
+pytest: install-dev tools spark-connector
 	$(PY) -m pytest -q -p no:cacheprovider --durations=15
 
 test: lint types pytest
 
-bench: install-dev
+bench: install-dev spark-connector
 	$(PY) -m benchmarks
 
 clean:

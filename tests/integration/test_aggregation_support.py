@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import random
+import sys
 import uuid as uuidlib
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -19,8 +20,6 @@ from confluent_kafka import Producer
 
 from keyrange.events import InputEvent, encode_processed
 from keyrange.kafkaio import TopicSpec, ensure_topics
-
-VENV_PYTHON = "/work/main/.venv/bin/python"
 
 
 def require_pyspark() -> None:
@@ -35,10 +34,10 @@ def require_pyspark() -> None:
 
 @pytest.fixture(scope="session")
 def spark() -> Iterator[Any]:
-    """The shared local[2] SparkSession with the keyrange-kafka source registered."""
+    """The shared local[2] SparkSession with Spark's Kafka connector and the keyrange-kafka source."""
     require_pyspark()
-    if os.path.exists(VENV_PYTHON):
-        os.environ.setdefault("PYSPARK_PYTHON", VENV_PYTHON)
+    # Spark's Python workers must run this very interpreter (same pyspark, same keyrange).
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     from keyrange.aggregation.session import spark_session
 
     session = spark_session("local[2]", app_name="keyrange-tests")

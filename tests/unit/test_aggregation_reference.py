@@ -85,3 +85,27 @@ def test_summary_line_mentions_table_sizes_only_once_counted():
     assert "clients" not in summary.line()
     summary.clients, summary.windows, summary.workers = 3, 1, 2
     assert "3 clients, 1 minute windows, 2 workers -> /out" in summary.line()
+
+
+def test_retention_horizon_trails_the_newest_created_and_expires_whole_minutes_only():
+    from keyrange.aggregation.reference import MINUTE_MS
+    from keyrange.aggregation.retention import Retention
+
+    keep = Retention(minutes=2)
+    assert keep.horizon_ms(None) is None  # nothing aggregated yet
+    horizon = keep.horizon_ms(10 * MINUTE_MS + 5)
+    assert horizon == 8 * MINUTE_MS + 5
+    stored = [m * MINUTE_MS for m in range(10)]
+    assert keep.expired(stored, horizon) == [m * MINUTE_MS for m in range(8)]  # minute 8 straddles it
+    assert Retention(minutes=0).horizon_ms(10 * MINUTE_MS) is None  # keep forever
+    with pytest.raises(ValueError, match="0 \\(forever\\) or more"):
+        Retention(minutes=-1)
+
+
+def test_a_replayed_batch_takes_the_high_water_mark_from_before_it():
+    from keyrange.aggregation.store import Manifest
+
+    manifest = Manifest(batch=7, versions={}, high_water_ms=500, previous_batch=5, previous_high_water_ms=300)
+    assert manifest.high_water_before(8) == 500
+    assert manifest.high_water_before(7) == 300  # batch 7 published, then crashed before its commit
+    assert Manifest().high_water_before(0) is None

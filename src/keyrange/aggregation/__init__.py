@@ -5,8 +5,9 @@ The Python API for other parts (e.g. `keyrange demo`):
     summary = run_once(bootstrap, "events.processed", "out/agg")   # AggregationSummary
     results = read_results("out/agg")                              # AggregateResults, no Spark
 
-`run_once` and `start_continuous` need the `spark` extra (pyspark, pyarrow) and Java; they raise
-`SparkSetupError` saying what to install. Spark is imported only when they are called.
+`run_once` and `start_continuous` need the `spark` extra (pyspark, pyarrow), Java and Spark's
+Kafka connector (`connector`); they raise `SparkSetupError` saying what to install. Spark is
+imported only when they are called.
 """
 
 from __future__ import annotations

@@ -33,8 +33,14 @@ def check_environment() -> None:
 
 
 def spark_session(master: str | None = "local[2]", app_name: str = "keyrange-aggregate",
-                  shuffle_partitions: int | None = None, extra_conf: dict[str, str] | None = None) -> Any:
-    """A SparkSession with the `keyrange-kafka` source registered.
+                  shuffle_partitions: int | None = None, extra_conf: dict[str, str] | None = None,
+                  kafka_connector: bool = True) -> Any:
+    """A SparkSession with Spark's Kafka connector on its classpath and the `keyrange-kafka`
+    source registered.
+
+    The connector's jars come from the tools folder or the image (`connector.spark_jars_conf`);
+    with `kafka_connector` a missing connector is a SparkSetupError saying how to install it,
+    without it (the embedded broker's reader needs none) it is added only when installed.
 
     Python workers use this interpreter unless PYSPARK_PYTHON says otherwise, so executors see
     the same keyrange and confluent-kafka as the driver. `master=None` keeps the master that
@@ -44,6 +50,7 @@ def spark_session(master: str | None = "local[2]", app_name: str = "keyrange-agg
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     from pyspark.sql import SparkSession
 
+    from keyrange.aggregation.connector import spark_jars_conf
     from keyrange.aggregation.source import register
 
     local = master is not None and master.startswith("local")
@@ -72,7 +79,10 @@ def spark_session(master: str | None = "local[2]", app_name: str = "keyrange-agg
             # is nothing to gain and the extra round trips cost seconds per micro-batch.
             .config("spark.sql.adaptive.enabled", "false")
         )
-    for key, value in (extra_conf or {}).items():
+    extra_conf = extra_conf or {}
+    # The classpath is fixed when the JVM starts: later sessions of this process get the same.
+    extra_conf = {**extra_conf, **spark_jars_conf(extra_conf, required=kafka_connector)}
+    for key, value in extra_conf.items():
         builder = builder.config(key, value)
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("WARN")

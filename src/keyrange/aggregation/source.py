@@ -1,7 +1,8 @@
 """`keyrange-kafka`: keyrange's Spark Python data source for Kafka topics (batch and streaming).
 
-Spark's own Kafka connector is a jar that is not always at hand; this source needs only pyspark,
-pyarrow and confluent-kafka. Rows look like Spark's Kafka source:
+The aggregation's reader for the embedded broker (see `sources`: tansu's ListOffsets answers 0
+while a transaction is open, which Spark's own connector cannot work around); it needs only
+pyspark, pyarrow and confluent-kafka. Rows look like Spark's Kafka source:
 `topic, partition, offset, timestamp, key, value`.
 
 Options: `bootstrap` and `topic` (required); `startingOffsets` (`earliest` | `latest` | JSON

@@ -2,11 +2,13 @@
 
 Layout under the output directory (a local path or any Hadoop/pyarrow URL such as `s3a://`):
 
-    records/batch=<id>/minute=<ms>/   deduplicated processed records (the percentile source)
+    records/minute=<ms>/batch=<id>/   uuid and timings of the deduplicated records (the dedup and
+                                      percentile source), kept for the retention period (`retention`)
     clients/version=<id>/             one Parquet table per micro-batch that changed it
     windows/version=<id>/
     workers/version=<id>/
-    _latest.json                      the newest complete version of each table, and totals
+    _latest.json                      the newest complete version of each table, and the newest
+                                      `created` aggregated (the retention's high-water mark)
 
 A micro-batch writes new versions and never edits old ones, so a replay after a crash (Spark
 re-runs the last uncommitted batch id) rebuilds the very same version from the one before it.
@@ -18,14 +20,17 @@ from __future__ import annotations
 import json
 import os
 import re
+import time
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlparse
 
 TABLES = ("clients", "windows", "workers")
 MANIFEST = "_latest.json"
+RECORDS = "records"
 _VERSION = re.compile(r"^version=(\d+)$")
 _BATCH = re.compile(r"^batch=(\d+)$")
+_MINUTE = re.compile(r"^minute=(-?\d+)$")
 
 
 def normalize(path: str) -> str:
@@ -64,15 +69,27 @@ class HadoopStorage:
         return sorted(found)
 
     def record_partitions(self, minutes: list[int]) -> list[tuple[int, str]]:
-        """(batch id, directory) of every stored `records/batch=<id>/minute=<ms>` of `minutes`."""
+        """(batch id, directory) of every stored `records/minute=<ms>/batch=<id>` of `minutes`."""
         if not minutes:
             return []
-        pattern, fs = self._path("records/batch=*/minute={" + ",".join(str(m) for m in minutes) + "}")
+        pattern, fs = self._path(f"{RECORDS}/minute={{" + ",".join(str(m) for m in minutes) + "}/batch=*")
         found = []
         for status in fs.globStatus(pattern) or []:
-            match = _BATCH.match(status.getPath().getParent().getName())
+            match = _BATCH.match(status.getPath().getName())
             if match and status.isDirectory():
                 found.append((int(match.group(1)), str(status.getPath().toString())))
+        return sorted(found)
+
+    def record_minutes(self) -> list[int]:
+        """Every minute that has stored records, oldest first."""
+        path, fs = self._path(RECORDS)
+        if not fs.exists(path):
+            return []
+        found = []
+        for status in fs.listStatus(path):
+            match = _MINUTE.match(status.getPath().getName())
+            if match and status.isDirectory():
+                found.append(int(match.group(1)))
         return sorted(found)
 
     def delete(self, relative: str) -> None:
@@ -113,6 +130,51 @@ class HadoopStorage:
 def table_path(root: str, table: str, version: int) -> str:
     """The directory of one version of one table."""
     return f"{root.rstrip('/')}/{table}/version={version}"
+
+
+@dataclass(frozen=True)
+class Manifest:
+    """`_latest.json`: the newest published batch, its table versions and high-water mark, and the
+    same for the batch published before it (what a replay of the newest batch must start from)."""
+
+    batch: int | None = None
+    versions: dict[str, int] = field(default_factory=dict)
+    high_water_ms: int | None = None
+    """The newest `created` among the records aggregated up to and including `batch`."""
+    previous_batch: int | None = None
+    previous_high_water_ms: int | None = None
+
+    @classmethod
+    def read(cls, storage: HadoopStorage) -> Manifest:
+        """The stored manifest, or an empty one before the first batch."""
+        text = storage.read_text(MANIFEST)
+        if not text:
+            return cls()
+        data = json.loads(text)
+        previous = data.get("previous") or {}
+        return cls(data.get("batch"), dict(data.get("versions", {})), data.get("highWaterMs"),
+                   previous.get("batch"), previous.get("highWaterMs"))
+
+    def high_water_before(self, batch_id: int) -> int | None:
+        """The high-water mark as it was before `batch_id` ran (the same on a replay of it)."""
+        if self.batch is not None and self.batch >= batch_id:
+            return self.previous_high_water_ms
+        return self.high_water_ms
+
+    def publish(self, storage: HadoopStorage, batch_id: int, high_water_ms: int | None) -> None:
+        """Point readers at `batch_id`'s table versions (written aside, then renamed)."""
+        if self.batch is not None and self.batch >= batch_id:  # a replay: keep what came before it
+            previous = {"batch": self.previous_batch, "highWaterMs": self.previous_high_water_ms}
+        else:
+            previous = {"batch": self.batch, "highWaterMs": self.high_water_ms}
+        manifest = {
+            "batch": batch_id,
+            "versions": dict.fromkeys(TABLES, batch_id),
+            "highWaterMs": high_water_ms,
+            "previous": previous,
+            "updatedAtMs": int(time.time() * 1000),
+        }
+        storage.write_text(MANIFEST, json.dumps(manifest, indent=2))
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from pyspark.sql import Column, DataFrame, Window
+from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql.types import IntegerType, LongType, StringType, StructField, StructType
 
@@ -33,16 +33,25 @@ PROCESSED_SCHEMA = StructType([
     StructField("result", StringType()),
 ])
 
-STORED_RECORD_COLUMNS = "uuid string, created_ms long, started_ms long, finished_ms long, batch long, minute long"
-"""The stored records' columns that deduplication and the windows need (`batch` and `minute`
-are partition directories); reading with this schema skips Spark's schema inference job."""
 WINDOW_INPUT = ["created_ms", "started_ms", "finished_ms"]
 """The record columns `window_stats` reads, besides `minute`."""
+RECORD_COLUMNS = ["uuid", *WINDOW_INPUT]
+"""What is stored of each new record: what deduplication and the window recomputation need."""
+STORED_RECORD_COLUMNS = "uuid string, created_ms long, started_ms long, finished_ms long, minute long, batch long"
+"""The stored records' schema (`minute` and `batch` are partition directories); reading with it
+skips Spark's schema inference job."""
+WINNER_SCHEMA = "uuid string, win_partition int, win_offset long"
+"""`duplicate_winners` rows: a uuid seen more than once, and where its counted copy sits."""
+FRESH, LATE, INVALID = "fresh", "late", "invalid"
+STATUSES = (FRESH, LATE, INVALID)
+"""`status` of a parsed record: to aggregate (if not a duplicate), older than the retention
+horizon, or breaking the wire contract."""
 
 
-def parse_processed(raw: DataFrame) -> DataFrame:
-    """keyrange-kafka rows -> one typed row per processed record; `valid` is False for records
-    that break the wire contract (not JSON, or no clientId/uuid/created/startedAt/finishedAt)."""
+def parse_processed(raw: DataFrame, horizon_ms: int | None = None) -> DataFrame:
+    """Kafka rows -> one typed row per processed record, with its `status`: INVALID if it breaks
+    the wire contract (not JSON, or no clientId/uuid/created/startedAt/finishedAt), LATE if it
+    was created before `horizon_ms` (see `retention`), else FRESH."""
     parsed = F.from_json(F.col("value").cast("string"), PROCESSED_SCHEMA)
     rec = raw.select(
         parsed.alias("r"),
@@ -66,18 +75,33 @@ def parse_processed(raw: DataFrame) -> DataFrame:
         (F.col("r.created") - F.col("r.created") % MINUTE_MS).alias("minute"),
         "sink_partition",
         "sink_offset",
-        F.coalesce(valid, F.lit(False)).alias("valid"),
+        _status(F.coalesce(valid, F.lit(False)), horizon_ms).alias("status"),
     )
 
 
-def first_delivery(records: DataFrame) -> DataFrame:
-    """One row per uuid: the first delivered (lowest sink partition, then offset).
+def _status(valid: Column, horizon_ms: int | None) -> Column:
+    status = F.when(~valid, F.lit(INVALID))
+    if horizon_ms is not None:
+        status = status.when(F.col("r.created") < F.lit(horizon_ms), F.lit(LATE))
+    return status.otherwise(F.lit(FRESH))
 
-    A uuid's copies share a key (its clientId), hence a sink partition, so "first" is the log's
-    order; a re-delivery repeats its original's `created`, hence its minute.
+
+def duplicate_winners(records: DataFrame, earlier: DataFrame | None) -> DataFrame:
+    """Uuids that `records` has more than once or that are stored already (`earlier`), with the
+    position of the copy that counts: the first in the log (lowest sink partition, then offset),
+    and none of this batch's if an earlier batch stored it (position -1).
+
+    Only uuid and position are shuffled. A uuid's copies share a key (its clientId), hence a sink
+    partition, so "first" is the log's order; a re-delivery repeats its original's `created`,
+    hence its minute, so `earlier` needs only the minutes this batch touches.
     """
-    order = Window.partitionBy("uuid").orderBy("sink_partition", "sink_offset")
-    return records.withColumn("_rank", F.row_number().over(order)).where("_rank = 1").drop("_rank")
+    keys = records.select("uuid", F.col("sink_partition").alias("p"), F.col("sink_offset").alias("o"))
+    if earlier is not None:
+        keys = keys.unionByName(earlier.select("uuid", F.lit(-1).alias("p"), F.lit(-1).cast("long").alias("o")))
+    first = F.min(F.struct("p", "o"))
+    return (keys.groupBy("uuid").agg(F.count(F.lit(1)).alias("copies"), first.alias("first"))
+            .where("copies > 1")
+            .select("uuid", F.col("first.p").alias("win_partition"), F.col("first.o").alias("win_offset")))
 
 
 def client_partials(records: DataFrame) -> DataFrame:

@@ -16,6 +16,8 @@ import threading
 from types import FrameType
 from typing import Any
 
+from keyrange.aggregation.retention import DEFAULT_MINUTES
+from keyrange.aggregation.sources import CONNECTOR, SOURCES
 from keyrange.errors import UserError
 
 
@@ -36,20 +38,34 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "or spark-submit (keep the master spark-submit was given)")
     parser.add_argument("--trigger-seconds", type=float, default=5.0,
                         help="with --continuous: seconds between micro-batches (default 5)")
-    parser.add_argument("--max-records-per-batch", type=int, default=200_000,
-                        help="with --continuous: cap on records per micro-batch (default 200000)")
+    parser.add_argument("--max-records-per-batch", type=int, default=None,
+                        help="cap on the offsets one micro-batch reads (default: 500000 with --once, "
+                             "200000 with --continuous)")
+    parser.add_argument("--source", choices=SOURCES, default=CONNECTOR,
+                        help="kafka: Spark's own Kafka connector (the default); keyrange-kafka: keyrange's "
+                             "Python reader, for the embedded broker (tansu), whose ListOffsets answers 0 "
+                             "while a transaction is open")
+    parser.add_argument("--starting-offsets", default="earliest",
+                        help="where a new checkpoint starts: earliest (default), latest, or JSON like "
+                             '{"events.processed": {"0": 42}}')
+    parser.add_argument("--kafka-property", action="append", default=[], metavar="KEY=VALUE",
+                        help="Kafka client property (Java client names, e.g. security.protocol=SSL), "
+                             "repeatable; given to the source as kafka.KEY")
+    parser.add_argument("--retention-minutes", type=int, default=DEFAULT_MINUTES,
+                        help="keep the stored records this long in event time for deduplication; older "
+                             f"records are late and skipped (default {DEFAULT_MINUTES}; 0 keeps all forever)")
     parser.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE",
                         help="extra Spark configuration, repeatable (e.g. spark.executor.instances=2)")
     parser.add_argument("--json", action="store_true", help="print the final summary as JSON")
     parser.add_argument("--quiet", action="store_true", help="no per-batch progress lines")
 
 
-def _spark_conf(pairs: list[str]) -> dict[str, str]:
+def _pairs(pairs: list[str], flag: str) -> dict[str, str]:
     conf = {}
     for pair in pairs:
         key, sep, value = pair.partition("=")
-        if not sep or not key:
-            raise UserError(f"--conf takes KEY=VALUE, got {pair!r}")
+        if not sep or not key.strip():
+            raise UserError(f"{flag} takes KEY=VALUE, got {pair!r}")
         conf[key.strip()] = value
     return conf
 
@@ -58,9 +74,16 @@ def run(args: argparse.Namespace) -> int:
     """Run the job once or continuously; print progress to stderr and a summary at the end."""
     if args.trigger_seconds <= 0:
         raise UserError(f"--trigger-seconds must be positive, got {args.trigger_seconds}")
-    if args.max_records_per_batch < 1:
+    if args.max_records_per_batch is not None and args.max_records_per_batch < 1:
         raise UserError(f"--max-records-per-batch must be at least 1, got {args.max_records_per_batch}")
-    conf = _spark_conf(args.conf)
+    if args.retention_minutes < 0:
+        raise UserError(f"--retention-minutes must be 0 (forever) or more, got {args.retention_minutes}")
+    conf = _pairs(args.conf, "--conf")
+    reading: dict[str, Any] = {"source": args.source, "starting_offsets": args.starting_offsets,
+               "client_properties": _pairs(args.kafka_property, "--kafka-property"),
+               "retention_minutes": args.retention_minutes}
+    if args.max_records_per_batch is not None:
+        reading["max_records_per_batch"] = args.max_records_per_batch
     from keyrange.aggregation.session import check_environment
 
     check_environment()
@@ -75,13 +98,14 @@ def run(args: argparse.Namespace) -> int:
     from pyspark.sql import SparkSession
 
     owned = SparkSession.getActiveSession() is None  # a caller's session is the caller's to stop
-    spark = spark_session(None if args.master == "spark-submit" else args.master, extra_conf=conf)
+    spark = spark_session(None if args.master == "spark-submit" else args.master, extra_conf=conf,
+                          kafka_connector=args.source == CONNECTOR)
     try:
         if args.continuous:
-            summary = _run_continuous(args, spark, progress)
+            summary = _run_continuous(args, spark, progress, reading)
         else:
             summary = job.run_once(args.bootstrap, args.topic, args.output, args.checkpoint,
-                                   spark=spark, progress=progress)
+                                   spark=spark, progress=progress, **reading)
     finally:
         if owned:
             spark.stop()
@@ -92,13 +116,12 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _run_continuous(args: argparse.Namespace, spark: Any, progress: Any) -> Any:
+def _run_continuous(args: argparse.Namespace, spark: Any, progress: Any, reading: dict[str, Any]) -> Any:
     from keyrange.aggregation import job
 
     running = job.start_continuous(args.bootstrap, args.topic, args.output, args.checkpoint,
-                                   trigger_seconds=args.trigger_seconds,
-                                   max_records_per_batch=args.max_records_per_batch,
-                                   spark=spark, progress=progress)
+                                   trigger_seconds=args.trigger_seconds, spark=spark, progress=progress,
+                                   **reading)
     stop = threading.Event()
 
     def on_signal(signum: int, frame: FrameType | None) -> None:

@@ -1,0 +1,105 @@
+"""Where the aggregation's records come from: one interface, two readers of the processed topic.
+
+- `kafka` (the default): Spark's own Kafka connector, `spark.readStream.format("kafka")`. Offsets
+  are found with Kafka's ListOffsets, records are read by the JVM, and `kafka.*` options carry the
+  Kafka client properties (TLS, SASL). The reader for real Kafka clusters.
+- `keyrange-kafka`: keyrange's Python data source (`source.py`), for the embedded broker. tansu
+  answers ListOffsets with 0 while a transaction is open under read_committed, so the connector
+  sees no records at all whenever a worker is mid-transaction (which, under load, is always);
+  this source finds the end of each partition by consuming to it instead.
+
+Both give rows `topic, partition, offset, timestamp, key, value` with read_committed, honour
+`startingOffsets` and a per-micro-batch cap, and keep their offsets in the streaming checkpoint,
+so the job on top does not know which one it reads.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from keyrange.errors import UserError
+
+CONNECTOR = "kafka"
+PYTHON_SOURCE = "keyrange-kafka"
+SOURCES = (CONNECTOR, PYTHON_SOURCE)
+
+
+@dataclass(frozen=True)
+class StreamSettings:
+    """What to read and how (the same for both sources)."""
+
+    bootstrap: str
+    """Kafka bootstrap servers."""
+    topic: str
+    """The processed-record topic."""
+    source: str = CONNECTOR
+    """`kafka` (Spark's connector) or `keyrange-kafka` (the Python data source, for tansu)."""
+    starting_offsets: str = "earliest"
+    """Where a query without a checkpoint starts: `earliest`, `latest` or JSON like
+    `{"topic": {"0": 42}}` (the connector's form; `keyrange-kafka` also takes `{"0": 42}`)."""
+    max_records_per_batch: int | None = None
+    """Cap on the offsets one micro-batch reads (None: everything available)."""
+    client_properties: Mapping[str, str] = field(default_factory=dict)
+    """Kafka client properties (e.g. security.protocol, sasl.*, ssl.*), passed as `kafka.<name>`."""
+
+    def __post_init__(self) -> None:
+        if self.source not in SOURCES:
+            raise UserError(f"the aggregation source must be one of {', '.join(SOURCES)}, got {self.source!r}")
+        if self.max_records_per_batch is not None and self.max_records_per_batch < 1:
+            raise UserError(f"the micro-batch cap must be at least 1, got {self.max_records_per_batch}")
+
+
+def connector_options(settings: StreamSettings) -> dict[str, str]:
+    """The options of Spark's Kafka source for `settings`."""
+    options = {f"kafka.{k}": v for k, v in settings.client_properties.items()}
+    options.update({
+        "kafka.bootstrap.servers": settings.bootstrap,
+        "subscribe": settings.topic,
+        # Aborted worker transactions never count; open ones wait for a later micro-batch.
+        "kafka.isolation.level": "read_committed",
+        "startingOffsets": settings.starting_offsets,
+        # Records deleted by the topic's retention before they were aggregated fail the query
+        # rather than silently missing from the aggregates.
+        "failOnDataLoss": "true",
+        "includeHeaders": "false",
+    })
+    if settings.max_records_per_batch:
+        options["maxOffsetsPerTrigger"] = str(settings.max_records_per_batch)
+    return options
+
+
+def python_source_options(settings: StreamSettings) -> dict[str, str]:
+    """The options of the `keyrange-kafka` source for `settings`."""
+    options = {f"kafka.{k}": v for k, v in settings.client_properties.items()}
+    options.update({"bootstrap": settings.bootstrap, "topic": settings.topic,
+                    "startingOffsets": _per_partition(settings.starting_offsets, settings.topic)})
+    if settings.max_records_per_batch:
+        options["maxRecordsPerBatch"] = str(settings.max_records_per_batch)
+    return options
+
+
+def _per_partition(starting: str, topic: str) -> str:
+    """The connector's `{"topic": {"0": 42}}` as keyrange-kafka's `{"0": 42}` (others unchanged)."""
+    import json
+
+    try:
+        parsed = json.loads(starting)
+    except ValueError:
+        return starting
+    if isinstance(parsed, dict) and isinstance(parsed.get(topic), dict):
+        return json.dumps(parsed[topic])
+    return starting
+
+
+def processed_stream(spark: Any, settings: StreamSettings) -> Any:
+    """The streaming DataFrame of the processed topic's records, from the chosen source."""
+    if settings.source == CONNECTOR:
+        fmt, options = "kafka", connector_options(settings)
+    else:
+        fmt, options = PYTHON_SOURCE, python_source_options(settings)
+    reader = spark.readStream.format(fmt)
+    for key, value in options.items():
+        reader = reader.option(key, value)
+    return reader.load()
