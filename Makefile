@@ -10,7 +10,6 @@ TOOLS   ?= $(or $(KEYRANGE_TOOLS),$(CURDIR)/.tools)
 export KEYRANGE_TOOLS := $(TOOLS)
 export PATH := $(CURDIR)/$(VENV)/bin:$(TOOLS)/bin:$(PATH)
 export PYSPARK_PYTHON := $(CURDIR)/$(PY)
-export KEYRANGE_TOOLS := $(TOOLS)
 
 .PHONY: demo test install install-dev tools spark-connector lint types pytest bench clean
 

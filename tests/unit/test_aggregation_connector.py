@@ -62,7 +62,7 @@ def _jars(folder: Path, version: str) -> Path:
 def test_the_connector_is_found_in_the_tools_folder_for_pysparks_version(tmp_path, monkeypatch):
     version = connector.pyspark_version()
     monkeypatch.delenv(connector.JARS_ENV, raising=False)
-    monkeypatch.setenv(connector.TOOLS_ENV, str(tmp_path))
+    monkeypatch.setenv("KEYRANGE_TOOLS", str(tmp_path))
     _jars(tmp_path / "spark-jars" / "0.0.1", "0.0.1")  # another PySpark's: not used
     assert connector.connector_jars() is None
     _jars(tmp_path / "spark-jars" / version, version)
@@ -82,7 +82,7 @@ def test_a_folder_named_by_the_environment_wins_and_spark_jars_packages_needs_no
 
 def test_a_missing_connector_says_how_to_install_it_or_to_use_packages(tmp_path, monkeypatch):
     monkeypatch.delenv(connector.JARS_ENV, raising=False)
-    monkeypatch.setenv(connector.TOOLS_ENV, str(tmp_path))
+    monkeypatch.setenv("KEYRANGE_TOOLS", str(tmp_path))
     with pytest.raises(SparkSetupError, match=r"make tools.*spark\.jars\.packages=org\.apache\.spark:spark-sql-kafka"):
         connector.spark_jars_conf({}, required=True)
     assert connector.spark_jars_conf({}, required=False) == {}  # the Python reader needs none

@@ -15,12 +15,11 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from keyrange.aggregation.session import SparkSetupError
+from keyrange.local.kafka_setup import tools_dir
 
 ARTIFACT = "org.apache.spark:spark-sql-kafka-0-10_2.13"
 JARS_ENV = "KEYRANGE_SPARK_JARS"
-"""A folder holding the connector's jars (the image sets it); wins over the tools folder."""
-TOOLS_ENV = "KEYRANGE_TOOLS"
-"""The project's tools folder (default: `.tools` at the root of this checkout)."""
+"""A folder holding the connector's jars; wins over the tools folder (`$KEYRANGE_TOOLS`)."""
 
 
 def pyspark_version() -> str:
@@ -40,9 +39,7 @@ def _candidates(version: str) -> list[Path]:
     configured = os.environ.get(JARS_ENV)
     if configured:
         found.append(Path(configured))
-    tools = os.environ.get(TOOLS_ENV)
-    found.append(Path(tools) if tools else Path(__file__).resolve().parents[3] / ".tools")
-    found[-1] = found[-1] / "spark-jars" / version
+    found.append(tools_dir() / "spark-jars" / version)
     return found
 
 
