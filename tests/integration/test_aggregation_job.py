@@ -1,4 +1,5 @@
-"""The aggregation job end to end on the embedded broker and Spark local[2].
+"""The aggregation job end to end on Apache Kafka (the reference broker) and Spark local[2], reading
+with Spark's own Kafka connector.
 
 Every aggregate is checked against `keyrange.aggregation.reference` (plain Python over the very
 records read back from the topic), with re-delivered records, aborted transactions, invalid
@@ -26,6 +27,12 @@ from tests.integration.test_aggregation_support import (
 from tests.kafkatools import read_topic
 
 __all__ = ["spark"]  # the shared session fixture
+
+
+@pytest.fixture
+def bootstrap(kafka_bootstrap: str) -> str:
+    """Every test here runs on Apache Kafka."""
+    return kafka_bootstrap
 
 
 def _deliveries(bootstrap: str, topic: str, expect: int | None) -> list[Delivery]:

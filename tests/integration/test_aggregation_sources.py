@@ -1,6 +1,8 @@
-"""The two readers behind the aggregation, on the embedded broker (tansu).
+"""The two readers behind the aggregation: Spark's connector on Apache Kafka, keyrange-kafka on the
+embedded broker (tansu), each checked against the plain-Python reference.
 
-tansu is the stand-in here on purpose: the case is a tansu bug that Apache Kafka does not have.
+tansu is the broker of the first test on purpose: the case is a tansu bug that Apache Kafka does
+not have.
 Under read_committed its ListOffsets answers 0 while a transaction is open, so Spark's connector
 finds no records at all; keyrange's Python reader consumes to the end instead and finds them. That
 is why `keyrange demo` (which aggregates while its workers run) reads with `keyrange-kafka`.
@@ -14,7 +16,7 @@ import pytest
 
 from keyrange.aggregation import read_results, run_once
 from keyrange.aggregation.reference import Delivery, aggregate
-from keyrange.aggregation.sources import CONNECTOR, PYTHON_SOURCE, SOURCES
+from keyrange.aggregation.sources import CONNECTOR, PYTHON_SOURCE
 from tests.integration.test_aggregation_support import (
     make_topic,
     processed_records,
@@ -53,9 +55,10 @@ def test_on_tansu_an_open_transaction_hides_every_record_from_the_connector_not_
     assert python.aggregated == len(records) == _events(str(tmp_path / "python"))
 
 
-@pytest.mark.parametrize("source", SOURCES)
-def test_both_readers_give_the_plain_python_aggregates_over_the_same_topic(
-        spark: Any, bootstrap: str, topic_name: str, tmp_path: Any, source: str) -> None:
+@pytest.mark.parametrize(("source", "engine"), [(CONNECTOR, "kafka"), (PYTHON_SOURCE, "tansu")])
+def test_each_reader_on_its_broker_gives_the_plain_python_aggregates(
+        spark: Any, request: pytest.FixtureRequest, topic_name: str, tmp_path: Any, source: str, engine: str) -> None:
+    bootstrap = request.getfixturevalue("kafka_bootstrap" if engine == "kafka" else "bootstrap")
     make_topic(bootstrap, topic_name, 3)
     records = processed_records(1200, clients=30, seed=51)
     delivered = produce_processed(bootstrap, topic_name, records + records[::9], 3, abort_every=3)
