@@ -6,13 +6,18 @@ partitions) would otherwise silently pick a partition count the range map does n
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from confluent_kafka import KafkaException
-from confluent_kafka.admin import AdminClient
+from confluent_kafka.admin import AdminClient, ConfigResource  # type: ignore[attr-defined]
 from confluent_kafka.cimpl import NewTopic
 
 from keyrange.errors import UserError
+from keyrange.kafkaclients import KafkaClients
+
+USE_BROKER_DEFAULT = -1
+"""CreateTopics' replication factor meaning "the broker's default.replication.factor"."""
 
 
 class KafkaSetupError(UserError, RuntimeError):
@@ -30,15 +35,16 @@ class TopicSpec:
     """True when a different existing partition count is an error (e.g. changelogs)."""
 
 
-def admin_client(bootstrap: str) -> AdminClient:
-    """An AdminClient with keyrange's defaults."""
-    return AdminClient({"bootstrap.servers": bootstrap, "log_level": 3})
+def admin_client(bootstrap: str, client_properties: Mapping[str, str] | None = None) -> AdminClient:
+    """An AdminClient with keyrange's defaults and the user's client properties."""
+    return AdminClient(KafkaClients(bootstrap, client_properties or {}).admin())
 
 
-def partition_counts(bootstrap: str, timeout_seconds: float = 10.0) -> dict[str, int]:
+def partition_counts(bootstrap: str, timeout_seconds: float = 10.0,
+                     client_properties: Mapping[str, str] | None = None) -> dict[str, int]:
     """Partition count of every topic, or KafkaSetupError if the cluster does not answer."""
     try:
-        metadata = admin_client(bootstrap).list_topics(timeout=timeout_seconds)
+        metadata = admin_client(bootstrap, client_properties).list_topics(timeout=timeout_seconds)
     except KafkaException as exc:
         raise KafkaSetupError(
             f"cannot reach Kafka at {bootstrap} within {timeout_seconds:g} s ({exc.args[0]}); "
@@ -47,14 +53,22 @@ def partition_counts(bootstrap: str, timeout_seconds: float = 10.0) -> dict[str,
     return {name: len(t.partitions) for name, t in metadata.topics.items() if t.error is None}
 
 
-def ensure_topics(bootstrap: str, topics: list[TopicSpec], timeout_seconds: float = 10.0) -> dict[str, int]:
-    """Create the missing topics; return the partition count of each. Raise on a mismatch."""
-    existing = partition_counts(bootstrap, timeout_seconds)
+def ensure_topics(bootstrap: str, topics: list[TopicSpec], timeout_seconds: float = 10.0,
+                  client_properties: Mapping[str, str] | None = None,
+                  replication_factor: int | None = None) -> dict[str, int]:
+    """Create the missing topics; return the partition count of each. Raise on a mismatch.
+
+    Topics are created with `replication_factor`, or the broker's `default.replication.factor`
+    when None. An existing topic that must be compacted but is not is an error.
+    """
+    existing = partition_counts(bootstrap, timeout_seconds, client_properties)
     missing = [t for t in topics if t.name not in existing]
+    admin = admin_client(bootstrap, client_properties)  # must outlive the futures, or they fail with _DESTROY
+    _check_compacted(admin, [t for t in topics if t.name in existing], timeout_seconds)
     if missing:
-        admin = admin_client(bootstrap)  # must outlive the futures, or they fail with _DESTROY
         futures = admin.create_topics(
-            [NewTopic(t.name, t.partitions, 1, config=dict(t.config)) for t in missing],
+            [NewTopic(t.name, t.partitions, replication_factor or USE_BROKER_DEFAULT, config=dict(t.config))
+             for t in missing],
             operation_timeout=timeout_seconds,
             request_timeout=timeout_seconds,
         )
@@ -64,7 +78,7 @@ def ensure_topics(bootstrap: str, topics: list[TopicSpec], timeout_seconds: floa
             except KafkaException as exc:
                 if "TOPIC_ALREADY_EXISTS" not in str(exc):
                     raise KafkaSetupError(f"cannot create topic {name!r}: {exc.args[0]}") from None
-        existing = partition_counts(bootstrap, timeout_seconds)
+        existing = partition_counts(bootstrap, timeout_seconds, client_properties)
     result: dict[str, int] = {}
     for t in topics:
         count = existing.get(t.name)
@@ -79,9 +93,32 @@ def ensure_topics(bootstrap: str, topics: list[TopicSpec], timeout_seconds: floa
     return result
 
 
-def require_topic(bootstrap: str, topic: str, timeout_seconds: float = 10.0) -> int:
+def _check_compacted(admin: AdminClient, topics: list[TopicSpec], timeout_seconds: float) -> None:
+    wanted = [t.name for t in topics if t.config.get("cleanup.policy") == "compact"]
+    if not wanted:
+        return
+    resources = [ConfigResource(ConfigResource.Type.TOPIC, name) for name in wanted]
+    futures = admin.describe_configs(resources, request_timeout=timeout_seconds)
+    for resource, future in futures.items():
+        try:
+            entry = future.result().get("cleanup.policy")
+        except KafkaException as exc:
+            raise KafkaSetupError(f"cannot read the configuration of topic {resource.name!r}: {exc.args[0]}") from None
+        # Kafka always lists cleanup.policy. tansu lists only what was set when the topic was
+        # created, so there a topic created without it cannot be checked: it passes, unverified.
+        if entry is not None and "compact" not in str(entry.value).split(","):
+            raise KafkaSetupError(
+                f"topic {resource.name!r} exists with cleanup.policy={entry.value}, but keyrange keeps its latest "
+                "record per key there and needs cleanup.policy=compact: set it (kafka-configs.sh --alter "
+                f"--entity-type topics --entity-name {resource.name} --add-config cleanup.policy=compact) "
+                "or delete the topic"
+            )
+
+
+def require_topic(bootstrap: str, topic: str, timeout_seconds: float = 10.0,
+                  client_properties: Mapping[str, str] | None = None) -> int:
     """Partition count of an existing topic, or KafkaSetupError saying how to create it."""
-    count = partition_counts(bootstrap, timeout_seconds).get(topic)
+    count = partition_counts(bootstrap, timeout_seconds, client_properties).get(topic)
     if count is None:
         raise KafkaSetupError(
             f"topic {topic!r} does not exist on {bootstrap}; create it first "

@@ -13,13 +13,14 @@ import random
 import sys
 import time
 import uuid as uuidlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, TextIO
 
 from confluent_kafka import KafkaException, Producer
 
 from keyrange.events import encode_input
+from keyrange.kafkaclients import KafkaClients
 from keyrange.kafkaio import TopicSpec, ensure_topics
 
 DUPLICATE_DELAY_MIN_S = 0.010
@@ -105,17 +106,9 @@ def generate(shape: LoadShape, count: int | None = None, duration_s: float | Non
         i += 1
 
 
-def make_producer(bootstrap: str, **overrides: Any) -> Producer:
+def make_producer(bootstrap: str, client_properties: Mapping[str, str] | None = None, **tuning: Any) -> Producer:
     """A producer that places keys like Java clients do (murmur2), batching lightly."""
-    config: dict[str, Any] = {
-        "bootstrap.servers": bootstrap,
-        "partitioner": "murmur2_random",
-        "linger.ms": 2,
-        "enable.idempotence": True,
-        "log_level": 3,
-    }
-    config.update(overrides)
-    return Producer(config)
+    return Producer(KafkaClients(bootstrap, client_properties or {}).producer({"linger.ms": 2, **tuning}))
 
 
 def _produce(producer: Producer, topic: str, record: Scheduled, on_delivery: Any = None) -> None:
@@ -129,9 +122,10 @@ def _produce(producer: Producer, topic: str, record: Scheduled, on_delivery: Any
             producer.poll(0.05)
 
 
-def produce_all(bootstrap: str, topic: str, records: list[Scheduled]) -> int:
+def produce_all(bootstrap: str, topic: str, records: list[Scheduled],
+                client_properties: Mapping[str, str] | None = None) -> int:
     """Send pre-generated records as fast as possible, in order; return how many were acked."""
-    producer = make_producer(bootstrap, **{"linger.ms": 20})
+    producer = make_producer(bootstrap, client_properties, **{"linger.ms": 20})
     errors: list[str] = []
 
     def on_delivery(err: Any, _msg: Any) -> None:
@@ -147,10 +141,11 @@ def produce_all(bootstrap: str, topic: str, records: list[Scheduled]) -> int:
 
 
 def run_paced(bootstrap: str, topic: str, shape: LoadShape, count: int | None, duration_s: float | None,
-              partitions: int = 12, progress: TextIO | None = sys.stderr) -> dict[str, int]:
+              partitions: int = 12, progress: TextIO | None = sys.stderr,
+              client_properties: Mapping[str, str] | None = None) -> dict[str, int]:
     """Produce the stream paced in real time with a progress line; return totals."""
-    ensure_topics(bootstrap, [TopicSpec(topic, partitions)])
-    producer = make_producer(bootstrap)
+    ensure_topics(bootstrap, [TopicSpec(topic, partitions)], client_properties=client_properties)
+    producer = make_producer(bootstrap, client_properties)
     start = time.monotonic()
     last_report = start
     sent = duplicates = 0

@@ -23,6 +23,7 @@ from typing import Any
 from confluent_kafka import OFFSET_INVALID, Consumer, KafkaError, KafkaException, Message, TopicPartition
 
 from keyrange.errors import UserError
+from keyrange.kafkaclients import KafkaClients
 
 
 class KafkaReadError(UserError, RuntimeError):
@@ -48,19 +49,9 @@ class ReaderSettings:
 
     def consumer_config(self, purpose: str) -> dict[str, Any]:
         """librdkafka settings for a consumer that only assigns (no group join, no commits)."""
-        config: dict[str, Any] = {
-            "bootstrap.servers": self.bootstrap,
-            # A group id is required by librdkafka; it is never joined nor committed to.
-            "group.id": f"keyrange-aggregate-{purpose}",
-            "enable.auto.commit": False,
-            "enable.auto.offset.store": False,
-            "auto.offset.reset": "earliest",
-            "isolation.level": self.isolation_level,
-            "fetch.wait.max.ms": 50,
-            "log_level": 3,
-        }
-        config.update(self.extra)
-        return config
+        # A group id is required by librdkafka; it is never joined nor committed to.
+        return KafkaClients(self.bootstrap, self.extra).consumer(
+            f"keyrange-aggregate-{purpose}", {"fetch.wait.max.ms": 50}, isolation_level=self.isolation_level)
 
 
 def partitions_of(consumer: Consumer, topic: str, timeout_seconds: float = 10.0) -> list[int]:

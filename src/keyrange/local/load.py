@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from keyrange.loadgen import LoadShape, generate, make_producer
@@ -33,11 +33,12 @@ class LoadTotals:
 
 
 def produce_phases(bootstrap: str, topic: str, shape: LoadShape, phases: Sequence[Phase],
-                   stop: threading.Event, totals: LoadTotals | None = None) -> LoadTotals:
+                   stop: threading.Event, totals: LoadTotals | None = None,
+                   client_properties: Mapping[str, str] | None = None) -> LoadTotals:
     """Send the phases one after the other, paced in real time, until done or `stop` is set.
     The topic must exist (the supervisor creates it with the spec's partition count)."""
     totals = totals or LoadTotals()
-    producer = make_producer(bootstrap)
+    producer = make_producer(bootstrap, client_properties)
     try:
         for index, phase in enumerate(phases):
             totals.phase = index

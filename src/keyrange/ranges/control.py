@@ -31,6 +31,7 @@ from typing import Any
 import orjson
 from confluent_kafka import OFFSET_BEGINNING, Consumer, Producer, TopicPartition
 
+from keyrange.kafkaclients import KafkaClients
 from keyrange.kafkaio import TopicSpec, ensure_topics
 from keyrange.ranges.rangemap import RangeMap
 from keyrange.ranges.slots import format_slot_list, parse_slot_list
@@ -196,28 +197,25 @@ class ControlState:
 class ControlChannel:
     """Reads and writes one consumer's control topic."""
 
-    def __init__(self, bootstrap: str, group_id: str, client_name: str = "keyrange") -> None:
+    def __init__(self, bootstrap: str, group_id: str, client_name: str = "keyrange",
+                 client_properties: Mapping[str, str] | None = None) -> None:
         self.bootstrap = bootstrap
         self.topic = control_topic(group_id)
         self.state = ControlState()
-        self._producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 0, "acks": "all",
-                                   "enable.idempotence": True, "log_level": 3,
-                                   "client.id": f"{client_name}-control"})
-        self._consumer = Consumer({
-            "bootstrap.servers": bootstrap,
-            # A group id is required by the client but never used: offsets are not committed,
-            # every reader reads the whole compacted topic from the beginning.
-            "group.id": f"{client_name}-control-reader",
-            "enable.auto.commit": False,
-            "fetch.wait.max.ms": 50,
-            "log_level": 3,
-        })
+        clients = KafkaClients(bootstrap, client_properties or {})
+        self._producer = Producer(clients.producer({"linger.ms": 0, "acks": "all",
+                                                    "client.id": f"{client_name}-control"}))
+        # A group id is required by the client but never used: offsets are not committed,
+        # every reader reads the whole compacted topic from the beginning.
+        self._consumer = Consumer(clients.consumer(f"{client_name}-control-reader", {"fetch.wait.max.ms": 50}))
         self._consumer.assign([TopicPartition(self.topic, 0, OFFSET_BEGINNING)])
 
     @staticmethod
-    def ensure_topic(bootstrap: str, group_id: str) -> None:
-        """Create the control topic if it does not exist."""
-        ensure_topics(bootstrap, [control_topic_spec(group_id)])
+    def ensure_topic(bootstrap: str, group_id: str, client_properties: Mapping[str, str] | None = None,
+                     replication_factor: int | None = None) -> None:
+        """Create the control topic if it does not exist (None: the broker's default replication factor)."""
+        ensure_topics(bootstrap, [control_topic_spec(group_id)], client_properties=client_properties,
+                      replication_factor=replication_factor)
 
     def poll(self, timeout_seconds: float = 0.0) -> int:
         """Read whatever is new, waiting up to `timeout_seconds` for the first record and returning

@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import logging
 import os
+from collections.abc import Mapping
 from typing import Protocol
 
 from keyrange.ranges.control import ControlChannel
@@ -42,11 +43,13 @@ def default_worker_ordinal(explicit: str | None) -> int:
 
 
 async def run_controlled(engine: Engine, bootstrap: str, group_id: str, ordinal: int,
-                         stop: asyncio.Event, heartbeat_seconds: float = 1.0) -> None:
+                         stop: asyncio.Event, heartbeat_seconds: float = 1.0,
+                         client_properties: Mapping[str, str] | None = None,
+                         replication_factor: int | None = None) -> None:
     """Run `engine` under the control topic of `group_id` as worker `ordinal` until `stop` is set
     or the engine fails (its error is raised after the final report)."""
-    await asyncio.to_thread(ControlChannel.ensure_topic, bootstrap, group_id)
-    channel = await asyncio.to_thread(ControlChannel, bootstrap, group_id, f"worker-{ordinal}")
+    await asyncio.to_thread(ControlChannel.ensure_topic, bootstrap, group_id, client_properties, replication_factor)
+    channel = await asyncio.to_thread(ControlChannel, bootstrap, group_id, f"worker-{ordinal}", client_properties)
     member = RangeMember(engine, channel, ordinal, heartbeat_seconds=heartbeat_seconds)
     await engine.start()
     member_task = asyncio.create_task(member.run(stop))

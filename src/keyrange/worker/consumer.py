@@ -30,21 +30,10 @@ behind it, and returns early if so: a handoff waits for those commands."""
 
 
 def consumer_config(settings: WorkerSettings, **overrides: Any) -> dict[str, Any]:
-    """The consumer configuration keyrange uses everywhere (worker and restore)."""
-    config: dict[str, Any] = {
-        "bootstrap.servers": settings.bootstrap,
-        "group.id": settings.group_id,
-        "enable.auto.commit": False,
-        "enable.auto.offset.store": False,
-        # Outputs of aborted transactions must never count as handled.
-        "isolation.level": "read_committed",
-        "auto.offset.reset": "earliest",
-        # Low fetch wait keeps created -> start latency small at modest rates.
-        "fetch.wait.max.ms": 20,
-        "log_level": 3,
-    }
-    config.update(overrides)
-    return config
+    """The consumer configuration of the worker and its restore reader (read_committed: outputs of
+    aborted transactions never count as handled)."""
+    # Low fetch wait keeps created -> start latency small at modest rates.
+    return settings.clients.consumer(settings.group_id, {"fetch.wait.max.ms": 20, **overrides})
 
 
 class ThreadedConsumer:

@@ -104,13 +104,15 @@ class Worker:
         s = self.settings
         loop = asyncio.get_running_loop()
         self._failure = loop.create_future()
-        count = await loop.run_in_executor(None, require_topic, s.bootstrap, s.topic, s.kafka_timeout_seconds)
+        count = await loop.run_in_executor(None, lambda: require_topic(
+            s.bootstrap, s.topic, s.kafka_timeout_seconds, s.client_properties))
         specs = [
             TopicSpec(s.sink, count),
             TopicSpec(s.dlq, count),
             TopicSpec(s.state, count, {"cleanup.policy": "compact"}, exact_partitions=True),
         ]
-        outputs = await loop.run_in_executor(None, ensure_topics, s.bootstrap, specs, s.kafka_timeout_seconds)
+        outputs = await loop.run_in_executor(None, lambda: ensure_topics(
+            s.bootstrap, specs, s.kafka_timeout_seconds, s.client_properties, s.replication_factor))
         self._counts = {s.topic: count, **outputs}
         self._restorer = Restorer(s, self._counts)
         self._restorer.connect_next_reader()

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
+
+from keyrange.kafkaclients import KafkaClients
 
 
 @dataclass(frozen=True)
@@ -49,6 +52,10 @@ class WorkerSettings:
     (every handoff reads TTL + this much input, and this much output, per moved slot)."""
     kafka_timeout_seconds: float = 30.0
     """Timeout of a single Kafka admin, restore or transaction call."""
+    client_properties: Mapping[str, str] = field(default_factory=dict)
+    """The user's Kafka client properties (TLS, SASL, ...), for every client the worker makes."""
+    replication_factor: int | None = None
+    """Replication factor of the topics the worker creates; None: the broker's default."""
 
     def __post_init__(self) -> None:
         checks = [
@@ -61,10 +68,17 @@ class WorkerSettings:
             (bool(self.topic), "topic must not be empty"),
             (bool(self.group_id), "group_id must not be empty"),
             (bool(self.worker_id), "worker_id must not be empty"),
+            (self.replication_factor is None or self.replication_factor >= 1,
+             f"replication_factor must be at least 1, got {self.replication_factor}"),
         ]
         for ok, message in checks:
             if not ok:
                 raise ValueError(message)
+
+    @property
+    def clients(self) -> KafkaClients:
+        """Builds the worker's Kafka client configurations."""
+        return KafkaClients(self.bootstrap, self.client_properties)
 
     @property
     def sink(self) -> str:

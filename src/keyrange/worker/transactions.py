@@ -57,20 +57,16 @@ class TransactionalOutput:
         s = self._settings
 
         def init() -> None:
-            self._producer = Producer({
-                "bootstrap.servers": s.bootstrap,
-                "transactional.id": s.transactional_id,
-                "enable.idempotence": True,
-                "partitioner": "murmur2_random",
-                "linger.ms": 5,
+            self._producer = Producer(s.clients.transactional_producer(
+                s.transactional_id,
                 # Short, so that a transaction a killed worker left open stops holding back
                 # read_committed readers (the next owner's restore) well within its timeout;
                 # a restart with the same worker id aborts it at once anyway (init_transactions).
-                "transaction.timeout.ms": 10_000,
-                # Dead letters carry the original value, which may be just over the input limit.
-                "message.max.bytes": 2 * MAX_EVENT_BYTES + 100_000,
-                "log_level": 3,
-            })
+                transaction_timeout_ms=10_000,
+                tuning={"linger.ms": 5,
+                        # Dead letters carry the original value, which may be just over the input limit.
+                        "message.max.bytes": 2 * MAX_EVENT_BYTES + 100_000},
+            ))
             self._producer.init_transactions(s.kafka_timeout_seconds)
 
         await asyncio.get_running_loop().run_in_executor(self._executor, init)
