@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from keyrange.errors import UserError
@@ -87,3 +88,55 @@ class KafkaClients:
     def source_options(self) -> dict[str, str]:
         """Options of keyrange's Spark data source (`keyrange-kafka`): bootstrap and `kafka.`-prefixed properties."""
         return {"bootstrap": self.bootstrap, **{f"kafka.{k}": v for k, v in self.properties.items()}}
+
+
+_LOGIN_MODULES = {
+    "PLAIN": "org.apache.kafka.common.security.plain.PlainLoginModule",
+    "SCRAM-SHA-256": "org.apache.kafka.common.security.scram.ScramLoginModule",
+    "SCRAM-SHA-512": "org.apache.kafka.common.security.scram.ScramLoginModule",
+}
+
+
+def _jaas_quoted(value: str) -> str:
+    return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def java_client_properties(properties: Mapping[str, str]) -> dict[str, str]:
+    """The Java Kafka client's names for librdkafka client properties (for Spark's Kafka connector).
+
+    Names both clients share (security.protocol, sasl.mechanism, client.id, timeouts) pass through.
+    The ones that differ and matter for TLS and SASL are translated: username and password
+    become a JAAS login line, CA and client certificates become PEM trust and key stores. Others
+    pass through unchanged: the Java client ignores names it does not know, with a warning.
+    """
+    props = dict(properties)
+    out: dict[str, str] = {}
+    username, password = props.pop("sasl.username", None), props.pop("sasl.password", None)
+    if username is not None and password is not None:
+        mechanism = props.get("sasl.mechanism", "PLAIN").upper()
+        module = _LOGIN_MODULES.get(mechanism)
+        if module is None:
+            raise UserError(f"sasl.username/sasl.password cannot be given to Java clients for sasl.mechanism "
+                            f"{mechanism}: give them sasl.jaas.config instead")
+        out["sasl.jaas.config"] = (f"{module} required username={_jaas_quoted(username)} "
+                                   f"password={_jaas_quoted(password)};")
+    ca_file, ca_pem = props.pop("ssl.ca.location", None), props.pop("ssl.ca.pem", None)
+    if ca_file is not None or ca_pem is not None:
+        out["ssl.truststore.type"] = "PEM"
+        if ca_pem is not None:
+            out["ssl.truststore.certificates"] = ca_pem
+        else:
+            out["ssl.truststore.location"] = str(ca_file)
+    certificate = props.pop("ssl.certificate.pem", None)
+    key = props.pop("ssl.key.pem", None)
+    certificate_file, key_file = props.pop("ssl.certificate.location", None), props.pop("ssl.key.location", None)
+    if certificate is None and certificate_file is not None:
+        certificate = Path(certificate_file).read_text(encoding="utf-8")
+    if key is None and key_file is not None:
+        key = Path(key_file).read_text(encoding="utf-8")
+    if certificate is not None and key is not None:
+        out.update({"ssl.keystore.type": "PEM", "ssl.keystore.certificate.chain": certificate,
+                    "ssl.keystore.key": key})
+    if props.get("ssl.endpoint.identification.algorithm") == "none":
+        props["ssl.endpoint.identification.algorithm"] = ""
+    return {**props, **out}

@@ -7,6 +7,8 @@ turn pydantic's errors into one readable line per problem (`SpecError`).
 
 from __future__ import annotations
 
+import re
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
@@ -14,6 +16,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from keyrange.errors import UserError
+from keyrange.kafkaclients import RESERVED_PROPERTIES
 
 API_VERSION = "keyrange.dev/v1alpha1"
 KIND = "StreamConsumer"
@@ -33,8 +36,41 @@ class _Model(BaseModel):
     model_config = ConfigDict(populate_by_name=True, extra="forbid", frozen=True, strict=True)
 
 
+ENV_NAME_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]*$"
+
+
+def default_env_name(client_property: str) -> str:
+    """The environment variable a secret client property is read from by default
+    (`sasl.password` -> `KEYRANGE_KAFKA_SASL_PASSWORD`)."""
+    return "KEYRANGE_KAFKA_" + re.sub(r"[^A-Za-z0-9]", "_", client_property).upper()
+
+
+class SecretKeyRef(_Model):
+    """One key of a Kubernetes Secret in the StreamConsumer's namespace."""
+
+    name: str = Field(min_length=1, max_length=253)
+    key: str = Field(min_length=1, max_length=253)
+
+
+class ClientPropertyFrom(_Model):
+    """A client property whose value is a secret: it is read from an environment variable, which
+    in a cluster the operator fills from `secretKeyRef`."""
+
+    name: str = Field(min_length=1)
+    """The librdkafka property, e.g. `sasl.password` or `ssl.key.pem`."""
+    secret_key_ref: SecretKeyRef | None = Field(default=None, alias="secretKeyRef")
+    """Where the value is in a cluster (required there)."""
+    env: str | None = Field(default=None, pattern=ENV_NAME_PATTERN)
+    """The environment variable holding the value; default `KEYRANGE_KAFKA_<PROPERTY>`."""
+
+    @property
+    def env_name(self) -> str:
+        """The environment variable after defaults."""
+        return self.env or default_env_name(self.name)
+
+
 class KafkaSpec(_Model):
-    """Where the input topic lives."""
+    """Where the input topic lives, and how to connect to Kafka."""
 
     bootstrap_servers: str | None = Field(default=None, alias="bootstrapServers")
     """Kafka bootstrap servers; empty means the embedded broker (`keyrange run` only)."""
@@ -44,6 +80,37 @@ class KafkaSpec(_Model):
     """Consumer group for committed offsets; defaults to metadata.name."""
     partitions: int = Field(default=12, ge=1, le=10_000)
     """Partitions to create the input topic with when it does not exist (`keyrange run`)."""
+    replication_factor: int | None = Field(default=None, ge=1, le=100, alias="replicationFactor")
+    """Replication factor of the topics keyrange creates; default: the brokers' default.replication.factor."""
+    client_properties: dict[str, str] = Field(default_factory=dict, alias="clientProperties")
+    """librdkafka client properties for every Kafka client keyrange makes (TLS, SASL, timeouts, ...)."""
+    client_properties_from: list[ClientPropertyFrom] = Field(default_factory=list, alias="clientPropertiesFrom")
+    """Client properties whose values are secrets (from environment variables, or Secrets in a cluster)."""
+
+    @model_validator(mode="after")
+    def _properties_are_ours_to_give(self) -> KafkaSpec:
+        names = [*self.client_properties, *(p.name for p in self.client_properties_from)]
+        reserved = [f"{n} ({RESERVED_PROPERTIES[n]})" for n in names if n in RESERVED_PROPERTIES]
+        if reserved:
+            raise ValueError(f"client properties may not set {'; '.join(reserved)}")
+        twice = sorted({n for n in names if names.count(n) > 1})
+        if twice:
+            raise ValueError(f"client properties set more than once: {', '.join(twice)}")
+        return self
+
+    def resolved_client_properties(self, environ: Mapping[str, str]) -> dict[str, str]:
+        """`clientProperties` plus each `clientPropertiesFrom` value read from `environ`."""
+        resolved = dict(self.client_properties)
+        for index, item in enumerate(self.client_properties_from):
+            value = environ.get(item.env_name)
+            if value is None:
+                where = (f"; in a cluster the operator sets it from Secret {item.secret_key_ref.name!r} key "
+                         f"{item.secret_key_ref.key!r}" if item.secret_key_ref else "")
+                raise SpecError(
+                    f"spec.kafka.clientPropertiesFrom[{index}]: {item.name} is read from the environment "
+                    f"variable {item.env_name}, which is not set: export it{where}")
+            resolved[item.name] = value
+        return resolved
 
 
 class DedupSpec(_Model):

@@ -4,12 +4,13 @@ properties, then what the guarantees rest on; reserved properties are refused wi
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 import pytest
 
 from keyrange.commands.kafkaargs import add_kafka_arguments, kafka_properties
 from keyrange.errors import UserError
-from keyrange.kafkaclients import KafkaClients
+from keyrange.kafkaclients import KafkaClients, java_client_properties
 
 SECURE = {"security.protocol": "SASL_SSL", "sasl.mechanism": "SCRAM-SHA-256", "fetch.wait.max.ms": "5"}
 
@@ -59,3 +60,25 @@ def test_command_line_properties_and_secrets_from_the_environment() -> None:
         kafka_properties(_args("--kafka-property", "oops"), {})
     with pytest.raises(UserError, match=r"group\.id"):
         kafka_properties(_args("--kafka-property", "group.id=x"), {})
+
+
+def test_java_clients_get_the_same_security_in_their_own_names(tmp_path: Path) -> None:
+    (tmp_path / "client.crt").write_text("CERT")
+    (tmp_path / "client.key").write_text("KEY")
+    java = java_client_properties({
+        "security.protocol": "SASL_SSL", "sasl.mechanism": "SCRAM-SHA-512", "sasl.username": "app",
+        "sasl.password": 'p"w', "ssl.ca.location": "/etc/ca.pem",
+        "ssl.certificate.location": str(tmp_path / "client.crt"), "ssl.key.location": str(tmp_path / "client.key"),
+        "ssl.endpoint.identification.algorithm": "none",
+        "request.timeout.ms": "20000"})
+    assert java == {
+        "security.protocol": "SASL_SSL", "sasl.mechanism": "SCRAM-SHA-512", "request.timeout.ms": "20000",
+        "sasl.jaas.config": 'org.apache.kafka.common.security.scram.ScramLoginModule required username="app" '
+                            'password="p\\"w";',
+        "ssl.truststore.type": "PEM", "ssl.truststore.location": "/etc/ca.pem",
+        "ssl.keystore.type": "PEM", "ssl.keystore.certificate.chain": "CERT", "ssl.keystore.key": "KEY",
+        "ssl.endpoint.identification.algorithm": ""}
+    assert java_client_properties({"ssl.ca.pem": "PEM"}) == {"ssl.truststore.type": "PEM",
+                                                             "ssl.truststore.certificates": "PEM"}
+    with pytest.raises(UserError, match=r"sasl\.jaas\.config instead"):
+        java_client_properties({"sasl.mechanism": "GSSAPI", "sasl.username": "u", "sasl.password": "p"})

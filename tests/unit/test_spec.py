@@ -79,3 +79,47 @@ def test_load_file_errors(tmp_path: Path) -> None:
     empty.write_text("kind: ConfigMap\n")
     with pytest.raises(SpecError, match="found 0"):
         load_file(empty)
+
+
+SECURE_KAFKA = {
+    "topic": "events", "bootstrapServers": "kafka:9093", "replicationFactor": 3,
+    "clientProperties": {"security.protocol": "SASL_SSL", "sasl.username": "app"},
+    "clientPropertiesFrom": [
+        {"name": "sasl.password", "secretKeyRef": {"name": "kafka-user", "key": "password"}},
+        {"name": "ssl.ca.pem", "env": "KAFKA_CA"},
+    ],
+}
+
+
+def test_client_properties_take_secrets_from_the_environment() -> None:
+    kafka = parse_spec({"kafka": SECURE_KAFKA}).kafka
+    assert kafka.replication_factor == 3
+    assert kafka.client_properties_from[0].env_name == "KEYRANGE_KAFKA_SASL_PASSWORD"
+    environ = {"KEYRANGE_KAFKA_SASL_PASSWORD": "pw", "KAFKA_CA": "-----BEGIN CERTIFICATE-----"}
+    assert kafka.resolved_client_properties(environ) == {
+        "security.protocol": "SASL_SSL", "sasl.username": "app", "sasl.password": "pw",
+        "ssl.ca.pem": "-----BEGIN CERTIFICATE-----"}
+
+
+def test_an_unset_secret_variable_says_which_and_where_it_comes_from() -> None:
+    kafka = parse_spec({"kafka": SECURE_KAFKA}).kafka
+    with pytest.raises(SpecError) as info:
+        kafka.resolved_client_properties({"KAFKA_CA": "x"})
+    assert str(info.value) == (
+        "spec.kafka.clientPropertiesFrom[0]: sasl.password is read from the environment variable "
+        "KEYRANGE_KAFKA_SASL_PASSWORD, which is not set: export it; in a cluster the operator sets it from "
+        "Secret 'kafka-user' key 'password'")
+
+
+@pytest.mark.parametrize(("kafka", "fragment"), [
+    ({"clientProperties": {"isolation.level": "read_uncommitted"}}, "may not set isolation.level (keyrange reads"),
+    ({"clientPropertiesFrom": [{"name": "transactional.id"}]}, "may not set transactional.id"),
+    ({"clientProperties": {"sasl.password": "a"}, "clientPropertiesFrom": [{"name": "sasl.password"}]},
+     "client properties set more than once: sasl.password"),
+    ({"clientProperties": {"linger.ms": 5}}, "spec.kafka.clientProperties.linger.ms: Input should be a valid string"),
+    ({"replicationFactor": 0}, "spec.kafka.replicationFactor"),
+])
+def test_client_properties_keyrange_owns_are_refused(kafka: dict[str, Any], fragment: str) -> None:
+    with pytest.raises(SpecError) as info:
+        parse_spec({"kafka": {"topic": "events", **kafka}})
+    assert fragment in str(info.value)

@@ -33,9 +33,9 @@ class AggregationError(UserError, RuntimeError):
     """The aggregation job could not start or failed; the message says why."""
 
 
-def check_topic(bootstrap: str, topic: str) -> None:
+def check_topic(bootstrap: str, topic: str, client_properties: Mapping[str, str] | None = None) -> None:
     """Raise AggregationError unless `topic` exists (checked before Spark's slow start)."""
-    if topic not in partition_counts(bootstrap):
+    if topic not in partition_counts(bootstrap, client_properties=client_properties):
         raise AggregationError(
             f"topic {topic!r} does not exist on {bootstrap}; it is the workers' sink topic "
             "(`<input topic>.processed` by default): start the workers first or pass the right --topic"
@@ -66,7 +66,7 @@ def run_once(bootstrap: str, topic: str, output: str, checkpoint: str | None = N
     (in event time) the stored records are kept for deduplication (0: forever; see `retention`).
     """
     settings = _settings(bootstrap, topic, source, max_records_per_batch, starting_offsets, client_properties)
-    check_topic(bootstrap, topic)
+    check_topic(bootstrap, topic, client_properties)
     spark = _session(spark, master, source)
     root = store.normalize(output)
     aggregator = BatchAggregator(spark, root, progress, retention_minutes)
@@ -124,7 +124,7 @@ def start_continuous(bootstrap: str, topic: str, output: str, checkpoint: str | 
     """Start a streaming aggregation that runs a micro-batch every `trigger_seconds` (the other
     arguments as for `run_once`)."""
     settings = _settings(bootstrap, topic, source, max_records_per_batch, starting_offsets, client_properties)
-    check_topic(bootstrap, topic)
+    check_topic(bootstrap, topic, client_properties)
     spark = _session(spark, master, source)
     root = store.normalize(output)
     aggregator = BatchAggregator(spark, root, progress, retention_minutes)

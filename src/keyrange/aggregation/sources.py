@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from keyrange.errors import UserError
+from keyrange.kafkaclients import java_client_properties
 
 CONNECTOR = "kafka"
 PYTHON_SOURCE = "keyrange-kafka"
@@ -52,8 +53,8 @@ class StreamSettings:
 
 
 def connector_options(settings: StreamSettings) -> dict[str, str]:
-    """The options of Spark's Kafka source for `settings`."""
-    options = {f"kafka.{k}": v for k, v in settings.client_properties.items()}
+    """The options of Spark's Kafka source for `settings` (client properties in the Java client's names)."""
+    options = {f"kafka.{k}": v for k, v in java_client_properties(settings.client_properties).items()}
     options.update({
         "kafka.bootstrap.servers": settings.bootstrap,
         "subscribe": settings.topic,

@@ -18,6 +18,7 @@ from typing import Any
 
 from keyrange.aggregation.retention import DEFAULT_MINUTES
 from keyrange.aggregation.sources import CONNECTOR, SOURCES
+from keyrange.commands.kafkaargs import add_kafka_arguments, kafka_properties
 from keyrange.errors import UserError
 
 
@@ -48,9 +49,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--starting-offsets", default="earliest",
                         help="where a new checkpoint starts: earliest (default), latest, or JSON like "
                              '{"events.processed": {"0": 42}}')
-    parser.add_argument("--kafka-property", action="append", default=[], metavar="KEY=VALUE",
-                        help="Kafka client property (Java client names, e.g. security.protocol=SSL), "
-                             "repeatable; given to the source as kafka.KEY")
     parser.add_argument("--retention-minutes", type=int, default=DEFAULT_MINUTES,
                         help="keep the stored records this long in event time for deduplication; older "
                              f"records are late and skipped (default {DEFAULT_MINUTES}; 0 keeps all forever)")
@@ -58,6 +56,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="extra Spark configuration, repeatable (e.g. spark.executor.instances=2)")
     parser.add_argument("--json", action="store_true", help="print the final summary as JSON")
     parser.add_argument("--quiet", action="store_true", help="no per-batch progress lines")
+    add_kafka_arguments(parser)
 
 
 def _pairs(pairs: list[str], flag: str) -> dict[str, str]:
@@ -80,7 +79,7 @@ def run(args: argparse.Namespace) -> int:
         raise UserError(f"--retention-minutes must be 0 (forever) or more, got {args.retention_minutes}")
     conf = _pairs(args.conf, "--conf")
     reading: dict[str, Any] = {"source": args.source, "starting_offsets": args.starting_offsets,
-               "client_properties": _pairs(args.kafka_property, "--kafka-property"),
+               "client_properties": kafka_properties(args),
                "retention_minutes": args.retention_minutes}
     if args.max_records_per_batch is not None:
         reading["max_records_per_batch"] = args.max_records_per_batch
@@ -94,7 +93,7 @@ def run(args: argparse.Namespace) -> int:
         if not args.quiet:
             print(f"batch {batch_id}: {summary.line()}", file=sys.stderr, flush=True)
 
-    job.check_topic(args.bootstrap, args.topic)  # before paying for Spark's start
+    job.check_topic(args.bootstrap, args.topic, reading["client_properties"])  # before paying for Spark's start
     from pyspark.sql import SparkSession
 
     owned = SparkSession.getActiveSession() is None  # a caller's session is the caller's to stop

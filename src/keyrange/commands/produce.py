@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 
+from keyrange.commands.kafkaargs import add_kafka_arguments, kafka_properties
 from keyrange.errors import UserError
 from keyrange.loadgen import LoadShape, run_paced
 
@@ -27,6 +28,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--ledger", action="store_true", help="emit ledger increment/drain commands")
     parser.add_argument("--partitions", type=int, default=12, help="partitions if the topic is created (default 12)")
     parser.add_argument("--seed", type=int, default=None, help="random seed for a reproducible stream")
+    add_kafka_arguments(parser)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -44,5 +46,6 @@ def run(args: argparse.Namespace) -> int:
         raise UserError(str(exc)) from None
     if args.partitions < 1:
         raise UserError(f"--partitions must be at least 1, got {args.partitions}")
-    run_paced(args.bootstrap, args.topic, shape, args.count, args.duration, args.partitions)
+    run_paced(args.bootstrap, args.topic, shape, args.count, args.duration, args.partitions,
+              client_properties=kafka_properties(args))
     return 0

@@ -72,7 +72,7 @@ def run(args: argparse.Namespace) -> int:
             phases = [Phase(args.duration or 10**9, args.produce)]
             load_thread = threading.Thread(
                 target=produce_phases, args=(supervisor.bootstrap, consumer.spec.kafka.topic, shape, phases, stop,
-                                             load), daemon=True)
+                                             load, supervisor.client_properties), daemon=True)
             load_thread.start()
         _loop(supervisor, stop, args, load if args.produce else None)
     finally:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import os
 import signal
 import sys
 from collections.abc import Awaitable, Callable
@@ -20,6 +21,7 @@ from typing import Any
 
 import orjson
 
+from keyrange.commands.kafkaargs import add_kafka_arguments, kafka_properties
 from keyrange.errors import UserError
 from keyrange.handlers import Handler, load_handler
 from keyrange.ranges.slots import format_slot_list, parse_slot_list
@@ -52,6 +54,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--summary-seconds", type=float, default=5.0,
                         help="print a one-line summary on stderr this often; 0 disables (default 5)")
     parser.add_argument("--log-level", default="WARNING", help="Python log level (default WARNING)")
+    add_kafka_arguments(parser)
 
 
 @dataclass(frozen=True)
@@ -74,6 +77,8 @@ def _spec_values(path: str | None) -> dict[str, Any]:
         "handler": spec.handler, "handler_config": spec.handler_config, "concurrency": spec.concurrency,
         "max_pending": spec.max_pending, "ttl_seconds": spec.dedup.ttl_seconds, "max_retries": spec.max_retries,
         "sink_topic": spec.sink_topic, "dlq_topic": spec.dlq_topic, "consumer_name": doc.name,
+        "client_properties": spec.kafka.resolved_client_properties(os.environ),
+        "replication_factor": spec.kafka.replication_factor,
     }
 
 
@@ -110,6 +115,7 @@ def plan(args: argparse.Namespace) -> WorkerPlan:
             worker_id = str(default_worker_ordinal(args.worker_id))
         except ValueError as exc:
             raise UserError(f"{exc}; give --worker-id N or --partitions") from None
+    client_properties = {**values.get("client_properties", {}), **kafka_properties(args)}
     handler_config = values.get("handler_config") or {}
     handler = load_handler(values.get("handler") or "sleep", handler_config)
     try:
@@ -117,6 +123,7 @@ def plan(args: argparse.Namespace) -> WorkerPlan:
             bootstrap=values["bootstrap"], topic=values["topic"], group_id=values["group"], worker_id=worker_id,
             consumer_name=values.get("consumer_name"), sink_topic=values.get("sink_topic"),
             dlq_topic=values.get("dlq_topic"), handler_config=handler_config,
+            client_properties=client_properties, replication_factor=values.get("replication_factor"),
             **{k: values[k] for k in ("concurrency", "max_pending", "ttl_seconds", "max_retries") if k in values},
             **({"commit_interval_ms": args.commit_interval_ms} if args.commit_interval_ms is not None else {}),
         )
@@ -152,7 +159,9 @@ async def _serve(p: WorkerPlan, summary_seconds: float) -> None:
         if p.slots is None:
             from keyrange.ranges.controlled import run_controlled
 
-            await run_controlled(worker, p.settings.bootstrap, p.settings.group_id, int(p.settings.worker_id), stop)
+            await run_controlled(worker, p.settings.bootstrap, p.settings.group_id, int(p.settings.worker_id), stop,
+                                 client_properties=p.settings.client_properties,
+                                 replication_factor=p.settings.replication_factor)
         else:
             await _run_static(worker, p.slots, stop)
     finally:

@@ -10,6 +10,7 @@ workers (they finish in-flight events and commit) and then stops the broker.
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 from collections.abc import Mapping
@@ -80,6 +81,8 @@ class Supervisor:
         self.tick_seconds = tick_seconds
         self.spare_workers = spare_workers
         """Standby worker processes kept running so a split need not wait for one to start."""
+        self.client_properties: dict[str, str] = {}
+        """The spec's Kafka client properties, secrets read from the environment (at `start`)."""
         self.broker: EmbeddedBroker | None = None
         self.controller: Controller | None = None
         self.fleet: ProcessFleet | None = None
@@ -105,12 +108,16 @@ class Supervisor:
             log.info("embedded broker at %s", self.bootstrap)
         spec = self.consumer.spec
         group = self.consumer.group_id
-        counts = ensure_topics(self.bootstrap, [TopicSpec(spec.kafka.topic, spec.kafka.partitions)])
-        ControlChannel.ensure_topic(self.bootstrap, group)
+        # The workers read the same variables: they inherit this process's environment.
+        self.client_properties = spec.kafka.resolved_client_properties(os.environ)
+        counts = ensure_topics(self.bootstrap, [TopicSpec(spec.kafka.topic, spec.kafka.partitions)],
+                               client_properties=self.client_properties,
+                               replication_factor=spec.kafka.replication_factor)
+        ControlChannel.ensure_topic(self.bootstrap, group, self.client_properties, spec.kafka.replication_factor)
         slot_count = counts[spec.kafka.topic]
         self.fleet = ProcessFleet(self.spec_file, self.bootstrap, self.run_dir / "logs", self.worker_args,
                                   max_workers=min(spec.workers.max, slot_count), spare=self.spare_workers)
-        channel = ControlChannel(self.bootstrap, group, "keyrange-run")
+        channel = ControlChannel(self.bootstrap, group, "keyrange-run", self.client_properties)
         limits = ScalingLimits.from_spec(spec)
         if self.alerts is not None:
             limits = without_lag_thresholds(limits)

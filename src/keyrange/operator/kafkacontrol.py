@@ -25,6 +25,7 @@ from confluent_kafka import KafkaException
 from keyrange.errors import UserError
 from keyrange.kafkaio import TopicSpec, ensure_topics
 from keyrange.local.scrape import WorkerSample, merged_lag, scrape
+from keyrange.operator.kafkasecrets import SecretReader, operator_client_properties, read_secret_key
 from keyrange.operator.rangecontrol import RangeStatus, ScaleOutcome, ScaleRequest
 from keyrange.ranges.control import ControlChannel
 from keyrange.ranges.controller import Controller
@@ -80,8 +81,10 @@ class KafkaRangeControl:
     """RangeControl backed by keyrange.ranges.controller.Controller (see the module docstring)."""
 
     def __init__(self, namespace: str, name: str, spec: StreamConsumerSpec, metrics_port: int = 9100,
-                 step_seconds: float = 0.5, retry_seconds: float = 5.0) -> None:
+                 step_seconds: float = 0.5, retry_seconds: float = 5.0,
+                 read_secret: SecretReader = read_secret_key) -> None:
         self._namespace, self._name, self._spec = namespace, name, spec
+        self._read_secret = read_secret
         self._fleet = StatefulSetFleet(spec.workers.replicas or spec.workers.min)
         service = f"{name}-worker.{namespace}.svc"
         self._lag = PodMetricsLag(lambda i: f"http://{name}-worker-{i}.{service}:{metrics_port}/metrics",
@@ -95,17 +98,22 @@ class KafkaRangeControl:
                                         daemon=True)
         self._thread.start()
 
-    def _identity(self, spec: StreamConsumerSpec) -> tuple[str | None, str, str]:
-        return spec.kafka.bootstrap_servers, spec.kafka.topic, spec.group_id(self._name)
+    def _identity(self, spec: StreamConsumerSpec) -> tuple[object, ...]:
+        kafka = spec.kafka
+        return (kafka.bootstrap_servers, kafka.topic, spec.group_id(self._name), kafka.replication_factor,
+                sorted(kafka.client_properties.items()), [i.model_dump() for i in kafka.client_properties_from])
 
     def _connect(self) -> Controller:
         spec = self._spec
         bootstrap = spec.kafka.bootstrap_servers
         if not bootstrap:
             raise ValueError("spec.kafka.bootstrapServers is empty")
-        counts = ensure_topics(bootstrap, [TopicSpec(spec.kafka.topic, spec.kafka.partitions)])
-        ControlChannel.ensure_topic(bootstrap, spec.group_id(self._name))
-        channel = ControlChannel(bootstrap, spec.group_id(self._name), f"keyrange-operator-{self._name}")
+        properties = operator_client_properties(self._namespace, spec, self._read_secret)
+        replication = spec.kafka.replication_factor
+        counts = ensure_topics(bootstrap, [TopicSpec(spec.kafka.topic, spec.kafka.partitions)],
+                               client_properties=properties, replication_factor=replication)
+        ControlChannel.ensure_topic(bootstrap, spec.group_id(self._name), properties, replication)
+        channel = ControlChannel(bootstrap, spec.group_id(self._name), f"keyrange-operator-{self._name}", properties)
         controller = Controller(channel, counts[spec.kafka.topic], planner_limits(spec), self._lag, self._fleet)
         controller.start()
         return controller
@@ -153,7 +161,7 @@ class KafkaRangeControl:
         return ScaleOutcome(result.applied, result.from_workers, result.to_workers, result.detail)
 
     def update_spec(self, spec: StreamConsumerSpec) -> None:
-        """New limits apply at the next step; a new broker, topic or group reconnects."""
+        """New limits apply at the next step; a new broker, topic, group or client properties reconnects."""
         old, self._spec = self._spec, spec
         if self._identity(old) != self._identity(spec):
             self._reconnect.set()

@@ -64,6 +64,17 @@ def check_cluster_spec(name: str, spec: StreamConsumerSpec) -> None:
     if not spec.kafka.bootstrap_servers:
         raise SpecError(f"StreamConsumer {name!r}: spec.kafka.bootstrapServers is required in a cluster "
                         "(there is no embedded broker); set it to your Kafka bootstrap address")
+    for index, item in enumerate(spec.kafka.client_properties_from):
+        if item.secret_key_ref is None:
+            raise SpecError(f"StreamConsumer {name!r}: spec.kafka.clientPropertiesFrom[{index}] ({item.name}) "
+                            "needs secretKeyRef in a cluster: name the Secret and key that hold its value")
+
+
+def kafka_secret_env(spec: StreamConsumerSpec) -> list[dict[str, Any]]:
+    """Container env entries that fill each `clientPropertiesFrom` variable from its Secret key."""
+    return [{"name": item.env_name,
+             "valueFrom": {"secretKeyRef": {"name": item.secret_key_ref.name, "key": item.secret_key_ref.key}}}
+            for item in spec.kafka.client_properties_from if item.secret_key_ref is not None]
 
 
 def spec_document(name: str, namespace: str, spec: StreamConsumerSpec) -> str:
@@ -122,7 +133,8 @@ def _container(spec: StreamConsumerSpec, settings: OperatorSettings) -> dict[str
         "imagePullPolicy": settings.image_pull_policy,
         "command": ["keyrange", "worker", "--spec-file", WORKER_SPEC_PATH,
                     "--metrics-port", str(settings.metrics_port)],
-        "env": [{"name": "POD_NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}}],
+        "env": [{"name": "POD_NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
+                *kafka_secret_env(spec)],
         "ports": [{"name": "metrics", "containerPort": settings.metrics_port, "protocol": "TCP"}],
         # Ready once metrics serve; restoring a range's state happens after, under the handoff protocol.
         "readinessProbe": {**probe, "initialDelaySeconds": 2, "failureThreshold": 3},

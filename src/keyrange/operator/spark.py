@@ -21,7 +21,7 @@ from typing import Any
 from urllib.parse import urlparse
 
 from keyrange.errors import UserError
-from keyrange.operator.rendering import CONSUMER_LABEL, owner_reference
+from keyrange.operator.rendering import CONSUMER_LABEL, kafka_secret_env, owner_reference
 from keyrange.spec import StreamConsumerSpec
 
 KUBERNETES_MASTER = "k8s://https://kubernetes.default.svc"
@@ -153,6 +153,12 @@ def driver_args(name: str, namespace: str, spec: StreamConsumerSpec, settings: S
             "--continuous" if agg.mode == "continuous" else "--once"]
     for key, value in conf.items():
         args += ["--conf", f"{key}={value}"]
+    # Secret values reach the driver as environment variables (`kafka_secret_env`), never as
+    # arguments; the driver passes them to its executors' Kafka readers.
+    for key, value in spec.kafka.client_properties.items():
+        args += ["--kafka-property", f"{key}={value}"]
+    for item in spec.kafka.client_properties_from:
+        args += ["--kafka-property-env", f"{item.name}={item.env_name}"]
     return args
 
 
@@ -178,7 +184,7 @@ def _driver_pod_spec(name: str, namespace: str, spec: StreamConsumerSpec, settin
             "command": ["keyrange"],
             "args": driver_args(name, namespace, spec, settings),
             "env": [{"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
-                    {"name": "HOME", "value": "/tmp"}],
+                    {"name": "HOME", "value": "/tmp"}, *kafka_secret_env(spec)],
             "ports": [{"name": "driver", "containerPort": DRIVER_PORT, "protocol": "TCP"},
                       {"name": "blockmanager", "containerPort": BLOCK_MANAGER_PORT, "protocol": "TCP"}],
             "resources": {"requests": {"cpu": "500m", "memory": memory}, "limits": {"memory": memory}},
@@ -307,6 +313,8 @@ def render_spark_application(name: str, namespace: str, spec: StreamConsumerSpec
                      "labels": pod_labels(name, "executor"), "volumeMounts": mounts},
         "volumes": volumes,
     }
+    if spec.kafka.client_properties_from:
+        app["driver"]["env"] = kafka_secret_env(spec)
     metadata = _metadata(name, namespace, owner)
     if agg.mode == "continuous":
         return {"apiVersion": SPARK_APPLICATION_API, "kind": "SparkApplication", "metadata": metadata, "spec": app}

@@ -1,0 +1,143 @@
+"""Client properties reach every Kafka client keyrange makes: `keyrange run` (its topics, the
+controller's control channel, the load), and the worker processes, against a real Apache Kafka
+listener that takes only TLS with SASL/SCRAM. The test makes its own CA and broker certificate
+(openssl) and the broker's SCRAM credentials (`kafka-storage format --add-scram`). The password
+reaches keyrange only through an environment variable (`spec.kafka.clientPropertiesFrom`)."""
+
+from __future__ import annotations
+
+import subprocess
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from keyrange.kafkaio import KafkaSetupError, partition_counts
+from keyrange.loadgen import LoadShape
+from keyrange.local.kafka import QUICK_START_JVM_OPTIONS, KafkaCluster
+from keyrange.local.load import LoadTotals, Phase, produce_phases
+from keyrange.local.supervisor import Supervisor
+from keyrange.spec import load_file
+from tests.checkers import check_all
+from tests.kafkatools import read_input_log, read_processed
+
+USER, PASSWORD = "keyrange-app", "s3cret-scram-pw"
+PASSWORD_VARIABLE = "TEST_KAFKA_SCRAM_PASSWORD"
+
+SPEC = """apiVersion: keyrange.dev/v1alpha1
+kind: StreamConsumer
+metadata: {{name: secure}}
+spec:
+  kafka:
+    bootstrapServers: "{bootstrap}"
+    topic: {topic}
+    partitions: 4
+    clientProperties:
+      security.protocol: SASL_SSL
+      sasl.mechanism: SCRAM-SHA-256
+      sasl.username: {user}
+      ssl.ca.location: "{ca}"
+    clientPropertiesFrom:
+      - name: sasl.password
+        env: {variable}
+        secretKeyRef: {{name: kafka-credentials, key: password}}
+  handler: ledger
+  handlerConfig: {{delayMs: 1}}
+  workers: {{min: 1, max: 1}}
+"""
+
+
+def _openssl(*args: str) -> None:
+    subprocess.run(["openssl", *args], check=True, capture_output=True)
+
+
+def make_certificates(folder: Path) -> tuple[Path, Path]:
+    """A CA, and a broker certificate for 127.0.0.1 signed by it; returns (CA cert, broker key+cert PEM)."""
+    ca_key, ca_cert = folder / "ca.key", folder / "ca.pem"
+    key, csr, cert = folder / "broker.key", folder / "broker.csr", folder / "broker.crt"
+    _openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2", "-subj", "/CN=keyrange test CA",
+             "-keyout", str(ca_key), "-out", str(ca_cert))
+    _openssl("req", "-newkey", "rsa:2048", "-nodes", "-subj", "/CN=127.0.0.1", "-keyout", str(key), "-out", str(csr))
+    (folder / "san.ext").write_text("subjectAltName=IP:127.0.0.1,DNS:localhost\n")
+    _openssl("x509", "-req", "-in", str(csr), "-CA", str(ca_cert), "-CAkey", str(ca_key), "-CAcreateserial",
+             "-days", "2", "-extfile", str(folder / "san.ext"), "-out", str(cert))
+    # Kafka's PEM keystore: an unencrypted PKCS#8 key followed by the certificate.
+    pkcs8 = subprocess.run(["openssl", "pkcs8", "-topk8", "-nocrypt", "-in", str(key)], check=True,
+                           capture_output=True, text=True).stdout
+    keystore = folder / "broker-keystore.pem"
+    keystore.write_text(pkcs8 + cert.read_text())
+    return ca_cert, keystore
+
+
+@dataclass(frozen=True)
+class SecureKafka:
+    """A Kafka node with a SASL_SSL listener beside its PLAINTEXT one."""
+
+    cluster: KafkaCluster
+    secure_bootstrap: str
+    ca: Path
+
+    def client_properties(self, password: str = PASSWORD) -> dict[str, str]:
+        return {"security.protocol": "SASL_SSL", "sasl.mechanism": "SCRAM-SHA-256", "sasl.username": USER,
+                "sasl.password": password, "ssl.ca.location": str(self.ca)}
+
+
+@pytest.fixture(scope="module")
+def secure_kafka(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SecureKafka]:
+    ca, keystore = make_certificates(tmp_path_factory.mktemp("certs"))
+    listener = "listener.name.secure"
+    cluster = KafkaCluster(
+        nodes=1, jvm_options=QUICK_START_JVM_OPTIONS, extra_listeners={"SECURE": "SASL_SSL"},
+        broker_config={
+            "sasl.enabled.mechanisms": "SCRAM-SHA-256",
+            f"{listener}.sasl.enabled.mechanisms": "SCRAM-SHA-256",
+            f"{listener}.scram-sha-256.sasl.jaas.config":
+                "org.apache.kafka.common.security.scram.ScramLoginModule required;",
+            f"{listener}.ssl.keystore.type": "PEM",
+            f"{listener}.ssl.keystore.location": str(keystore),
+        },
+        format_args=["--add-scram", f"SCRAM-SHA-256=[name={USER},password={PASSWORD}]"],
+    )
+    with cluster:
+        yield SecureKafka(cluster, cluster.bootstrap_for("SECURE"), ca)
+
+
+def test_the_secure_listener_refuses_a_wrong_password(secure_kafka: SecureKafka) -> None:
+    assert partition_counts(secure_kafka.secure_bootstrap, 20, secure_kafka.client_properties()) is not None
+    with pytest.raises(KafkaSetupError, match="cannot reach Kafka"):
+        partition_counts(secure_kafka.secure_bootstrap, 5, secure_kafka.client_properties("wrong"))
+
+
+def test_keyrange_run_works_end_to_end_over_tls_and_scram(secure_kafka: SecureKafka, topic_name: str,
+                                                          tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    path = tmp_path / "secure.yaml"
+    path.write_text(SPEC.format(bootstrap=secure_kafka.secure_bootstrap, topic=topic_name, user=USER,
+                                ca=secure_kafka.ca, variable=PASSWORD_VARIABLE))
+    # The supervisor and the worker processes it starts read the password from here.
+    monkeypatch.setenv(PASSWORD_VARIABLE, PASSWORD)
+    consumer = load_file(path)
+    supervisor = Supervisor(consumer, path, None, tmp_path / "run", tick_seconds=0.5)
+    stop = threading.Event()
+    totals = LoadTotals()
+    supervisor.start()
+    try:
+        assert supervisor.bootstrap == secure_kafka.secure_bootstrap
+        assert supervisor.client_properties["sasl.password"] == PASSWORD
+        shape = LoadShape(rate=400, clients=50, duplicate_ratio=0.05, ledger=True, seed=11)
+        produce_phases(supervisor.bootstrap, topic_name, shape, [Phase(5, 400)], stop, totals,
+                       supervisor.client_properties)
+        # Checked through the PLAINTEXT listener of the same broker: what the test reads is not the point.
+        plain = secure_kafka.cluster.bootstrap
+        log = read_input_log(plain, topic_name, totals.sent)
+        distinct = len({e.uuid for e in log})
+        processed = read_processed(plain, f"{topic_name}.processed", distinct, timeout_seconds=120)
+    finally:
+        stop.set()
+        supervisor.stop()
+    assert distinct > 1000
+    check_all(log, list(processed), ledger=True)
+    assert len(processed) == distinct
+    worker_logs = "".join(p.read_text() for p in (tmp_path / "run" / "logs").glob("*.log"))
+    assert "Traceback" not in worker_logs
