@@ -1,5 +1,6 @@
 """Client properties reach every Kafka client keyrange makes: `keyrange run` (its topics, the
-controller's control channel, the load), and the worker processes, against a real Apache Kafka
+controller's control channel, the load), the worker processes, and the aggregation job reading
+with Spark's own (Java) Kafka connector, against a real Apache Kafka
 listener that takes only TLS with SASL/SCRAM. The test makes its own CA and broker certificate
 (openssl) and the broker's SCRAM credentials (`kafka-storage format --add-scram`). The password
 reaches keyrange only through an environment variable (`spec.kafka.clientPropertiesFrom`)."""
@@ -14,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from keyrange.aggregation import run_once
 from keyrange.kafkaio import KafkaSetupError, partition_counts
 from keyrange.loadgen import LoadShape
 from keyrange.local.kafka import QUICK_START_JVM_OPTIONS, KafkaCluster
@@ -21,7 +23,10 @@ from keyrange.local.load import LoadTotals, Phase, produce_phases
 from keyrange.local.supervisor import Supervisor
 from keyrange.spec import load_file
 from tests.checkers import check_all
+from tests.integration.test_aggregation_support import make_topic, processed_records, produce_processed, spark
 from tests.kafkatools import read_input_log, read_processed
+
+__all__ = ["spark"]  # the shared session fixture
 
 USER, PASSWORD = "keyrange-app", "s3cret-scram-pw"
 PASSWORD_VARIABLE = "TEST_KAFKA_SCRAM_PASSWORD"
@@ -141,3 +146,15 @@ def test_keyrange_run_works_end_to_end_over_tls_and_scram(secure_kafka: SecureKa
     assert len(processed) == distinct
     worker_logs = "".join(p.read_text() for p in (tmp_path / "run" / "logs").glob("*.log"))
     assert "Traceback" not in worker_logs
+
+
+def test_the_aggregation_reads_over_tls_and_scram_with_spark_s_connector(spark, secure_kafka: SecureKafka,
+                                                                          topic_name: str, tmp_path: Path) -> None:
+    # Written through PLAINTEXT; the job must read through the secure listener, where the librdkafka
+    # names of the client properties reach the Java client translated (a JAAS line, a PEM truststore).
+    make_topic(secure_kafka.cluster.bootstrap, topic_name, 2)
+    records = processed_records(600, clients=20, seed=3)
+    produce_processed(secure_kafka.cluster.bootstrap, topic_name, records, 2)
+    summary = run_once(secure_kafka.secure_bootstrap, topic_name, str(tmp_path / "out"), spark=spark,
+                       client_properties=secure_kafka.client_properties())
+    assert summary.records_read == summary.aggregated == len(records)
