@@ -13,10 +13,8 @@ from keyrange.aggregation import read_results
 from keyrange.aggregation.job import BatchAggregator
 from keyrange.aggregation.reference import MINUTE_MS, Delivery, aggregate
 from keyrange.aggregation.store import HadoopStorage
-from tests.integration.test_aggregation_support import make_topic, processed_records, produce_processed, spark
+from tests.integration.aggregation_helpers import make_topic, processed_records, produce_processed
 from tests.kafkatools import read_topic
-
-__all__ = ["spark"]  # the shared session fixture
 
 T0 = 1_790_000_040_000 - 1_790_000_040_000 % MINUTE_MS
 

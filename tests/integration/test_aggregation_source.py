@@ -16,15 +16,12 @@ import pytest
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows
 
 from keyrange.aggregation.source import KafkaStreamReader
-from tests.integration.test_aggregation_support import (
+from tests.integration.aggregation_helpers import (
     make_topic,
     processed_records,
     produce_processed,
-    spark,
     transactional_producer,
 )
-
-__all__ = ["spark"]  # the shared session fixture
 
 
 def _source(spark: Any, bootstrap: str, topic: str, streaming: bool = False, **options: str) -> Any:

@@ -17,16 +17,13 @@ import pytest
 from keyrange.aggregation import read_results, run_once
 from keyrange.aggregation.reference import Delivery, aggregate
 from keyrange.aggregation.sources import CONNECTOR, PYTHON_SOURCE
-from tests.integration.test_aggregation_support import (
+from tests.integration.aggregation_helpers import (
     make_topic,
     processed_records,
     produce_processed,
-    spark,
     transactional_producer,
 )
 from tests.kafkatools import read_topic
-
-__all__ = ["spark"]  # the shared session fixture
 
 
 def _events(output: str) -> int:

@@ -20,7 +20,7 @@ from keyrange.aggregation import AggregateResults, AggregationSummary, SparkSetu
 from keyrange.local import demo_aggregation
 from keyrange.local.demo import DemoReport, render_report
 from keyrange.local.demo_aggregation import aggregate, build_section, render_section
-from tests.integration.test_aggregation_support import require_pyspark
+from tests.integration.aggregation_helpers import require_pyspark
 
 
 @pytest.mark.slow

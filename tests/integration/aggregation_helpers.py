@@ -1,16 +1,11 @@
-"""Fixtures and producers shared by the aggregation tests (no tests here).
-
-One SparkSession serves every aggregation test: local[2] costs ~5.5 s and ~630 MiB to start, and
-`getOrCreate` returns the same session to every module that asks.
-"""
+"""Producers and checks shared by the aggregation tests (their Spark session is a fixture in
+conftest.py)."""
 
 from __future__ import annotations
 
-import os
 import random
-import sys
 import uuid as uuidlib
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -30,19 +25,6 @@ def require_pyspark() -> None:
     except ImportError as exc:
         pytest.fail(f"pyspark is missing ({exc}); run `make install-dev`, which installs keyrange[spark]",
                     pytrace=False)
-
-
-@pytest.fixture(scope="session")
-def spark() -> Iterator[Any]:
-    """The shared local[2] SparkSession with Spark's Kafka connector and the keyrange-kafka source."""
-    require_pyspark()
-    # Spark's Python workers must run this very interpreter (same pyspark, same keyrange).
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    from keyrange.aggregation.session import spark_session
-
-    session = spark_session("local[2]", app_name="keyrange-tests")
-    yield session
-    session.stop()
 
 
 @dataclass(frozen=True)
