@@ -23,10 +23,8 @@ from keyrange.local.load import LoadTotals, Phase, produce_phases
 from keyrange.local.supervisor import Supervisor
 from keyrange.spec import load_file
 from tests.checkers import check_all
-from tests.integration.test_aggregation_support import make_topic, processed_records, produce_processed, spark
+from tests.integration.aggregation_helpers import make_topic, processed_records, produce_processed
 from tests.kafkatools import read_input_log, read_processed
-
-__all__ = ["spark"]  # the shared session fixture
 
 USER, PASSWORD = "keyrange-app", "s3cret-scram-pw"
 PASSWORD_VARIABLE = "TEST_KAFKA_SCRAM_PASSWORD"
