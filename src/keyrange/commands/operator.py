@@ -1,8 +1,11 @@
 """`keyrange operator`: the kopf operator that reconciles StreamConsumers in a cluster.
 
-Runs kopf's operator loop with keyrange's handlers (keyrange.operator.handlers), a liveness
-endpoint and a Prometheus metrics endpoint. Peering (kopf's ClusterKopfPeering / KopfPeering
-objects, installed by the chart) makes exactly one of several replicas act.
+Runs kopf's operator loop with keyrange's handlers (keyrange.operator.handlers), a health endpoint
+and a Prometheus metrics endpoint. Replicas elect a leader with a Kubernetes Lease
+(keyrange.operator.leadership): a standby only answers its health endpoint; the holder runs kopf,
+the range controllers and the alert webhook. A holder that cannot renew the Lease stops its
+controllers and exits (Kubernetes restarts it as a standby); on SIGTERM it stops them, then
+releases the Lease so a standby takes over at once.
 """
 
 from __future__ import annotations
@@ -11,27 +14,44 @@ import argparse
 import asyncio
 import logging
 import os
-import random
+import socket
+import threading
+import uuid
 from collections.abc import Coroutine
 from typing import Any
+from urllib.parse import urlparse
 
 from keyrange.errors import UserError
 from keyrange.operator.settings import OperatorSettings
+
+log = logging.getLogger(__name__)
+
+
+class LeadershipLost(UserError):
+    """The operator could not renew its Lease in time and stopped its controllers."""
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Arguments of `keyrange operator`."""
     parser.add_argument("-n", "--namespace", action="append", default=[],
                         help="watch this namespace (repeatable; default: all namespaces)")
-    parser.add_argument("--peering", default="keyrange",
-                        help="kopf peering object name, so only one operator replica acts (default keyrange)")
-    parser.add_argument("--priority", type=int, default=random.randint(1, 1_000_000),
-                        help="peering priority: the highest-priority operator acts, the others wait "
-                             "(default: random, so replicas never tie)")
+    parser.add_argument("--lease", default="keyrange",
+                        help="name of the Lease the replicas elect their leader with (default keyrange)")
+    parser.add_argument("--lease-namespace", default=os.environ.get("POD_NAMESPACE", "default"),
+                        help="namespace of that Lease (default $POD_NAMESPACE, else default)")
+    parser.add_argument("--identity", default=None,
+                        help="this replica's name in the Lease (default: $POD_NAME or the host name, "
+                             "plus a random suffix)")
+    parser.add_argument("--lease-seconds", type=float, default=15.0,
+                        help="a standby takes over a Lease unrenewed for this long (default 15)")
+    parser.add_argument("--lease-renew-deadline-seconds", type=float, default=10.0,
+                        help="the leader stops if it could not renew for this long (default 10)")
+    parser.add_argument("--lease-retry-seconds", type=float, default=2.0,
+                        help="how often the Lease is renewed or retried (default 2)")
     parser.add_argument("--standalone", action="store_true",
-                        help="no peering: act even if other operators run (development only)")
+                        help="no leader election: act even if other operators run (development only)")
     parser.add_argument("--liveness", default="http://0.0.0.0:8080/healthz",
-                        help="kopf liveness endpoint URL (default http://0.0.0.0:8080/healthz)")
+                        help="health endpoint URL, answered by leader and standbys (default http://0.0.0.0:8080/healthz)")
     parser.add_argument("--metrics-port", type=int, default=9090,
                         help="port of the operator's /metrics (default 9090; 0 disables)")
     parser.add_argument("--image", default=os.environ.get("KEYRANGE_IMAGE", OperatorSettings.image),
@@ -44,6 +64,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--log-level", default="INFO", help="Python log level (default INFO)")
     parser.add_argument("--monitoring-label", action="append", default=[], metavar="KEY=VALUE",
                         help="label for ServiceMonitors/PrometheusRules (a Prometheus Operator selector)")
+    parser.add_argument("--spark-driver-cluster-role", default=OperatorSettings.spark_driver_cluster_role,
+                        help="ClusterRole that Spark drivers' ServiceAccounts are bound to (the chart's)")
+    parser.add_argument("--no-spark-aggregation", dest="spark_aggregation", action="store_false",
+                        help="this installation runs no Spark jobs (the chart's rbac.sparkAggregation: "
+                             "false): a StreamConsumer asking for aggregation is reported Degraded")
     parser.add_argument("--webhook-port", type=int, default=0,
                         help="serve the Alertmanager webhook (POST /alertmanager/webhook) on this port; "
                              "0 (default) disables it; see docs/autoscaling.md")
@@ -64,6 +89,7 @@ def settings_from_args(args: argparse.Namespace) -> OperatorSettings:
         return OperatorSettings(
             image=args.image,
             termination_grace_seconds=args.termination_grace_seconds,
+            spark_aggregation=args.spark_aggregation, spark_driver_cluster_role=args.spark_driver_cluster_role,
             reconcile_interval_seconds=args.refresh_seconds, monitoring_labels=labels)
     except ValueError as exc:
         raise UserError(f"invalid operator setting: {exc}") from None
@@ -84,43 +110,104 @@ def side_services(args: argparse.Namespace, memo: Any) -> list[Coroutine[Any, An
     return [serve_alert_webhook(memo, "0.0.0.0", args.webhook_port, load_token(args.webhook_token))]
 
 
-def check_peering(kube: Any, peering: str, namespaces: list[str]) -> None:
-    """Raise UserError when the peering objects kopf needs are missing (kopf would idle silently)."""
-    if namespaces:
-        missing = [f"KopfPeering {ns}/{peering}" for ns in namespaces
-                   if kube.get("kopf.dev/v1", "KopfPeering", ns, peering) is None]
-    else:
-        missing = [f"ClusterKopfPeering {peering}"] if kube.get(
-            "kopf.dev/v1", "ClusterKopfPeering", None, peering) is None else []
-    if missing:
-        raise UserError(
-            f"{', '.join(missing)} not found: install keyrange with its Helm chart (it creates them), "
-            "or apply charts/keyrange/crds/kopfpeerings.yaml and create the object, or pass --standalone "
-            "to run a single operator without peering")
+def identity(args: argparse.Namespace) -> str:
+    """This replica's holderIdentity: unique even when a pod restarts under the same name."""
+    base = args.identity or os.environ.get("POD_NAME") or socket.gethostname()
+    return f"{base}_{uuid.uuid4().hex[:8]}"
+
+
+async def serve_health(url: str, state: dict[str, str]) -> Any:
+    """Answer GET <path> with 200 and this replica's role, for leader and standbys alike."""
+    from aiohttp import web
+
+    async def healthz(request: web.Request) -> web.Response:
+        return web.json_response(state)
+
+    parsed = urlparse(url)
+    app = web.Application()
+    app.router.add_get(parsed.path or "/healthz", healthz)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    await web.TCPSite(runner, parsed.hostname or "0.0.0.0", parsed.port or 8080).start()
+    return runner
 
 
 async def run_operator(args: argparse.Namespace, settings: OperatorSettings) -> None:
-    """kopf's operator loop plus the side services, until cancelled or signalled."""
+    """Elect a leader, then run kopf and the side services until signalled or the Lease is lost."""
+    from keyrange.operator.handlers import operator_memo
+    from keyrange.operator.leadership import LeaseElector, LeaseTimings
+
+    memo = operator_memo(settings)
+    state = {"role": "standby", "identity": identity(args)}
+    health = await serve_health(args.liveness, state) if args.liveness else None
+    stop = threading.Event()
+    try:
+        if args.standalone:
+            state["role"] = "leader"
+            await _lead(args, settings, memo, state, None, stop)
+            return
+        try:
+            timings = LeaseTimings(args.lease_seconds, args.lease_renew_deadline_seconds, args.lease_retry_seconds)
+        except ValueError as exc:
+            raise UserError(f"invalid lease timings: {exc}") from None
+        elector = LeaseElector(memo.kube, args.lease_namespace, args.lease, state["identity"], timings)
+        log.info("standing by for Lease %s/%s as %s", args.lease_namespace, args.lease,
+                                         state["identity"])
+        if not await asyncio.to_thread(elector.campaign, stop):
+            return
+        state["role"] = "leader"
+        await _lead(args, settings, memo, state, elector, stop)
+    finally:
+        stop.set()
+        if health is not None:
+            await health.cleanup()
+
+
+async def _lead(args: argparse.Namespace, settings: OperatorSettings, memo: Any, state: dict[str, str],
+                elector: Any, stop: threading.Event) -> None:
     import kopf
 
-    from keyrange.operator.handlers import operator_memo, register_handlers
+    from keyrange.operator.handlers import register_handlers
 
-    registry = register_handlers(kopf.OperatorRegistry(), settings)
-    memo = operator_memo(settings)
+    loop = asyncio.get_running_loop()
+    lost = asyncio.Event()
+
+    def on_lost() -> None:
+        # In the elector's thread, without waiting for the event loop: nothing may keep acting.
+        memo.controls.stop_all()
+        state["role"] = "lost"
+        log.error("stopped every range control after losing the Lease")
+        loop.call_soon_threadsafe(lost.set)
+
+    holder = None
+    if elector is not None:
+        holder = threading.Thread(target=elector.hold, args=(stop, on_lost), name="lease", daemon=True)
+        holder.start()
+    services = [asyncio.ensure_future(s) for s in side_services(args, memo)]
     namespaces = list(args.namespace)
-    if not args.standalone:
-        await asyncio.to_thread(check_peering, memo.kube, args.peering, namespaces)
-    tasks = [asyncio.ensure_future(s) for s in side_services(args, memo)]
+    kopf_stop: asyncio.Future[None] = loop.create_future()
+    registry = register_handlers(kopf.OperatorRegistry(), settings, namespaces)
+    operator = asyncio.ensure_future(kopf.operator(
+        registry=registry, memo=memo, clusterwide=not namespaces, namespaces=namespaces, standalone=True,
+        stop_flag=kopf_stop))
+    watch_lost = asyncio.ensure_future(lost.wait())
     try:
-        await kopf.operator(
-            registry=registry, memo=memo, clusterwide=not namespaces, namespaces=namespaces,
-            standalone=args.standalone, peering_name=None if args.standalone else args.peering,
-            priority=args.priority,
-            liveness_endpoint=args.liveness or None)
+        await asyncio.wait({operator, watch_lost}, return_when=asyncio.FIRST_COMPLETED)
     finally:
-        for task in tasks:
+        watch_lost.cancel()
+        for task in services:
             task.cancel()
-        memo.controls.close_all()
+        memo.controls.stop_all()  # before the Lease is released below
+        if not kopf_stop.done():
+            kopf_stop.set_result(None)
+        await asyncio.wait({operator}, timeout=30)
+        stop.set()
+        if holder is not None:
+            await asyncio.to_thread(holder.join)  # releases the Lease when still holding it
+    if lost.is_set():
+        raise LeadershipLost(f"lost the Lease {args.lease_namespace}/{args.lease} (not renewed for "
+                             f"{args.lease_renew_deadline_seconds} s); stopped every controller and exiting, "
+                             "to be restarted as a standby")
 
 
 def run(args: argparse.Namespace) -> int:

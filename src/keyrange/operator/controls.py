@@ -30,6 +30,7 @@ class ControlRegistry:
         self._factory = factory
         self._controls: dict[tuple[str, str], RangeControl] = {}
         self._closed: set[tuple[str, str]] = set()
+        self._stopped = False
         self._lock = threading.Lock()
 
     def ensure(self, namespace: str, name: str, spec: StreamConsumerSpec,
@@ -41,6 +42,8 @@ class ControlRegistry:
         """
         key = (namespace, name)
         with self._lock:
+            if self._stopped:
+                raise NotLeading("this operator replica no longer holds the Lease: it starts no range control")
             control = self._controls.get(key)
             if control is None:
                 if key in self._closed and not revive:
@@ -70,3 +73,14 @@ class ControlRegistry:
             controls, self._controls = list(self._controls.values()), {}
         for control in controls:
             control.close()
+
+    def stop_all(self) -> None:
+        """Stop every control for good: later `ensure` calls raise NotLeading (leadership lost or
+        handed over; a handler still running must not start a control again)."""
+        with self._lock:
+            self._stopped = True
+        self.close_all()
+
+
+class NotLeading(RuntimeError):
+    """The replica stopped leading; no range control may run here any more."""
