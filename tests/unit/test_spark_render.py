@@ -14,6 +14,7 @@ import pytest
 from keyrange.commands import aggregate
 from keyrange.operator.rendering import selector_labels
 from keyrange.operator.spark import (
+    DRIVER_RULES,
     KUBERNETES_MASTER,
     SparkJobSettings,
     SparkRenderError,
@@ -68,7 +69,7 @@ def test_disabled_aggregation_renders_nothing():
 
 def test_continuous_mode_is_a_single_driver_deployment_with_a_volume_for_a_local_output():
     objects = _by_kind(render_spark_objects("payments", "shop", _spec(), OWNER, SETTINGS))
-    assert set(objects) == {"ServiceAccount", "Role", "RoleBinding", "PersistentVolumeClaim", "Service", "Deployment"}
+    assert set(objects) == {"ServiceAccount", "RoleBinding", "PersistentVolumeClaim", "Service", "Deployment"}
     deployment = objects["Deployment"]["spec"]
     assert deployment["replicas"] == 1 and deployment["strategy"] == {"type": "Recreate"}
     pod = deployment["template"]["spec"]
@@ -106,17 +107,17 @@ def test_the_headless_service_selects_the_driver_and_never_the_workers():
     assert not workers.items() <= pod_labels("payments", "executor").items()
 
 
-def test_the_role_grants_exactly_what_a_spark_driver_needs_in_its_namespace():
+def test_the_driver_is_bound_to_the_drivers_cluster_role_in_its_namespace_only():
     objects = _by_kind(render_spark_objects("payments", "shop", _spec(), OWNER, SETTINGS))
-    rules = objects["Role"]["rules"]
-    granted = {(r, v) for rule in rules for r in rule["resources"] for v in rule["verbs"]}
-    assert {r for r, _ in granted} == {"pods", "services", "configmaps", "persistentvolumeclaims"}
-    assert all(rule["apiGroups"] == [""] for rule in rules)
+    granted = {(r, v) for rule in DRIVER_RULES for r in rule["resources"] for v in rule["verbs"]}
+    assert {r for r, _ in granted} == {"pods", "configmaps"}  # executors and their conf maps, no more
+    assert all(rule["apiGroups"] == [""] for rule in DRIVER_RULES)
     assert ("pods", "create") in granted and ("pods", "delete") in granted and ("pods", "watch") in granted
-    assert not any(v in ("*", "escalate", "bind", "impersonate") for _, v in granted)
+    assert not any(v in ("*", "patch", "update", "escalate", "bind", "impersonate") for _, v in granted)
     binding = objects["RoleBinding"]
-    assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role",
-                                  "name": objects["Role"]["metadata"]["name"]}
+    assert binding["metadata"]["namespace"] == "shop"  # a RoleBinding: the ClusterRole's rules here only
+    assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
+                                  "name": SETTINGS.driver_cluster_role}
     assert binding["subjects"] == [{"kind": "ServiceAccount", "name": objects["ServiceAccount"]["metadata"]["name"],
                                     "namespace": "shop"}]
 

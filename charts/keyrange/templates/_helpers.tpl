@@ -57,9 +57,14 @@ app.kubernetes.io/part-of: keyrange
 {{- default (printf "%s-webhook" (include "keyrange.fullname" .)) .Values.webhook.existingSecret -}}
 {{- end -}}
 
-{{/* The peering object name kopf uses (one per release). */}}
-{{- define "keyrange.peeringName" -}}
+{{/* The Lease the operator replicas elect their leader with (one per release). */}}
+{{- define "keyrange.leaseName" -}}
 {{- include "keyrange.fullname" . -}}
+{{- end -}}
+
+{{/* The ClusterRole Spark drivers are bound to (by RoleBindings the operator creates per consumer). */}}
+{{- define "keyrange.sparkDriverRole" -}}
+{{- printf "%s-spark-driver" (include "keyrange.fullname" .) -}}
 {{- end -}}
 
 {{/* Rules the operator needs on StreamConsumers' namespaces (least privilege, see docs/kubernetes.md). */}}
@@ -70,6 +75,11 @@ app.kubernetes.io/part-of: keyrange
 - apiGroups: [keyrange.dev]
   resources: [streamconsumers/status]
   verbs: [get, patch]
+# Children carry ownerReferences with blockOwnerDeletion: true; clusters enforcing
+# OwnerReferencesPermissionEnforcement (OpenShift, for one) require update on the owner's finalizers.
+- apiGroups: [keyrange.dev]
+  resources: [streamconsumers/finalizers]
+  verbs: [update]
 - apiGroups: [apps]
   resources: [statefulsets]
   verbs: [get, create, patch]
@@ -85,12 +95,10 @@ app.kubernetes.io/part-of: keyrange
 - apiGroups: [monitoring.coreos.com]
   resources: [servicemonitors, prometheusrules]
   verbs: [get, create, patch]
-- apiGroups: [kopf.dev]
-  resources: [kopfpeerings]
-  verbs: [get, list, watch, patch]
 {{- if .Values.rbac.sparkAggregation }}
-# Spark aggregation (spec.aggregation): the driver's objects (deleted again when aggregation is
-# turned off or its mode changes) ...
+# Spark aggregation (spec.aggregation): the driver's objects, deleted again when aggregation is
+# turned off or its mode changes. No pod rights: the driver's ServiceAccount gets them through a
+# RoleBinding to the drivers' ClusterRole, which the operator may bind (and nothing else).
 - apiGroups: [apps]
   resources: [deployments]
   verbs: [get, create, patch, delete]
@@ -98,17 +106,20 @@ app.kubernetes.io/part-of: keyrange
   resources: [cronjobs]
   verbs: [get, create, patch, delete]
 - apiGroups: [rbac.authorization.k8s.io]
-  resources: [roles, rolebindings]
+  resources: [rolebindings]
   verbs: [get, create, patch, delete]
+- apiGroups: [rbac.authorization.k8s.io]
+  resources: [clusterroles]
+  verbs: [bind]
+  resourceNames: [{{ include "keyrange.sparkDriverRole" . }}]
 - apiGroups: [sparkoperator.k8s.io]
   resources: [sparkapplications, scheduledsparkapplications]
   verbs: [get, create, patch, delete]
 - apiGroups: [""]
-  resources: [serviceaccounts]
+  resources: [serviceaccounts, services]
   verbs: [delete]
-# ... and what the driver's Role grants, which the operator must hold to grant it.
 - apiGroups: [""]
-  resources: [pods, services, configmaps, persistentvolumeclaims]
-  verbs: [create, get, list, watch, patch, delete, deletecollection]
+  resources: [persistentvolumeclaims]
+  verbs: [get, create, patch]
 {{- end }}
 {{- end -}}

@@ -23,7 +23,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
@@ -32,13 +32,15 @@ import kopf
 from keyrange import metrics
 from keyrange.operator import rendering
 from keyrange.operator.controls import ControlRegistry, RangeControlFactory, default_range_control
-from keyrange.operator.kube import Kube, plural_of
+from keyrange.operator.kube import Kube, KubeApiError, plural_of
 from keyrange.operator.rangecontrol import RangeControl
 from keyrange.operator.settings import OperatorSettings
 from keyrange.operator.status import Observed, changed_fields, render_status
 from keyrange.spec import SpecError, StreamConsumerSpec, parse_spec
 
 GROUP, VERSION, PLURAL = "keyrange.dev", "v1alpha1", "streamconsumers"
+FORBIDDEN_RETRY_SECONDS = 300
+"""How long kopf waits before retrying a reconcile the API server refused with 403."""
 Clock = Callable[[], datetime]
 Logger = logging.Logger | logging.LoggerAdapter[Any]
 log = logging.getLogger(__name__)
@@ -57,9 +59,14 @@ def operator_memo(settings: OperatorSettings, kube: Kube | None = None,
                      clock=clock)
 
 
-def _parse(name: str, spec: Any) -> StreamConsumerSpec:
+def parse_cluster_spec(name: str, spec: Any, settings: OperatorSettings) -> StreamConsumerSpec:
+    """The StreamConsumer's spec as this installation can run it; SpecError says what to change."""
     model = parse_spec(dict(spec), name)
     rendering.check_cluster_spec(name, model)
+    if model.aggregation.enabled and not settings.spark_aggregation:
+        raise SpecError(f"StreamConsumer {name!r}: spec.aggregation.enabled is true, but this keyrange "
+                        "installation runs no Spark jobs (Helm value rbac.sparkAggregation: false); "
+                        "set that value to true, or turn aggregation off")
     return model
 
 
@@ -85,6 +92,8 @@ def _apply_children(kube: Kube, settings: OperatorSettings, body: Any, model: St
     for obj in rendering.render_optional(name, namespace, model, owner, settings):
         if kube.has_resource(obj["apiVersion"], plural_of(obj["kind"])):
             kube.apply(obj)
+    if not settings.spark_aggregation:
+        return sts  # no Spark rights: nothing of Spark's was ever created here, nothing to prune
     wanted = _aggregation_objects(kube, settings, name, namespace, model, owner)
     for obj in wanted:
         kube.apply(obj)
@@ -119,10 +128,11 @@ def _aggregation_objects(kube: Kube, settings: OperatorSettings, name: str, name
         return []
     from keyrange.operator import spark
 
-    job = spark.SparkJobSettings(image=model.image or settings.image, image_pull_policy=settings.image_pull_policy)
+    job = spark.SparkJobSettings(image=model.image or settings.image, image_pull_policy=settings.image_pull_policy,
+                                 driver_cluster_role=settings.spark_driver_cluster_role)
     if kube.has_resource(spark.SPARK_APPLICATION_API, "sparkapplications"):
         claim = spark.render_claim(name, namespace, model, owner, job)
-        return [*spark.render_rbac(name, namespace, owner), *([claim] if claim else []),
+        return [*spark.render_rbac(name, namespace, owner, job), *([claim] if claim else []),
                 spark.render_spark_application(name, namespace, model, owner, job)]
     return spark.render_spark_objects(name, namespace, model, owner, job)
 
@@ -155,7 +165,7 @@ def reconcile(*, name: str, namespace: str | None, body: kopf.Body, spec: kopf.S
     now, generation = memo.clock(), int(meta.get("generation") or 1)
     selector = rendering.selector_string(name)
     try:
-        model = _parse(name, spec)
+        model = parse_cluster_spec(name, spec, memo.settings)
     except SpecError as exc:
         memo.controls.close(namespace, name)
         _write_status(patch, status, Observed(generation, 0, 0, selector, error=str(exc)), None, now)
@@ -164,7 +174,16 @@ def reconcile(*, name: str, namespace: str | None, body: kopf.Body, spec: kopf.S
     assert control is not None  # revive=True always returns one
     replicas = rendering.desired_replicas(model, control.desired_workers())
     metrics.OPERATOR_DESIRED_WORKERS.labels(namespace, name).set(replicas)
-    sts = _apply_children(memo.kube, memo.settings, body, model, replicas)
+    try:
+        sts = _apply_children(memo.kube, memo.settings, body, model, replicas)
+    except KubeApiError as exc:
+        if exc.status != 403:
+            raise
+        # RBAC will not change by retrying soon: say what is missing, retry rarely.
+        message = f"the operator's ServiceAccount is not allowed to do this: {exc}; check the chart's rbac values"
+        _write_status(patch, status, Observed(generation, replicas, 0, selector, error=message,
+                                              error_reason="Forbidden"), control, now)
+        raise kopf.TemporaryError(message, delay=FORBIDDEN_RETRY_SECONDS) from None
     control.workers_available(_ready(sts))
     logger.info("applied %s with %d workers", rendering.worker_name(name), replicas)
     _write_status(patch, status, Observed(generation, replicas, _ready(sts), selector), control, now)
@@ -178,7 +197,7 @@ def refresh(*, name: str, namespace: str | None, spec: kopf.Spec, meta: kopf.Met
     if meta.get("deletionTimestamp"):
         return  # being deleted: `forget` stops the control; never start a new one now
     try:
-        model = _parse(name, spec)
+        model = parse_cluster_spec(name, spec, memo.settings)
     except SpecError:
         return  # reconcile already reported it; nothing runs until the spec is fixed
     kube: Kube = memo.kube
@@ -214,8 +233,14 @@ def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
     return kopf.login_with_service_account(**kwargs) or kopf.login_with_kubeconfig(**kwargs)
 
 
-def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
-    """kopf settings: keyrange's own annotation prefix and finalizer name, quiet event posting."""
+def configure(settings: kopf.OperatorSettings, exact_namespaces: bool = False, **_: Any) -> None:
+    """kopf settings: keyrange's own annotation prefix and finalizer name, quiet event posting.
+
+    With `exact_namespaces` (only named namespaces are watched, no patterns), kopf does not scan
+    for namespaces: a namespaced install may not list them, and kopf would first retry that for
+    about a minute before falling back to the names it was given.
+    """
+    settings.scanning.disabled = exact_namespaces
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix="keyrange.dev")
     settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
         prefix="keyrange.dev", key="last-handled-configuration")
@@ -225,10 +250,13 @@ def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
     settings.watching.client_timeout = 330
 
 
-def register_handlers(registry: kopf.OperatorRegistry, settings: OperatorSettings) -> kopf.OperatorRegistry:
-    """Register every handler into `registry` (refresh interval from `settings`)."""
+def register_handlers(registry: kopf.OperatorRegistry, settings: OperatorSettings,
+                      namespaces: Sequence[str] = ()) -> kopf.OperatorRegistry:
+    """Register every handler into `registry` (refresh interval from `settings`; `namespaces` are
+    the watched ones, empty for all)."""
     resource = (GROUP, VERSION, PLURAL)
-    kopf.on.startup(registry=registry)(configure)
+    exact = bool(namespaces) and not any(c in ns for ns in namespaces for c in "*?[!")
+    kopf.on.startup(registry=registry, id="configure")(functools.partial(configure, exact_namespaces=exact))
     kopf.on.login(registry=registry)(login)
     for decorator in (kopf.on.resume, kopf.on.create):
         decorator(*resource, registry=registry, id="reconcile")(reconcile)

@@ -1,9 +1,11 @@
 """The operator's only Kubernetes API calls: get, create-or-patch, delete, discovery, Events.
 
 Raw JSON over the `kubernetes` client's ApiClient, so any kind (built-in or a CRD such as
-ServiceMonitor) goes through one path. Objects are applied as create, else JSON merge patch of
-the whole rendered object: the operator owns these objects entirely, so replacing their lists is
-intended.
+ServiceMonitor) goes through one path. Objects are written by server-side apply under the field
+manager `keyrange-operator`: the API server merges by field ownership, so fields other writers set
+(an annotation added by `kubectl rollout restart`, labels from a policy engine) are kept, and the
+operator forces only the fields it renders. Unknown fields are refused (strict field validation),
+so a rendering mistake is an error, not silently dropped.
 """
 
 from __future__ import annotations
@@ -17,6 +19,9 @@ from typing import Any
 import kubernetes
 
 from keyrange.errors import UserError
+
+FIELD_MANAGER = "keyrange-operator"
+"""The field manager of every write the operator makes (see `kubectl get -o yaml --show-managed-fields`)."""
 
 _PLURALS = {"ConfigMap": "configmaps", "Service": "services", "StatefulSet": "statefulsets",
             "Event": "events", "ServiceMonitor": "servicemonitors", "PrometheusRule": "prometheusrules"}
@@ -73,13 +78,14 @@ class Kube:
     def __init__(self, client: kubernetes.client.ApiClient | None = None) -> None:
         self._client = client or new_api_client()
 
-    def _call(self, method: str, path: str, body: Any = None, content_type: str | None = None) -> Any:
+    def _call(self, method: str, path: str, body: Any = None, content_type: str | None = None,
+              query: list[tuple[str, str]] | None = None) -> Any:
         headers = {"Accept": "application/json"}
         if content_type:
             headers["Content-Type"] = content_type
         client = self._client
         method, url, headers, payload, _ = client.param_serialize(
-            method, path, header_params=headers, body=body, auth_settings=["BearerToken"])
+            method, path, query_params=query, header_params=headers, body=body, auth_settings=["BearerToken"])
         response = client.call_api(method, url, header_params=headers, body=payload, _request_timeout=30)
         data = response.read()  # type: ignore[no-untyped-call]
         if response.status >= 400:
@@ -100,17 +106,27 @@ class Kube:
             raise
 
     def apply(self, obj: dict[str, Any]) -> dict[str, Any]:
-        """Create `obj`, or merge-patch the existing object to match it; return the stored object."""
+        """Server-side apply `obj` (creating it if absent); return the stored object.
+
+        `force` takes over fields another manager set that the operator renders too (a controller
+        owns what it renders); fields the operator does not render stay as others set them.
+        """
         meta = obj["metadata"]
-        api_version, kind, ns, name = obj["apiVersion"], obj["kind"], meta["namespace"], meta["name"]
-        if self.get(api_version, kind, ns, name) is None:
-            try:
-                return dict(self._call("POST", object_path(api_version, kind, ns), obj))
-            except KubeApiError as exc:
-                if exc.status != 409:  # created meanwhile by an earlier round: patch it below
-                    raise
-        return dict(self._call("PATCH", object_path(api_version, kind, ns, name), obj,
-                               "application/merge-patch+json"))
+        path = object_path(obj["apiVersion"], obj["kind"], meta["namespace"], meta["name"])
+        query = [("fieldManager", FIELD_MANAGER), ("force", "true"), ("fieldValidation", "Strict")]
+        return dict(self._call("PATCH", path, json.dumps(obj), "application/apply-patch+yaml", query))
+
+    def create(self, obj: dict[str, Any]) -> dict[str, Any]:
+        """POST a new object (KubeApiError 409 when it exists)."""
+        meta = obj["metadata"]
+        path = object_path(obj["apiVersion"], obj["kind"], meta["namespace"])
+        return dict(self._call("POST", path, obj, query=[("fieldManager", FIELD_MANAGER)]))
+
+    def replace(self, obj: dict[str, Any]) -> dict[str, Any]:
+        """PUT an object; with metadata.resourceVersion set, KubeApiError 409 if it changed since."""
+        meta = obj["metadata"]
+        path = object_path(obj["apiVersion"], obj["kind"], meta["namespace"], meta["name"])
+        return dict(self._call("PUT", path, obj, query=[("fieldManager", FIELD_MANAGER)]))
 
     def delete(self, api_version: str, kind: str, namespace: str, name: str) -> bool:
         """Delete an object; False when it did not exist."""
@@ -128,7 +144,8 @@ class Kube:
         path = object_path(api_version, kind, namespace, name)
         if subresource:
             path += f"/{subresource}"
-        return dict(self._call("PATCH", path, changes, "application/merge-patch+json"))
+        return dict(self._call("PATCH", path, changes, "application/merge-patch+json",
+                               [("fieldManager", FIELD_MANAGER)]))
 
     def has_resource(self, api_version: str, plural: str) -> bool:
         """Whether the cluster serves this resource (e.g. is the ServiceMonitor CRD installed?)."""
@@ -156,4 +173,5 @@ class Kube:
             "source": {"component": "keyrange-operator"},
             "firstTimestamp": stamp, "lastTimestamp": stamp, "count": 1,
         }
-        self._call("POST", object_path("v1", "Event", meta["namespace"]), event)
+        self._call("POST", object_path("v1", "Event", meta["namespace"]), event,
+                   query=[("fieldManager", FIELD_MANAGER)])

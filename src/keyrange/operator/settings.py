@@ -25,6 +25,11 @@ class OperatorSettings:
     """How often each consumer's range control is polled and its status refreshed."""
     monitoring_labels: dict[str, str] = field(default_factory=dict)
     """Extra labels on ServiceMonitors and PrometheusRules (a Prometheus Operator selector)."""
+    spark_aggregation: bool = True
+    """Whether this installation runs Spark jobs (`spec.aggregation`); off when the chart grants the
+    operator no Spark rights (rbac.sparkAggregation: false), so it never touches those kinds."""
+    spark_driver_cluster_role: str = "keyrange-spark-driver"
+    """The ClusterRole Spark drivers' ServiceAccounts are bound to (installed by the chart)."""
 
     def __post_init__(self) -> None:
         if not 1 <= self.metrics_port <= 65535:

@@ -4,10 +4,12 @@ Native Spark on Kubernetes in client mode: a driver pod runs `keyrange aggregate
 k8s://https://kubernetes.default.svc` and Spark's scheduler creates executor pods itself. The
 driver runs as a Deployment of one (`mode: continuous`, Recreate: never two drivers on one
 checkpoint) or as a CronJob (`mode: schedule`, `--once`, Forbid: runs never overlap). Around it:
-a ServiceAccount with a Role allowing exactly what a Spark driver does (executor pods, their
-services, configmaps and volume claims), and a headless Service so executors reach the driver by
-name. A local `output` path becomes a ReadWriteMany PersistentVolumeClaim mounted at that path on
-the driver and every executor (executors write the Parquet files). `render_spark_application`
+a ServiceAccount bound (by a RoleBinding in the consumer's namespace) to the ClusterRole the chart
+installs for Spark drivers, which allows exactly what a driver does (its executor pods and their
+configmaps), and a headless Service so executors reach the driver by name. The operator itself
+holds no pod rights: it may bind that one ClusterRole (RBAC's `bind` verb), nothing else. A local
+`output` path becomes a ReadWriteMany PersistentVolumeClaim mounted at that path on the driver and
+every executor (executors write the Parquet files). `render_spark_application`
 renders the same job for the Kubeflow Spark Operator instead, when its CRD is installed.
 
 Plain values in, plain dicts out; the operator's reconcile applies them.
@@ -50,17 +52,18 @@ class SparkJobSettings:
     """Size of the ReadWriteMany claim created when `aggregation.output` is a local path."""
     storage_class: str | None = None
     """StorageClass of that claim (one that supports ReadWriteMany); None: the cluster's default."""
+    driver_cluster_role: str = "keyrange-spark-driver"
+    """The ClusterRole (installed by the chart) that drivers' ServiceAccounts are bound to."""
 
 
 def aggregation_name(name: str) -> str:
-    """Name of the driver Deployment/CronJob, its ServiceAccount, Role, RoleBinding and Service."""
+    """Name of the driver Deployment/CronJob, its ServiceAccount, RoleBinding and Service."""
     return f"{name}-aggregation"
 
 
 AGGREGATION_KINDS = (
-    ("v1", "ServiceAccount"), ("rbac.authorization.k8s.io/v1", "Role"),
-    ("rbac.authorization.k8s.io/v1", "RoleBinding"), ("v1", "Service"), ("apps/v1", "Deployment"),
-    ("batch/v1", "CronJob"), (SPARK_APPLICATION_API, "SparkApplication"),
+    ("v1", "ServiceAccount"), ("rbac.authorization.k8s.io/v1", "RoleBinding"), ("v1", "Service"),
+    ("apps/v1", "Deployment"), ("batch/v1", "CronJob"), (SPARK_APPLICATION_API, "SparkApplication"),
     (SPARK_APPLICATION_API, "ScheduledSparkApplication"),
 )
 """(apiVersion, kind) of every object named `aggregation_name` the operator may render. The data
@@ -243,20 +246,23 @@ def render_driver_service(name: str, namespace: str, owner: dict[str, Any]) -> d
     }
 
 
-def render_rbac(name: str, namespace: str, owner: dict[str, Any]) -> list[dict[str, Any]]:
-    """ServiceAccount, Role and RoleBinding: what a Spark driver needs to run its executors."""
+DRIVER_RULES = [
+    {"apiGroups": [""], "resources": ["pods", "configmaps"],
+     "verbs": ["create", "get", "list", "watch", "delete", "deletecollection"]},
+]
+"""What a client-mode Spark driver does with its token: create, watch and remove its executor pods
+and their configuration maps (the chart's driver ClusterRole grants exactly this)."""
+
+
+def render_rbac(name: str, namespace: str, owner: dict[str, Any], settings: SparkJobSettings) -> list[dict[str, Any]]:
+    """The driver's ServiceAccount, and a RoleBinding of it to the drivers' ClusterRole in this
+    namespace only (a RoleBinding to a ClusterRole grants its rules in the binding's namespace)."""
     metadata = _metadata(name, namespace, owner)
-    manage = ["create", "get", "list", "watch", "patch", "delete", "deletecollection"]
     return [
         {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": metadata},
-        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role", "metadata": metadata,
-         "rules": [
-             {"apiGroups": [""], "resources": ["pods"], "verbs": manage},
-             {"apiGroups": [""], "resources": ["services", "configmaps", "persistentvolumeclaims"],
-              "verbs": manage},
-         ]},
         {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding", "metadata": metadata,
-         "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": aggregation_name(name)},
+         "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
+                     "name": settings.driver_cluster_role},
          "subjects": [{"kind": "ServiceAccount", "name": aggregation_name(name), "namespace": namespace}]},
     ]
 
@@ -281,7 +287,7 @@ def render_spark_objects(name: str, namespace: str, spec: StreamConsumerSpec, ow
     if not spec.aggregation.enabled:
         return []
     claim = render_claim(name, namespace, spec, owner, settings)
-    return [*render_rbac(name, namespace, owner), *([claim] if claim else []),
+    return [*render_rbac(name, namespace, owner, settings), *([claim] if claim else []),
             render_driver_service(name, namespace, owner), render_driver(name, namespace, spec, owner, settings)]
 
 
