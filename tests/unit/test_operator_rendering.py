@@ -84,6 +84,17 @@ def test_a_spec_change_changes_the_pod_template_and_nothing_else_does() -> None:
         after["spec"]["template"]["metadata"]["annotations"][annotation]
 
 
+def test_kubectl_scale_does_not_roll_the_workers() -> None:
+    """`kubectl scale strc` writes spec.workers.replicas: the planner reacts by handoffs; restarting
+    every pod as well would turn one rescale into a rollout (seen against the real StatefulSet
+    controller)."""
+    before = rendering.render_statefulset("payments", "shop", SPEC, 1, OWNER, SETTINGS)
+    for workers in ({"min": 1, "max": 6, "replicas": 3}, {"min": 2, "max": 4}):
+        scaled = SPEC.model_copy(update={"workers": SPEC.workers.model_copy(update=workers)})
+        after = rendering.render_statefulset("payments", "shop", scaled, 1, OWNER, SETTINGS)
+        assert after["spec"]["template"] == before["spec"]["template"], workers
+
+
 def test_children_are_owned_by_the_streamconsumer() -> None:
     for obj in [*_all(), *rendering.render_optional("payments", "shop", SPEC, OWNER, SETTINGS)]:
         (ref,) = obj["metadata"]["ownerReferences"]

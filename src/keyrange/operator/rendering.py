@@ -18,7 +18,9 @@ from keyrange.spec import API_VERSION, KIND, SpecError, StreamConsumerSpec
 MAX_NAME_LENGTH = 45
 """Pod `<name>-worker-<ordinal>` and its controller-revision-hash label must fit in 63 chars."""
 SPEC_HASH_ANNOTATION = "keyrange.dev/spec-hash"
-"""On the pod template: changes with the StreamConsumer document, so a spec change rolls the pods."""
+"""On the pod template: changes with what workers read of the StreamConsumer document, so a spec
+change rolls the pods. `spec.workers` is left out: it bounds the planner, which rescales by
+handoffs (`kubectl scale` must not restart every pod too)."""
 CONSUMER_LABEL = "keyrange.dev/streamconsumer"
 SPEC_FILE_KEY = "streamconsumer.yaml"
 
@@ -150,7 +152,8 @@ def _container(spec: StreamConsumerSpec, settings: OperatorSettings) -> dict[str
 def render_statefulset(name: str, namespace: str, spec: StreamConsumerSpec, replicas: int,
                        owner: dict[str, Any], settings: OperatorSettings) -> dict[str, Any]:
     """The workers: ordinal = worker id in the range map; a rolling update replaces one pod at a time."""
-    spec_hash = hashlib.sha256(spec_document(name, namespace, spec).encode()).hexdigest()[:16]
+    unscaled = spec.model_copy(update={"workers": type(spec.workers)()})
+    spec_hash = hashlib.sha256(spec_document(name, namespace, unscaled).encode()).hexdigest()[:16]
     return {
         "apiVersion": "apps/v1", "kind": "StatefulSet",
         "metadata": {"name": worker_name(name), "namespace": namespace,
