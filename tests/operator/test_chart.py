@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -18,6 +17,7 @@ import pytest
 import yaml
 
 from tests.operator.crd_schema import CRD_PATH, ROOT, admit, admit_streamconsumer
+from tests.operator.kubecluster import helm_binary
 
 CHART = ROOT / "charts" / "keyrange"
 CI_VALUES = sorted((CHART / "ci").glob("*-values.yaml"))
@@ -27,10 +27,7 @@ VALUE_SETS = [None, *VALUES]
 
 
 def _helm_binary() -> str:
-    found = shutil.which("helm") or str(ROOT / ".tools" / "bin" / "helm")
-    if not os.access(found, os.X_OK):
-        pytest.fail("helm is not installed: run `make tools` (scripts/install-tools.sh)")
-    return found
+    return helm_binary()
 
 
 @pytest.fixture(scope="module")
@@ -94,7 +91,8 @@ def test_rendered_objects_are_valid(helm: Any, values: Path | None) -> None:
             _check_prometheus_operator_object(doc)
         else:
             kubernetes_validate.validate(doc, "1.30", strict=True)
-    assert {"CustomResourceDefinition", "Deployment", "Service"} <= kinds
+    assert {"Deployment", "Service"} <= kinds
+    assert ("CustomResourceDefinition" in kinds) == (values is None or values.stem != "minimal")
 
 
 def _check_prometheus_operator_object(doc: dict[str, Any]) -> None:
@@ -124,18 +122,24 @@ def test_defaults_run_one_cluster_wide_operator_with_least_privilege(helm: Any) 
     (container,) = pod["containers"]
     assert container["args"][0] == "operator"
     assert not any(a.startswith("--namespace") for a in container["args"])
-    assert "--peering=rel-keyrange" in container["args"]
+    assert "--lease=rel-keyrange" in container["args"] and "--lease-namespace=keyrange-system" in container["args"]
     assert pod["securityContext"]["runAsNonRoot"] is True
     assert container["livenessProbe"]["httpGet"]["path"] == "/healthz"
-    assert _by_kind(docs, "ClusterKopfPeering")[0]["metadata"]["name"] == "rel-keyrange"
-    rules = [r for role in _by_kind(docs, "ClusterRole") for r in role["rules"]]
+    (crd,) = _by_kind(docs, "CustomResourceDefinition")
+    assert crd["metadata"]["annotations"] == {"helm.sh/resource-policy": "keep"}
+    operator_roles = [r for r in _by_kind(docs, "ClusterRole") if not r["metadata"]["name"].endswith("-spark-driver")]
+    rules = [r for role in operator_roles for r in role["rules"]]
     for rule in rules:
         assert "*" not in rule["verbs"] and "*" not in rule["resources"] and "*" not in rule["apiGroups"]
-        assert not {"escalate", "bind", "impersonate"} & set(rule["verbs"])
+        assert not {"escalate", "impersonate"} & set(rule["verbs"])
+        if "bind" in rule["verbs"]:  # only the Spark drivers' ClusterRole, by name
+            assert rule["resources"] == ["clusterroles"] and rule["resourceNames"] == ["rel-keyrange-spark-driver"]
     granted = {(g, r) for rule in rules for g in rule["apiGroups"] for r in rule["resources"]}
     assert ("", "secrets") not in granted and ("", "nodes") not in granted
+    assert ("", "pods") not in granted  # no pod rights, not even for Spark
     assert ("keyrange.dev", "streamconsumers/status") in granted
-    assert ("rbac.authorization.k8s.io", "roles") in granted  # Spark drivers get their own Role
+    assert ("keyrange.dev", "streamconsumers/finalizers") in granted  # blockOwnerDeletion needs it
+    assert ("rbac.authorization.k8s.io", "roles") not in granted  # drivers are bound to the chart's ClusterRole
     token_env = {e["name"]: e.get("value") for e in container["env"]}
     assert token_env["KEYRANGE_WEBHOOK_TOKEN_FILE"] == "/var/run/keyrange/webhook/token"
     assert any(a.startswith("--webhook-port=") for a in container["args"])
@@ -147,7 +151,10 @@ def test_without_spark_the_operator_cannot_touch_pods_delete_or_write_rbac(helm:
     granted = {(g, r) for rule in rules for g in rule["apiGroups"] for r in rule["resources"]}
     assert ("", "pods") not in granted
     assert not any(g == "rbac.authorization.k8s.io" for g, _ in granted)
-    assert not any({"delete", "deletecollection"} & set(rule["verbs"]) for rule in rules)
+    assert not any({"delete", "deletecollection", "bind"} & set(rule["verbs"]) for rule in rules)
+    assert not any(r["metadata"]["name"].endswith("-spark-driver") for r in _by_kind(docs, "ClusterRole"))
+    (deployment,) = _by_kind(docs, "Deployment")
+    assert "--no-spark-aggregation" in deployment["spec"]["template"]["spec"]["containers"][0]["args"]
 
 
 def test_operator_rules_cover_every_kind_it_applies(helm: Any) -> None:
@@ -187,21 +194,23 @@ def test_operator_rules_let_it_delete_every_spark_kind_it_prunes(helm: Any) -> N
         assert {"get", "delete"} <= allowed, f"{kind}: the operator may only {sorted(allowed)}"
 
 
-def test_namespaced_mode_uses_roles_and_namespaced_peering(helm: Any) -> None:
+def test_namespaced_mode_uses_roles_per_namespace(helm: Any) -> None:
     docs = _render(helm, Path(__file__).parent / "chart_values" / "namespaced.yaml")
     (deployment,) = _by_kind(docs, "Deployment")
     args = deployment["spec"]["template"]["spec"]["containers"][0]["args"]
     assert "--namespace=team-a" in args and "--namespace=team-b" in args
-    assert {r["metadata"]["namespace"] for r in _by_kind(docs, "Role")} == {"team-a", "team-b"}
-    assert {p["metadata"]["namespace"] for p in _by_kind(docs, "KopfPeering")} == {"team-a", "team-b"}
-    assert [r["metadata"]["name"] for r in _by_kind(docs, "ClusterRole")] == ["rel-keyrange-discovery"]
+    roles = {(r["metadata"]["namespace"], r["metadata"]["name"]) for r in _by_kind(docs, "Role")}
+    assert roles == {("team-a", "rel-keyrange"), ("team-b", "rel-keyrange"),
+                     ("keyrange-system", "rel-keyrange-leader-election")}
+    assert sorted(r["metadata"]["name"] for r in _by_kind(docs, "ClusterRole")) == [
+        "rel-keyrange-discovery", "rel-keyrange-spark-driver"]
     image = deployment["spec"]["template"]["spec"]["containers"][0]["image"]
     assert image == "registry.example/keyrange:1.2.3" and "--image=registry.example/keyrange:1.2.3" in args
 
 
 def test_chart_crd_is_the_repository_crd() -> None:
-    assert (CHART / "crds" / CRD_PATH.name).read_bytes() == CRD_PATH.read_bytes(), \
-        "copy crds/streamconsumers.keyrange.dev.yaml into charts/keyrange/crds/"
+    assert (CHART / "files" / CRD_PATH.name).read_bytes() == CRD_PATH.read_bytes(), \
+        "copy crds/streamconsumers.keyrange.dev.yaml into charts/keyrange/files/"
 
 
 def test_invalid_values_are_rejected_by_the_schema(helm: Any, tmp_path: Path) -> None:
