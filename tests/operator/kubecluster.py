@@ -97,6 +97,17 @@ class ControlPlane:
         items = docs if isinstance(docs, list) else [docs]
         return self.kubectl("apply", "-f", "-", *extra, stdin=yaml.safe_dump_all(items)).stdout
 
+    def wait_established(self, crd: str, timeout: float = 60) -> None:
+        """Wait until the API server serves a CRD (`kubectl wait` fails while it has no conditions yet)."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            established = "jsonpath={.status.conditions[?(@.type=='Established')].status}"
+            found = self.kubectl("get", "crd", crd, "-o", established, check=False)
+            if found.stdout.strip() == "True":
+                return
+            time.sleep(0.2)
+        raise AssertionError(f"CRD {crd} not established after {timeout}s")
+
     def token(self, namespace: str, service_account: str, seconds: int = 3600) -> str:
         """A token for a ServiceAccount, from the TokenRequest API (what a pod gets projected)."""
         return self.kubectl("create", "token", service_account, "-n", namespace,

@@ -1,33 +1,35 @@
 """The operator's alert webhook end to end in the operator tier: the real kopf operator against the
-emulated API, the receiver started by `keyrange operator`'s side services (token from a mounted
-file), alerts posted over HTTP, and each decision landing in status.lastScaling and an Event."""
+real API server (as the chart's ServiceAccount), the receiver started by `keyrange operator`'s side
+services (token from a mounted file), alerts posted over HTTP, and each decision landing in
+status.lastScaling and an Event."""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import aiohttp
-import kopf
 import pytest
 import pytest_asyncio
 
 from keyrange.commands.operator import side_services
-from keyrange.operator.handlers import operator_memo, register_handlers
-from keyrange.operator.kube import Kube, new_api_client
 from keyrange.operator.rangecontrol import RangeStatus, ScaleOutcome, ScaleRequest
-from keyrange.operator.settings import OperatorSettings
 from keyrange.operator.webhook import TOKEN_FILE_ENV, WEBHOOK_PATH
 from keyrange.spec import StreamConsumerSpec
 from tests.integration.prometheus.stack import free_port
-from tests.operator.conftest import SC_PATH, Api, eventually
-from tests.unit.test_alerts import alert, payload
+from tests.operator.conftest import SC_PATH, Api, Release, admin_api, create_namespace, eventually, running_operator
+from tests.unit.test_alerts import alert as shop_alert
+from tests.unit.test_alerts import payload
 
-NS = "shop"
+NS = "autoscale-webhook"
+
+
+def alert(**kwargs: Any) -> dict[str, Any]:
+    """An alert about a consumer in this module's namespace."""
+    return shop_alert(namespace=NS, **kwargs)
 
 
 def consumer(name: str, **spec: Any) -> dict[str, Any]:
@@ -68,29 +70,34 @@ class SplittingControl:
 
 
 @pytest_asyncio.fixture
-async def webhook(cluster: Api, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[str]:
+async def cluster(release: Release, tmp_path: Path) -> AsyncIterator[Api]:
+    """An admin client; the namespace is emptied of StreamConsumers after each test."""
+    create_namespace(release.plane, NS)
+    async with admin_api(release.plane, "kafka:9092", "events") as api:
+        yield api.in_namespace(NS)
+
+
+@pytest_asyncio.fixture
+async def webhook(cluster: Api, release: Release, tmp_path: Path,
+                  monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[str]:
     """The operator with its webhook side service; yields the webhook URL."""
     (tmp_path / "token").write_text("from-secret\n")
     monkeypatch.setenv(TOKEN_FILE_ENV, str(tmp_path / "token"))
-    settings = OperatorSettings(image="keyrange:test", reconcile_interval_seconds=0.5)
-    memo = operator_memo(settings, kube=Kube(new_api_client()),
-                         range_control_factory=lambda ns, name, spec: SplittingControl(spec))
-    port = free_port()
-    services = side_services(argparse.Namespace(webhook_port=port, webhook_token=None), memo)
-    tasks = [asyncio.create_task(s) for s in services]
-    stop: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-    operator = asyncio.create_task(kopf.operator(registry=register_handlers(kopf.OperatorRegistry(), settings),
-                                                 memo=memo, clusterwide=True, standalone=True, stop_flag=stop))
-    try:
-        await eventually(lambda: _healthy(port), "the webhook to listen")
-        yield f"http://127.0.0.1:{port}{WEBHOOK_PATH}"
-    finally:
-        stop.set_result(None)
-        with contextlib.suppress(asyncio.CancelledError):
-            await asyncio.wait_for(operator, timeout=30)
-        for task in tasks:
-            task.cancel()
-        memo.controls.close_all()
+    async with running_operator(release, [NS], range_control_factory=lambda ns, name, spec: SplittingControl(spec)
+                                ) as memo:
+        port = free_port()
+        services = side_services(argparse.Namespace(webhook_port=port, webhook_token=None), memo)
+        tasks = [asyncio.create_task(s) for s in services]
+        try:
+            await eventually(lambda: _healthy(port), "the webhook to listen")
+            yield f"http://127.0.0.1:{port}{WEBHOOK_PATH}"
+        finally:
+            for task in tasks:
+                task.cancel()
+            # Leave nothing for the next test's operator (kopf's finalizer needs an operator).
+            # In a thread: kopf, in this event loop, must handle the deletion meanwhile.
+            await asyncio.to_thread(release.plane.kubectl, "delete", "streamconsumers", "--all", "-n", NS,
+                                    "--wait=true", "--timeout=60s")
 
 
 async def _healthy(port: int) -> bool:
@@ -119,10 +126,10 @@ async def test_alerts_scale_and_every_decision_is_recorded(cluster: Api, webhook
 
     last = await eventually(recorded, "status.lastScaling")
     assert (last["fromWorkers"], last["toWorkers"]) == (1, 2) and "KeyrangeLagHighRecords" in last["reason"]
-    assert cluster.count("POST", f"/namespaces/{NS}/events") >= 1
+    assert len(await _decision_events(cluster, "payments")) >= 1
 
     # The same episode again: a repeat, nothing new recorded.
-    events = cluster.count("POST", f"/namespaces/{NS}/events")
+    events = len(await _decision_events(cluster, "payments"))
     status, body = await post(webhook, payload(alert()))
     assert status == 200 and [v["outcome"] for v in body["verdicts"]] == ["repeat"]
     # A new episode at workers.max: refused, and recorded as such.
@@ -130,7 +137,9 @@ async def test_alerts_scale_and_every_decision_is_recorded(cluster: Api, webhook
     assert status == 200 and body["decisions"][0]["applied"] is False
     last = await eventually(lambda: _refused(cluster), "the refusal in status")
     assert "workers.max (2) reached" in last["message"]
-    assert cluster.count("POST", f"/namespaces/{NS}/events") == events + 1
+    await eventually(lambda: _events_are(cluster, "payments", events + 1), "one more Event")
+    await asyncio.sleep(1)  # a second, duplicate Event would be posted right after the first
+    assert len(await _decision_events(cluster, "payments")) == events + 1
 
 
 async def test_wrong_token_and_unknown_consumers(cluster: Api, webhook: str) -> None:
@@ -138,7 +147,7 @@ async def test_wrong_token_and_unknown_consumers(cluster: Api, webhook: str) -> 
     assert status == 401
     status, body = await post(webhook, payload(alert(consumer="ghost")))
     assert status == 200 and body["verdicts"][0]["outcome"] == "unknown-consumer"
-    assert cluster.count("POST", "/events") == 0
+    assert await _decision_events(cluster, "ghost") == []
 
 
 async def _scaled(url: str, one_alert: dict[str, Any]) -> dict[str, Any] | None:
@@ -150,3 +159,13 @@ async def _refused(cluster: Api) -> dict[str, Any] | None:
     obj = await cluster.get(f"{SC_PATH.format(ns=NS)}/payments")
     last = ((obj or {}).get("status") or {}).get("lastScaling") or {}
     return last if last.get("fromWorkers") == last.get("toWorkers") == 2 else None
+
+
+async def _decision_events(cluster: Api, name: str) -> list[dict[str, Any]]:
+    """The Events keyrange's operator recorded about StreamConsumer `name`."""
+    events = await cluster.events(NS, name)
+    return [e for e in events if (e.get("source") or {}).get("component") == "keyrange-operator"]
+
+
+async def _events_are(cluster: Api, name: str, count: int) -> bool:
+    return len(await _decision_events(cluster, name)) == count

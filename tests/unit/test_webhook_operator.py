@@ -1,6 +1,6 @@
 """The operator's alert webhook: alerts reach the consumer's range control; each decision lands in
-status.lastScaling and a Kubernetes Event (a recording stand-in for the API here; the kopf tier
-runs the operator itself against kmock)."""
+status.lastScaling and a Kubernetes Event (a recording stand-in for the API here; the operator
+tier runs the operator itself against a real kube-apiserver)."""
 
 from __future__ import annotations
 

@@ -1,0 +1,283 @@
+"""TEST CODE: a small node agent standing in for kube-scheduler and the kubelet, so that pods the
+real controllers create (the StatefulSet's workers) run on this machine as local processes.
+
+It registers a Node (and keeps its Lease in kube-node-lease fresh, so the node lifecycle controller
+keeps it Ready), binds pending pods of the namespaces it serves to that Node, and for each bound
+pod runs the first container's command and args, with its env, as a process from the project's
+venv. What a container would find in its filesystem is mapped to a folder per pod (ConfigMap and
+emptyDir volumes: paths in args and env that start with a mountPath are rewritten), and every
+containerPort to a free local port (an arg equal to the port is rewritten), since all pods share
+127.0.0.1. The pod is reported Running, and Ready once its readiness probe (httpGet) answers. On
+deletion it gets SIGTERM, SIGKILL after its grace period, then the pod object is removed; a process
+that exits is restarted as restartPolicy says. `processes=False` runs nothing and reports every
+bound pod Ready at once (for tests that need ready pods, not what runs in them).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+import socket
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+
+from tests.operator.conftest import Api
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _now() -> str:
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+@dataclass
+class PodProcess:
+    """One pod's running container."""
+
+    uid: str
+    proc: asyncio.subprocess.Process | None
+    ports: dict[int, int]
+    """containerPort -> local port."""
+    restarts: int = 0
+    ready: bool = False
+    started: float = field(default_factory=lambda: asyncio.get_running_loop().time())
+
+
+class TestNodeAgent:
+    """Scheduler + kubelet stand-in for the pods of `namespaces` (see the module docstring)."""
+
+    __test__ = False  # not a pytest test class
+
+    def __init__(self, api: Api, namespaces: list[str], workdir: Path, name: str = "test-node",
+                 processes: bool = True, before_stop: Callable[[str], None] | None = None) -> None:
+        self.api, self.namespaces, self.workdir, self.name = api, namespaces, workdir, name
+        self.processes = processes
+        self.before_stop = before_stop
+        """Called with a pod's name right before its process is stopped for deletion."""
+        self.pods: dict[tuple[str, str], PodProcess] = {}
+        self.started_pods: list[str] = []
+        """Pod names in the order their process started (restarts included)."""
+        self.stopped_pods: list[str] = []
+        """Pod names in the order they were stopped for deletion."""
+        self.crashes: list[str] = []
+        """One line per process that exited on its own (restarted as restartPolicy says)."""
+        self.errors: list[BaseException] = []
+        self._tasks: list[asyncio.Task[None]] = []
+
+    async def _register(self) -> None:
+        node = {"apiVersion": "v1", "kind": "Node", "metadata": {"name": self.name,
+                                                                 "labels": {"kubernetes.io/os": "linux"}}}
+        if await self.api.get(f"/api/v1/nodes/{self.name}") is None:
+            await self.api.create("/api/v1/nodes", node)
+        await self.api.patch(f"/api/v1/nodes/{self.name}/status", {"status": {
+            "conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady", "message": "test node agent",
+                            "lastHeartbeatTime": _now(), "lastTransitionTime": _now()}],
+            "capacity": {"cpu": "64", "memory": "256Gi", "pods": "500"},
+            "allocatable": {"cpu": "64", "memory": "256Gi", "pods": "500"},
+            "addresses": [{"type": "InternalIP", "address": "127.0.0.1"}]}})
+
+    async def _heartbeat(self) -> None:
+        path = f"/apis/coordination.k8s.io/v1/namespaces/kube-node-lease/leases/{self.name}"
+        while True:
+            now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+            spec = {"holderIdentity": self.name, "leaseDurationSeconds": 40, "renewTime": now}
+            if await self.api.get(path) is None:
+                await self.api.create(path.rsplit("/", 1)[0], {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+                                                               "metadata": {"name": self.name}, "spec": spec})
+            else:
+                await self.api.patch(path, {"spec": spec})
+            await asyncio.sleep(5)
+
+    async def _pods(self, namespace: str) -> list[dict[str, Any]]:
+        found = await self.api.get(f"/api/v1/namespaces/{namespace}/pods")
+        return list((found or {}).get("items") or [])
+
+    async def _tick(self) -> None:
+        for namespace in self.namespaces:
+            for pod in await self._pods(namespace):
+                await self._handle(namespace, pod)
+
+    async def _handle(self, namespace: str, pod: dict[str, Any]) -> None:
+        meta, spec = pod["metadata"], pod["spec"]
+        key = (namespace, meta["name"])
+        if not spec.get("nodeName"):
+            await self.api.create(f"/api/v1/namespaces/{namespace}/pods/{meta['name']}/binding", {
+                "apiVersion": "v1", "kind": "Binding", "metadata": {"name": meta["name"]},
+                "target": {"apiVersion": "v1", "kind": "Node", "name": self.name}})
+            return
+        if spec["nodeName"] != self.name:
+            return
+        running = self.pods.get(key)
+        if running is not None and running.uid != meta["uid"]:  # a new pod under an old name
+            await self._stop(key, 0)
+            running = None
+        if meta.get("deletionTimestamp"):
+            if running is not None:
+                await self._stop(key, int(meta.get("deletionGracePeriodSeconds") or 30))
+            await self.api.request("DELETE", f"/api/v1/namespaces/{namespace}/pods/{meta['name']}",
+                                   {"gracePeriodSeconds": 0, "preconditions": {"uid": meta["uid"]}},
+                                   "application/json")
+            return
+        if running is None:
+            running = self.pods[key] = await self._start(namespace, pod, 0)
+        elif running.proc is not None and running.proc.returncode is not None:
+            self.crashes.append(f"{meta['name']} exited {running.proc.returncode}")
+            policy = spec.get("restartPolicy", "Always")
+            if policy == "Always" or (policy == "OnFailure" and running.proc.returncode != 0):
+                running = self.pods[key] = await self._start(namespace, pod, running.restarts + 1)
+        await self._report(namespace, pod, running)
+
+    async def _files(self, namespace: str, pod: dict[str, Any], root: Path) -> dict[str, str]:
+        """Materialise ConfigMap, Secret and emptyDir volumes; mountPath -> local folder."""
+        volumes = {v["name"]: v for v in pod["spec"].get("volumes") or []}
+        mounts = {}
+        for mount in pod["spec"]["containers"][0].get("volumeMounts") or []:
+            volume = volumes[mount["name"]]
+            local = root / mount["name"]
+            local.mkdir(parents=True, exist_ok=True)
+            if "configMap" in volume:
+                cm = await self.api.get(f"/api/v1/namespaces/{namespace}/configmaps/{volume['configMap']['name']}")
+                for file, text in ((cm or {}).get("data") or {}).items():
+                    (local / file).write_text(text)
+            mounts[mount["mountPath"]] = str(local)
+        return mounts
+
+    async def _env(self, namespace: str, pod: dict[str, Any], container: dict[str, Any]) -> dict[str, str]:
+        env = {"HOSTNAME": pod["metadata"]["name"]}
+        fields = {"metadata.name": pod["metadata"]["name"], "metadata.namespace": namespace,
+                  "status.podIP": "127.0.0.1", "spec.nodeName": self.name}
+        for item in container.get("env") or []:
+            source = item.get("valueFrom") or {}
+            if "fieldRef" in source:
+                env[item["name"]] = fields[source["fieldRef"]["fieldPath"]]
+            elif "secretKeyRef" in source or "configMapKeyRef" in source:
+                raise NotImplementedError(f"the test node agent does not resolve {source}")
+            else:
+                env[item["name"]] = str(item.get("value", ""))
+        return env
+
+    async def _start(self, namespace: str, pod: dict[str, Any], restarts: int) -> PodProcess:
+        container = pod["spec"]["containers"][0]
+        ports = {int(p["containerPort"]): _free_port() for p in container.get("ports") or []}
+        running = PodProcess(pod["metadata"]["uid"], None, ports, restarts)
+        if not self.processes:
+            return running
+        root = self.workdir / namespace / pod["metadata"]["name"]
+        mounts = await self._files(namespace, pod, root)
+        env = await self._env(namespace, pod, container)
+
+        def local(value: str) -> str:
+            for path, folder in mounts.items():
+                if value == path or value.startswith(path.rstrip("/") + "/"):
+                    return folder + value[len(path.rstrip("/")):]
+            for port, host in ports.items():
+                if value == str(port):
+                    return str(host)
+            for name, val in env.items():
+                value = value.replace(f"$({name})", val)
+            return value
+
+        argv = [local(a) for a in [*(container.get("command") or []), *(container.get("args") or [])]]
+        argv[0] = str(Path(sys.executable).with_name(argv[0]))
+        log = open(root.with_suffix(".log"), "ab")  # noqa: SIM115 (lives with the process)
+        running.proc = await asyncio.create_subprocess_exec(
+            *argv, env={**os.environ, **{k: local(v) for k, v in env.items()}}, stdout=log, stderr=log,
+            start_new_session=True)
+        self.started_pods.append(pod["metadata"]["name"])
+        return running
+
+    async def _probe(self, container: dict[str, Any], running: PodProcess) -> bool:
+        if not self.processes:
+            return True
+        if running.proc is None or running.proc.returncode is not None:
+            return False
+        http = (container.get("readinessProbe") or {}).get("httpGet")
+        if http is None:
+            return True
+        port = http["port"]
+        if isinstance(port, str):
+            port = next(p["containerPort"] for p in container["ports"] if p.get("name") == port)
+        try:
+            async with aiohttp.ClientSession() as session, session.get(
+                    f"http://127.0.0.1:{running.ports[int(port)]}{http.get('path', '/')}",
+                    timeout=aiohttp.ClientTimeout(total=2)) as response:
+                return 200 <= response.status < 400
+        except (aiohttp.ClientError, TimeoutError):
+            return False
+
+    async def _report(self, namespace: str, pod: dict[str, Any], running: PodProcess) -> None:
+        container = pod["spec"]["containers"][0]
+        ready = await self._probe(container, running)
+        status = pod.get("status") or {}
+        conditions = {c["type"]: c["status"] for c in status.get("conditions") or []}
+        restarts = [c.get("restartCount") for c in status.get("containerStatuses") or []]
+        unchanged = conditions.get("Ready") == str(ready) and restarts == [running.restarts]
+        if status.get("phase") == "Running" and unchanged:
+            return
+        flag = "True" if ready else "False"
+        await self.api.patch(f"/api/v1/namespaces/{namespace}/pods/{pod['metadata']['name']}/status", {"status": {
+            "phase": "Running", "hostIP": "127.0.0.1", "podIP": "127.0.0.1", "podIPs": [{"ip": "127.0.0.1"}],
+            "startTime": status.get("startTime") or _now(),
+            "conditions": [{"type": t, "status": s, "lastTransitionTime": _now()} for t, s in (
+                ("PodScheduled", "True"), ("Initialized", "True"), ("ContainersReady", flag), ("Ready", flag))],
+            "containerStatuses": [{"name": container["name"], "image": container["image"], "imageID": "",
+                                   "ready": ready, "started": True, "restartCount": running.restarts,
+                                   "state": {"running": {"startedAt": _now()}}}]}})
+
+    async def _stop(self, key: tuple[str, str], grace_seconds: int) -> None:
+        if self.before_stop is not None:
+            self.before_stop(key[1])
+        running = self.pods.pop(key)
+        self.stopped_pods.append(key[1])
+        proc = running.proc
+        if proc is None or proc.returncode is not None:
+            return
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            await asyncio.wait_for(proc.wait(), timeout=max(grace_seconds, 1))
+        except TimeoutError:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            await proc.wait()
+
+    def local_port(self, namespace: str, pod: str, container_port: int) -> int:
+        """Where a pod's containerPort listens on this machine."""
+        return self.pods[(namespace, pod)].ports[container_port]
+
+    async def _loop(self) -> None:
+        while True:
+            try:
+                await self._tick()
+            except Exception as exc:  # surfaced by the test through `errors`, and in its log
+                logging.getLogger(__name__).exception("test node agent %s failed", self.name)
+                self.errors.append(exc)
+                raise
+            await asyncio.sleep(0.2)
+
+    async def __aenter__(self) -> TestNodeAgent:
+        await self._register()
+        self._tasks = [asyncio.create_task(self._heartbeat()), asyncio.create_task(self._loop())]
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        for task in self._tasks:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        self.before_stop = None
+        for key in list(self.pods):
+            await self._stop(key, 10)
