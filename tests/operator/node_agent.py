@@ -4,25 +4,31 @@ real controllers create (the StatefulSet's workers) run on this machine as local
 It registers a Node (and keeps its Lease in kube-node-lease fresh, so the node lifecycle controller
 keeps it Ready), binds pending pods of the namespaces it serves to that Node, and for each bound
 pod runs the first container's command and args, with its env, as a process from the project's
-venv. What a container would find in its filesystem is mapped to a folder per pod (ConfigMap and
-emptyDir volumes: paths in args and env that start with a mountPath are rewritten), and every
-containerPort to a free local port (an arg equal to the port is rewritten), since all pods share
-127.0.0.1. The pod is reported Running, and Ready once its readiness probe (httpGet) answers. On
-deletion it gets SIGTERM, SIGKILL after its grace period, then the pod object is removed; a process
-that exits is restarted as restartPolicy says. `processes=False` runs nothing and reports every
-bound pod Ready at once (for tests that need ready pods, not what runs in them).
+venv (a container without a command runs the image's entrypoint, `keyrange`). What a container
+would find in its filesystem is mapped to a folder per pod (ConfigMap, Secret and emptyDir volumes:
+paths in args and env that start with a mountPath are rewritten), and every containerPort to a free
+local port (an arg equal to the port, `--flag=PORT`, or `:PORT` in a URL is rewritten), since all
+pods share 127.0.0.1. Instead of a projected service-account token, a pod whose ServiceAccount
+token is mounted gets $KUBECONFIG pointing at a kubeconfig with a token from the TokenRequest API
+for that ServiceAccount (what the kubelet would project). The pod is reported Running, and Ready
+once its readiness probe (httpGet) answers. On deletion it gets SIGTERM, SIGKILL after its grace
+period, then the pod object is removed; a process that exits is restarted as restartPolicy says.
+`processes=False` runs nothing and reports every bound pod Ready at once (for tests that need
+ready pods, not what runs in them).
 """
 
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import logging
 import os
+import re
 import signal
 import socket
 import sys
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -62,11 +68,14 @@ class TestNodeAgent:
     __test__ = False  # not a pytest test class
 
     def __init__(self, api: Api, namespaces: list[str], workdir: Path, name: str = "test-node",
-                 processes: bool = True, before_stop: Callable[[str], None] | None = None) -> None:
+                 processes: bool = True, before_stop: Callable[[str], None] | None = None,
+                 token_kubeconfig: Callable[[str, str, Path], Awaitable[Path]] | None = None) -> None:
         self.api, self.namespaces, self.workdir, self.name = api, namespaces, workdir, name
         self.processes = processes
         self.before_stop = before_stop
         """Called with a pod's name right before its process is stopped for deletion."""
+        self.token_kubeconfig = token_kubeconfig
+        """(namespace, ServiceAccount, pod folder) -> a kubeconfig with that account's token."""
         self.pods: dict[tuple[str, str], PodProcess] = {}
         self.started_pods: list[str] = []
         """Pod names in the order their process started (restarts included)."""
@@ -114,9 +123,12 @@ class TestNodeAgent:
         meta, spec = pod["metadata"], pod["spec"]
         key = (namespace, meta["name"])
         if not spec.get("nodeName"):
-            await self.api.create(f"/api/v1/namespaces/{namespace}/pods/{meta['name']}/binding", {
-                "apiVersion": "v1", "kind": "Binding", "metadata": {"name": meta["name"]},
-                "target": {"apiVersion": "v1", "kind": "Node", "name": self.name}})
+            status, body = await self.api.request(
+                "POST", f"/api/v1/namespaces/{namespace}/pods/{meta['name']}/binding",
+                {"apiVersion": "v1", "kind": "Binding", "metadata": {"name": meta["name"], "uid": meta["uid"]},
+                 "target": {"apiVersion": "v1", "kind": "Node", "name": self.name}}, "application/json")
+            # 404/409: the pod went, or was bound, since the listing (a scheduler races the same way).
+            assert status in (200, 201, 404, 409), body
             return
         if spec["nodeName"] != self.name:
             return
@@ -152,6 +164,10 @@ class TestNodeAgent:
                 cm = await self.api.get(f"/api/v1/namespaces/{namespace}/configmaps/{volume['configMap']['name']}")
                 for file, text in ((cm or {}).get("data") or {}).items():
                     (local / file).write_text(text)
+            elif "secret" in volume:
+                secret = await self.api.get(f"/api/v1/namespaces/{namespace}/secrets/{volume['secret']['secretName']}")
+                for file, data in ((secret or {}).get("data") or {}).items():
+                    (local / file).write_bytes(base64.b64decode(data))
             mounts[mount["mountPath"]] = str(local)
         return mounts
 
@@ -190,7 +206,19 @@ class TestNodeAgent:
                 value = value.replace(f"$({name})", val)
             return value
 
-        argv = [local(a) for a in [*(container.get("command") or []), *(container.get("args") or [])]]
+        def mapped(arg: str) -> str:
+            flag, sep, value = arg.partition("=")
+            if sep and flag.startswith("--"):
+                return f"{flag}={mapped(value)}"
+            for port, host in ports.items():
+                arg = re.sub(rf":{port}(?=/|$)", f":{host}", arg)
+            return local(arg)
+
+        command = container.get("command") or ["keyrange"]  # the image's entrypoint
+        argv = [mapped(a) for a in [*command, *(container.get("args") or [])]]
+        if pod["spec"].get("automountServiceAccountToken", True) and self.token_kubeconfig is not None:
+            account = pod["spec"].get("serviceAccountName") or "default"
+            env["KUBECONFIG"] = str(await self.token_kubeconfig(namespace, account, root))
         argv[0] = str(Path(sys.executable).with_name(argv[0]))
         log = open(root.with_suffix(".log"), "ab")  # noqa: SIM115 (lives with the process)
         running.proc = await asyncio.create_subprocess_exec(
@@ -228,7 +256,8 @@ class TestNodeAgent:
         if status.get("phase") == "Running" and unchanged:
             return
         flag = "True" if ready else "False"
-        await self.api.patch(f"/api/v1/namespaces/{namespace}/pods/{pod['metadata']['name']}/status", {"status": {
+        status_path = f"/api/v1/namespaces/{namespace}/pods/{pod['metadata']['name']}/status"
+        code, body = await self.api.request("PATCH", status_path, {"status": {
             "phase": "Running", "hostIP": "127.0.0.1", "podIP": "127.0.0.1", "podIPs": [{"ip": "127.0.0.1"}],
             "startTime": status.get("startTime") or _now(),
             "conditions": [{"type": t, "status": s, "lastTransitionTime": _now()} for t, s in (
@@ -236,6 +265,7 @@ class TestNodeAgent:
             "containerStatuses": [{"name": container["name"], "image": container["image"], "imageID": "",
                                    "ready": ready, "started": True, "restartCount": running.restarts,
                                    "state": {"running": {"startedAt": _now()}}}]}})
+        assert code in (200, 404), body  # 404: deleted since the listing
 
     async def _stop(self, key: tuple[str, str], grace_seconds: int) -> None:
         if self.before_stop is not None:
