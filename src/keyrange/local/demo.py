@@ -22,6 +22,7 @@ from typing import Any, TextIO
 import orjson
 from confluent_kafka import Consumer, TopicPartition
 
+from keyrange.kafkaclients import KafkaClients
 from keyrange.loadgen import LoadShape
 from keyrange.local.demo_aggregation import AggregationSection, aggregate, render_section
 from keyrange.local.load import LoadTotals, Phase, produce_phases
@@ -79,8 +80,7 @@ class DemoReport:
 
 def read_values(bootstrap: str, topic: str, timeout_seconds: float = 60.0) -> list[dict[str, Any]]:
     """Every JSON value of `topic` (read_committed), until 2 s pass with nothing new."""
-    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"demo-report-{time.time_ns()}",
-                         "enable.auto.commit": False, "isolation.level": "read_committed", "log_level": 3})
+    consumer = Consumer(KafkaClients(bootstrap).consumer(f"demo-report-{time.time_ns()}"))
     try:
         parts = consumer.list_topics(topic, timeout=10).topics[topic].partitions
         consumer.assign([TopicPartition(topic, p, 0) for p in parts])
