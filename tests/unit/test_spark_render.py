@@ -5,9 +5,9 @@ SparkApplication against the part of the Spark Operator's v1beta2 schema it uses
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 from typing import Any
 
-import jsonschema
 import kubernetes_validate
 import pytest
 
@@ -171,37 +171,47 @@ def test_pod_memory_is_heap_plus_spark_overhead(memory, mib):
     assert pod_memory_mib(memory) == mib
 
 
-# The fields of sparkoperator.k8s.io/v1beta2 that keyrange sets, transcribed from the Kubeflow
-# Spark Operator's CRD (config/crd/bases/sparkoperator.k8s.io_sparkapplications.yaml).
-_ROLE = {"type": "object", "additionalProperties": False, "properties": {
-    "cores": {"type": "integer", "minimum": 1}, "memory": {"type": "string"},
-    "instances": {"type": "integer", "minimum": 0}, "serviceAccount": {"type": "string"},
-    "labels": {"type": "object", "additionalProperties": {"type": "string"}},
-    "volumeMounts": {"type": "array", "items": {"type": "object", "required": ["name", "mountPath"]}},
-}}
-_APP = {"type": "object", "required": ["driver", "executor", "sparkVersion", "type"], "additionalProperties": False,
-        "properties": {
-            "type": {"enum": ["Java", "Python", "Scala", "R"]}, "pythonVersion": {"enum": ["2", "3"]},
-            "mode": {"enum": ["cluster", "client", "in-cluster-client"]}, "image": {"type": "string"},
-            "imagePullPolicy": {"type": "string"}, "mainApplicationFile": {"type": "string"},
-            "arguments": {"type": "array", "items": {"type": "string"}}, "sparkVersion": {"type": "string"},
-            "restartPolicy": {"type": "object", "properties": {
-                "type": {"enum": ["Never", "Always", "OnFailure"]}, "onFailureRetries": {"type": "integer"}}},
-            "driver": _ROLE, "executor": _ROLE,
-            "volumes": {"type": "array", "items": {"type": "object", "required": ["name"]}},
-        }}
-SPARK_APPLICATION = {"type": "object", "required": ["apiVersion", "kind", "metadata", "spec"], "properties": {
-    "apiVersion": {"const": "sparkoperator.k8s.io/v1beta2"}, "kind": {"const": "SparkApplication"}, "spec": _APP}}
-SCHEDULED = {"type": "object", "required": ["apiVersion", "kind", "metadata", "spec"], "properties": {
-    "apiVersion": {"const": "sparkoperator.k8s.io/v1beta2"}, "kind": {"const": "ScheduledSparkApplication"},
-    "spec": {"type": "object", "required": ["schedule", "template"], "properties": {
-        "schedule": {"type": "string"}, "concurrencyPolicy": {"enum": ["Allow", "Forbid", "Replace"]},
-        "template": _APP}}}}
+def _unknown_fields(model: type[Any], data: dict[str, Any], path: str = "") -> list[str]:
+    """Keys of `data` that `model` (a kubeflow-spark-api model) does not declare, recursively.
+    Its models ignore unknown keys when validating; the CRD's structural schema would prune them."""
+    import typing
+
+    from pydantic import BaseModel
+
+    def models(annotation: Any) -> list[type[BaseModel]]:
+        if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+            return [annotation]
+        return [m for arg in typing.get_args(annotation) for m in models(arg)]
+
+    fields = {f.alias or name: f for name, f in model.model_fields.items()}
+    problems = []
+    for key, value in data.items():
+        if key not in fields:
+            problems.append(f"{path}{key}")
+            continue
+        for sub in models(fields[key].annotation):
+            items = value if isinstance(value, list) else [value]
+            for item in items:
+                if isinstance(item, dict):
+                    problems += _unknown_fields(sub, item, f"{path}{key}.")
+    return problems
+
+
+def _validate_spark_operator_object(obj: dict[str, Any]) -> None:
+    """Validate against the Kubeflow Spark Operator's own API models (PyPI kubeflow-spark-api,
+    generated from the operator's API types): every key declared, every value of its type."""
+    from kubeflow_spark_api.models import SparkV1beta2ScheduledSparkApplication, SparkV1beta2SparkApplication
+
+    model = {"SparkApplication": SparkV1beta2SparkApplication,
+             "ScheduledSparkApplication": SparkV1beta2ScheduledSparkApplication}[obj["kind"]]
+    assert obj["apiVersion"] == "sparkoperator.k8s.io/v1beta2"
+    assert _unknown_fields(model, obj) == []
+    model.from_dict(obj)  # raises on a wrong type or a missing required field
 
 
 def test_spark_application_for_the_spark_operator():
     app = render_spark_application("payments", "shop", _spec(executors=2), OWNER, SETTINGS)
-    jsonschema.validate(app, SPARK_APPLICATION)
+    _validate_spark_operator_object(app)
     spec = app["spec"]
     assert spec["mainApplicationFile"].endswith("keyrange/aggregation/__main__.py")
     assert spec["restartPolicy"] == {"type": "Always"}
@@ -213,5 +223,19 @@ def test_spark_application_for_the_spark_operator():
 
     scheduled = render_spark_application("payments", "shop", _spec(mode="schedule", schedule="@hourly"),
                                          OWNER, SETTINGS)
-    jsonschema.validate(scheduled, SCHEDULED)
+    _validate_spark_operator_object(scheduled)
     assert _parse_cli(["aggregate", *scheduled["spec"]["template"]["arguments"]]).continuous is False
+
+
+def test_the_spark_operator_runs_the_installed_spark_with_the_images_kafka_connector():
+    from keyrange.aggregation.connector import IMAGE_TOOLS, pyspark_version
+
+    app = render_spark_application("payments", "shop", _spec(), OWNER, SETTINGS)["spec"]
+    assert app["sparkVersion"] == pyspark_version()
+    classpath = f"{IMAGE_TOOLS}/spark-jars/{pyspark_version()}/*"
+    assert app["sparkConf"] == {"spark.driver.extraClassPath": classpath, "spark.executor.extraClassPath": classpath}
+    dockerfile = (Path(__file__).resolve().parents[2] / "Dockerfile").read_text()
+    assert f"install-spark-connector.sh {IMAGE_TOOLS} " in dockerfile  # where the image puts the jars
+    with pytest.raises(AssertionError):  # the check does catch a key the operator does not know
+        _validate_spark_operator_object({**render_spark_application("p", "s", _spec(), OWNER, SETTINGS),
+                                         "spec": {**app, "sparkConfig": {}}})

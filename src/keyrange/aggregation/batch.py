@@ -116,8 +116,11 @@ class BatchAggregator:
             # Counted while written (no job of its own). One directory per minute and batch id,
             # and only those directories are overwritten (dynamic partition overwrite): a replay
             # replaces exactly its own files.
+            # One task per core rather than per Kafka partition: a few larger files per minute,
+            # cheaper to write now and to list and read back for later batches.
             written = Observation()
             (fresh.select("minute", F.lit(batch_id).alias("batch"), *tables.RECORD_COLUMNS)
+             .coalesce(self._spark.sparkContext.defaultParallelism)
              .observe(written, F.count(F.lit(1)).alias("rows"))
              .write.mode("overwrite").option("partitionOverwriteMode", "dynamic").partitionBy("minute", "batch")
              .parquet(f"{self.root}/{store.RECORDS}"))

@@ -22,11 +22,26 @@ JARS_ENV = "KEYRANGE_SPARK_JARS"
 """A folder holding the connector's jars; wins over the tools folder (`$KEYRANGE_TOOLS`)."""
 
 
-def pyspark_version() -> str:
-    """The installed PySpark's version (the connector must be this very version)."""
-    import pyspark
+IMAGE_TOOLS = "/opt/keyrange/tools"
+"""The tools folder inside keyrange's Docker image (the Dockerfile installs the connector there)."""
 
-    return str(pyspark.__version__)
+
+def pyspark_version() -> str:
+    """The installed PySpark's version (the connector must be this very version); read from the
+    package's metadata, so it costs no import of pyspark."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("pyspark")
+    except PackageNotFoundError:
+        raise SparkSetupError("pyspark is not installed; the aggregation job needs the spark extra: "
+                              "pip install 'keyrange[spark]'") from None
+
+
+def image_classpath(version: str | None = None) -> str:
+    """The connector's jars inside keyrange's image, as a JVM classpath entry (`folder/*`): what a
+    driver or executor started by spark-submit from that image puts on its classpath."""
+    return f"{IMAGE_TOOLS}/spark-jars/{version or pyspark_version()}/*"
 
 
 def package_coordinate(version: str | None = None) -> str:

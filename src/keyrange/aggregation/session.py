@@ -10,6 +10,10 @@ from typing import Any
 
 from keyrange.errors import UserError
 
+LOCAL_DRIVER_MEMORY = "2g"
+"""Heap of a local session's JVM (driver and executor in one); `--conf spark.driver.memory=...`
+overrides it."""
+
 
 class SparkSetupError(UserError, RuntimeError):
     """Spark cannot start here: pyspark, pyarrow or Java is missing."""
@@ -65,6 +69,9 @@ def spark_session(master: str | None = "local[2]", app_name: str = "keyrange-agg
         # One Python worker process per core, reused by every task (a new one takes seconds to
         # start and connect back on a busy machine). Spark's default, stated because it matters.
         .config("spark.python.worker.reuse", "true")
+        # Writing records partitioned by minute and batch would sort every task's rows by those
+        # columns first; a few open writers per task (one per minute touched) need no sort.
+        .config("spark.sql.maxConcurrentOutputFileWriters", "16")
     )
     if master is not None:
         builder = builder.master(master)
@@ -78,10 +85,17 @@ def spark_session(master: str | None = "local[2]", app_name: str = "keyrange-agg
             # to coalesce or split partitions; with a couple of small partitions per batch there
             # is nothing to gain and the extra round trips cost seconds per micro-batch.
             .config("spark.sql.adaptive.enabled", "false")
+            # In local mode the driver's JVM is the executor too: the default 1g heap spends a
+            # micro-batch of 500,000 cached records in garbage collection. Read before the JVM
+            # starts (PySpark passes it to spark-submit).
+            .config("spark.driver.memory", LOCAL_DRIVER_MEMORY)
         )
     extra_conf = extra_conf or {}
     # The classpath is fixed when the JVM starts: later sessions of this process get the same.
-    extra_conf = {**extra_conf, **spark_jars_conf(extra_conf, required=kafka_connector)}
+    # Under spark-submit (master None) the submitter's --jars, --packages or extraClassPath
+    # may already bring the connector, which this process cannot see: add it only if installed.
+    required = kafka_connector and master is not None
+    extra_conf = {**extra_conf, **spark_jars_conf(extra_conf, required=required)}
     for key, value in extra_conf.items():
         builder = builder.config(key, value)
     spark = builder.getOrCreate()

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlparse
 
+from keyrange.aggregation.connector import image_classpath, pyspark_version
 from keyrange.errors import UserError
 from keyrange.operator.rendering import CONSUMER_LABEL, kafka_secret_env, owner_reference
 from keyrange.spec import StreamConsumerSpec
@@ -310,7 +311,11 @@ def render_spark_application(name: str, namespace: str, spec: StreamConsumerSpec
         "imagePullPolicy": settings.image_pull_policy,
         "mainApplicationFile": MAIN_FILE,
         "arguments": args,
-        "sparkVersion": "4.0.0",
+        "sparkVersion": pyspark_version(),
+        # Spark's Kafka connector, which the image carries (see Dockerfile), on the classpath of
+        # the driver and the executors that spark-submit starts from the image.
+        "sparkConf": {"spark.driver.extraClassPath": image_classpath(),
+                      "spark.executor.extraClassPath": image_classpath()},
         "restartPolicy": ({"type": "Always"} if agg.mode == "continuous"
                           else {"type": "OnFailure", "onFailureRetries": 2}),
         "driver": {"cores": 1, "memory": agg.driver_memory, "serviceAccount": aggregation_name(name),
