@@ -1,10 +1,11 @@
 """The `foreachBatch` function: one micro-batch of processed records merged into the stored tables.
 
 Spark jobs per micro-batch with new records:
-1. read the batch from Kafka into the cache, parse it, count it per minute (the one Kafka read);
-2. find the duplicates: one aggregation over the batch's uuids and the stored uuids of the minutes
-   it touches (a narrow shuffle of uuid and position); the few duplicates come back to the driver
-   and are dropped from the batch by a broadcast join, so the wide rows never shuffle for it;
+1. read the batch from Kafka into the cache, parse it, and bring each record's key (status,
+   minute, uuid, sink position) back to the driver as Arrow (the one Kafka read);
+2. if earlier batches stored records in the minutes it touches: read their uuids (a scan, no
+   shuffle); the driver finds the duplicates (`dedup`, vectorized) and the batch drops them with a
+   broadcast join, so rows are never shuffled for deduplication;
 3. write the new records' uuid and timings, counting them as they are written;
 4. one job per table (clients, workers, windows).
 Stored Parquet is always read with a known schema: inferring one would cost a Spark job.
@@ -17,7 +18,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from keyrange.aggregation import retention, store, tables
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from keyrange.aggregation import dedup, retention, store, tables
 
 
 @dataclass
@@ -80,12 +84,14 @@ class BatchAggregator:
         horizon = self._retention.horizon_ms(high_water)
         parsed = tables.parse_processed(raw, horizon).persist()
         try:
-            counts = parsed.groupBy("status", "minute").agg(F.count(F.lit(1)).alias("n"),
-                                                            F.max("created_ms").alias("newest")).collect()
-            by_status = {s: sum(r["n"] for r in counts if r["status"] == s) for s in tables.STATUSES}
-            minutes = sorted({r["minute"] for r in counts if r["status"] == tables.FRESH})
-            newest = max((r["newest"] for r in counts if r["status"] == tables.FRESH), default=None)
-            added = self._add(parsed.where(F.col("status") == tables.FRESH), batch_id, minutes) if minutes else 0
+            # The one job that reads Kafka: it fills the cache and brings each record's key back.
+            keys = parsed.select(*tables.KEY_COLUMNS).toArrow()
+            by_status = {s: 0 for s in tables.STATUSES} | dedup.status_counts(keys["status"])
+            fresh_keys = keys.filter(pc.equal(keys["status"], tables.FRESH))
+            minutes = sorted(pc.unique(fresh_keys["minute"]).to_pylist())
+            newest = pc.max(fresh_keys["created_ms"]).as_py()
+            added = self._add(parsed.where(F.col("status") == tables.FRESH), fresh_keys, batch_id,
+                              minutes) if minutes else 0
         finally:
             parsed.unpersist()
         if added:
@@ -103,16 +109,18 @@ class BatchAggregator:
         if self._progress:
             self._progress(batch_id, s)
 
-    def _add(self, valid: Any, batch_id: int, minutes: list[int]) -> int:
+    def _add(self, valid: Any, keys: pa.Table, batch_id: int, minutes: list[int]) -> int:
         """Store the batch's records not stored before and merge them into the tables; how many."""
         from pyspark.sql import Observation
         from pyspark.sql import functions as F
 
         earlier = self._earlier_records(batch_id, minutes)
+        earlier_uuids = None
         if earlier is not None:
             earlier = earlier.persist()  # read by the dedup and again by the window recomputation
+            earlier_uuids = earlier.select("uuid").toArrow()["uuid"]
         try:
-            fresh = self._first_deliveries(valid, earlier)
+            fresh = self._first_deliveries(valid, dedup.duplicate_winners(keys, earlier_uuids))
             # Counted while written (no job of its own). One directory per minute and batch id,
             # and only those directories are overwritten (dynamic partition overwrite): a replay
             # replaces exactly its own files.
@@ -135,15 +143,13 @@ class BatchAggregator:
                 earlier.unpersist()
         return added
 
-    def _first_deliveries(self, valid: Any, earlier: Any) -> Any:
+    def _first_deliveries(self, valid: Any, winners: pa.Table) -> Any:
         """`valid` without the copies of uuids delivered before (earlier in this batch, or stored)."""
         from pyspark.sql import functions as F
 
-        winners = tables.duplicate_winners(valid, earlier).collect()
-        if not winners:
+        if not winners.num_rows:
             return valid
-        losers = self._spark.createDataFrame(winners, tables.WINNER_SCHEMA)
-        kept = valid.join(F.broadcast(losers), "uuid", "left")
+        kept = valid.join(F.broadcast(self._spark.createDataFrame(winners)), "uuid", "left")
         first = (F.col("win_partition") == F.col("sink_partition")) & (F.col("win_offset") == F.col("sink_offset"))
         return kept.where(F.col("win_partition").isNull() | first).drop("win_partition", "win_offset")
 

@@ -100,6 +100,11 @@ def spark_session(master: str | None = "local[2]", app_name: str = "keyrange-agg
         builder = builder.config(key, value)
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("WARN")
+    # Parquet warns whenever several files are open at once in a task (one per minute a
+    # micro-batch touches) and it shrinks their row groups to fit: expected here, not a problem.
+    jvm: Any = spark.sparkContext._jvm
+    jvm.org.apache.logging.log4j.core.config.Configurator.setLevel(
+        "org.apache.parquet.hadoop.MemoryManager", jvm.org.apache.logging.log4j.Level.ERROR)
     register(spark)
     return spark
 

@@ -40,8 +40,8 @@ RECORD_COLUMNS = ["uuid", *WINDOW_INPUT]
 STORED_RECORD_COLUMNS = "uuid string, created_ms long, started_ms long, finished_ms long, minute long, batch long"
 """The stored records' schema (`minute` and `batch` are partition directories); reading with it
 skips Spark's schema inference job."""
-WINNER_SCHEMA = "uuid string, win_partition int, win_offset long"
-"""`duplicate_winners` rows: a uuid seen more than once, and where its counted copy sits."""
+KEY_COLUMNS = ["status", "minute", "created_ms", "uuid", "sink_partition", "sink_offset"]
+"""What the driver gets back of every record of a micro-batch (counts, minutes, deduplication)."""
 FRESH, LATE, INVALID = "fresh", "late", "invalid"
 STATUSES = (FRESH, LATE, INVALID)
 """`status` of a parsed record: to aggregate (if not a duplicate), older than the retention
@@ -84,24 +84,6 @@ def _status(valid: Column, horizon_ms: int | None) -> Column:
     if horizon_ms is not None:
         status = status.when(F.col("r.created") < F.lit(horizon_ms), F.lit(LATE))
     return status.otherwise(F.lit(FRESH))
-
-
-def duplicate_winners(records: DataFrame, earlier: DataFrame | None) -> DataFrame:
-    """Uuids that `records` has more than once or that are stored already (`earlier`), with the
-    position of the copy that counts: the first in the log (lowest sink partition, then offset),
-    and none of this batch's if an earlier batch stored it (position -1).
-
-    Only uuid and position are shuffled. A uuid's copies share a key (its clientId), hence a sink
-    partition, so "first" is the log's order; a re-delivery repeats its original's `created`,
-    hence its minute, so `earlier` needs only the minutes this batch touches.
-    """
-    keys = records.select("uuid", F.col("sink_partition").alias("p"), F.col("sink_offset").alias("o"))
-    if earlier is not None:
-        keys = keys.unionByName(earlier.select("uuid", F.lit(-1).alias("p"), F.lit(-1).cast("long").alias("o")))
-    first = F.min(F.struct("p", "o"))
-    return (keys.groupBy("uuid").agg(F.count(F.lit(1)).alias("copies"), first.alias("first"))
-            .where("copies > 1")
-            .select("uuid", F.col("first.p").alias("win_partition"), F.col("first.o").alias("win_offset")))
 
 
 def client_partials(records: DataFrame) -> DataFrame:

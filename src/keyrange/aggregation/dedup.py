@@ -1,0 +1,50 @@
+"""Which copies of a micro-batch's records are duplicates, decided on the driver with Arrow.
+
+A micro-batch's keys (uuid and sink position of each valid record, a few tens of bytes a record,
+at most the micro-batch cap) come back to the driver in the same Spark job that reads and
+caches the batch; the stored uuids of the minutes it touches come back in one scan. Grouping them
+here, vectorized, costs no shuffle and no Spark job of its own, which matters most for the small
+micro-batches of continuous mode. Pure pyarrow: no Spark needed to test it.
+
+The copy that counts is the first in the log: the lowest sink partition, then offset (a uuid's
+copies share a key, its clientId, hence a partition), and never one of this batch's if an earlier
+batch stored the uuid.
+"""
+
+from __future__ import annotations
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+LOSER_SCHEMA = pa.schema([("uuid", pa.string()), ("win_partition", pa.int32()), ("win_offset", pa.int64())])
+"""A uuid with copies to drop, and where its counted copy sits (-1, -1: stored by an earlier batch)."""
+_OFFSET_BITS = 40
+"""Sink offsets stay below 2**40 (a trillion records per partition); the partition goes above."""
+
+
+def duplicate_winners(keys: pa.Table, earlier_uuids: pa.Array | pa.ChunkedArray | None) -> pa.Table:
+    """For every uuid in `keys` (columns uuid, sink_partition, sink_offset) that appears more than
+    once or in `earlier_uuids`: the position of its counted copy (LOSER_SCHEMA). Copies of the
+    batch at any other position are duplicates."""
+    if keys.num_rows == 0:
+        return LOSER_SCHEMA.empty_table()
+    position = pc.add(pc.shift_left(pc.cast(keys["sink_partition"], pa.int64()), _OFFSET_BITS),
+                      keys["sink_offset"])
+    grouped = (pa.table({"uuid": keys["uuid"], "position": position})
+               .group_by("uuid").aggregate([("position", "min"), ("position", "count")]))
+    if earlier_uuids is not None and len(earlier_uuids):
+        in_store = pc.is_in(grouped["uuid"], value_set=pa.array(earlier_uuids, pa.string()))
+    else:
+        in_store = pa.repeat(False, grouped.num_rows)
+    wanted = pc.or_(pc.greater(grouped["position_count"], 1), in_store)
+    chosen, stored = grouped.filter(wanted), pc.filter(in_store, wanted)
+    first = chosen["position_min"]
+    partition = pc.if_else(stored, -1, pc.cast(pc.shift_right(first, _OFFSET_BITS), pa.int32()))
+    offset = pc.if_else(stored, -1, pc.bit_wise_and(first, (1 << _OFFSET_BITS) - 1))
+    return pa.table({"uuid": chosen["uuid"], "win_partition": pc.cast(partition, pa.int32()),
+                     "win_offset": pc.cast(offset, pa.int64())}, schema=LOSER_SCHEMA)
+
+
+def status_counts(statuses: pa.Array | pa.ChunkedArray) -> dict[str, int]:
+    """How many records have each status."""
+    return {str(row["values"]): int(row["counts"]) for row in pc.value_counts(statuses).to_pylist()}
