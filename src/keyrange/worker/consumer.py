@@ -93,7 +93,16 @@ class ThreadedConsumer:
         """Start fetching the given partitions from the given offsets."""
         tps = [TopicPartition(self._topic, p, o) for p, o in start_offsets.items()]
         if tps:
-            await self._call(self._c.incremental_assign, tps)
+            await self._call(self._assign_unpaused, tps)
+
+    def _assign_unpaused(self, tps: list[TopicPartition]) -> None:
+        consumer = self._c
+        consumer.incremental_assign(tps)
+        # librdkafka keeps a partition's pause flag across unassign and assign: a slot released
+        # while paused for backpressure would come back paused, fetch nothing, and (its cached
+        # high watermark frozen) even show no lag. The engine's new partition state starts
+        # unpaused, so the consumer must too.
+        consumer.resume(tps)
 
     async def unassign(self, partitions: Iterable[int]) -> None:
         """Stop fetching the given partitions; buffered records of them are discarded."""
