@@ -231,6 +231,18 @@ class StreamConsumerSpec(_Model):
     resources: ResourcesSpec = Field(default_factory=ResourcesSpec)
     aggregation: AggregationSpec = Field(default_factory=AggregationSpec)
 
+    @model_validator(mode="after")
+    def _outputs_apart_from_the_input(self) -> StreamConsumerSpec:
+        topic, sink, dlq = self.kafka.topic, self.sink_topic, self.dlq_topic
+        if topic in (sink, dlq):
+            which = "sink.topic" if sink == topic else "deadLetterTopic"
+            raise ValueError(f"{which} is {topic!r}, the input topic: outputs written to the input would be "
+                             "consumed again (dead letters would loop); choose another topic")
+        if sink == dlq:
+            raise ValueError(f"sink.topic and deadLetterTopic are both {sink!r}: processed records and dead "
+                             "letters are read back separately; give them different topics")
+        return self
+
     @property
     def sink_topic(self) -> str:
         """The processed-record topic after defaults."""
@@ -241,9 +253,12 @@ class StreamConsumerSpec(_Model):
         """The dead-letter topic after defaults."""
         return self.dead_letter_topic or f"{self.kafka.topic}.dlq"
 
-    def group_id(self, name: str) -> str:
-        """The consumer group after defaults (metadata.name)."""
-        return self.kafka.group_id or name
+    def group_id(self, name: str, namespace: str | None = None) -> str:
+        """The consumer group after defaults: `<namespace>.<name>` in a cluster, so consumers of
+        the same name in two namespaces never share offsets, state or outputs; `name` locally."""
+        if self.kafka.group_id:
+            return self.kafka.group_id
+        return f"{namespace}.{name}" if namespace else name
 
 
 class Metadata(_Model):
@@ -271,7 +286,7 @@ class StreamConsumer(_Model):
     @property
     def group_id(self) -> str:
         """The consumer group after defaults."""
-        return self.spec.group_id(self.metadata.name)
+        return self.spec.group_id(self.metadata.name, self.metadata.namespace)
 
 
 def _describe(exc: ValidationError, prefix: str) -> str:

@@ -22,6 +22,8 @@ CASES = {
     "bad-field": (GOOD + "  concurrency: 0\n", "spec.concurrency: Input should be greater than or equal to 1"),
     "unknown-field": (GOOD + "  concurency: 8\n", "spec.concurency: Extra inputs are not permitted"),
     "bad-bounds": (GOOD + "  workers: {min: 5, max: 2}\n", "workers.min (5) must not exceed workers.max (2)"),
+    "dlq-is-input": (GOOD + "  deadLetterTopic: payments\n", "deadLetterTopic is 'payments', the input topic"),
+    "sink-is-input": (GOOD + "  sink: {topic: payments}\n", "sink.topic is 'payments', the input topic"),
 }
 
 

@@ -70,6 +70,10 @@ INVALID: list[dict[str, Any]] = [
     {**TOPIC, "aggregation": {"mode": "schedule"}},
     {**TOPIC, "aggregation": {"mode": "batch"}},
     {**TOPIC, "aggregation": {"executors": 0}},
+    {"kafka": {"topic": "t"}, "sink": {"topic": "t"}},  # outputs into the input: they would be consumed again
+    {"kafka": {"topic": "t"}, "deadLetterTopic": "t"},  # dead letters would loop
+    {"kafka": {"topic": "t"}, "sink": {"topic": "x"}, "deadLetterTopic": "x"},
+    {"kafka": {"topic": "t"}, "deadLetterTopic": "t.processed"},  # the default sink
 ]
 
 

@@ -100,7 +100,7 @@ class KafkaRangeControl:
 
     def _identity(self, spec: StreamConsumerSpec) -> tuple[object, ...]:
         kafka = spec.kafka
-        return (kafka.bootstrap_servers, kafka.topic, spec.group_id(self._name), kafka.replication_factor,
+        return (kafka.bootstrap_servers, kafka.topic, spec.group_id(self._name, self._namespace), kafka.replication_factor,
                 sorted(kafka.client_properties.items()), [i.model_dump() for i in kafka.client_properties_from])
 
     def _connect(self) -> Controller:
@@ -112,8 +112,9 @@ class KafkaRangeControl:
         replication = spec.kafka.replication_factor
         counts = ensure_topics(bootstrap, [TopicSpec(spec.kafka.topic, spec.kafka.partitions)],
                                client_properties=properties, replication_factor=replication)
-        ControlChannel.ensure_topic(bootstrap, spec.group_id(self._name), properties, replication)
-        channel = ControlChannel(bootstrap, spec.group_id(self._name), f"keyrange-operator-{self._name}", properties)
+        group = spec.group_id(self._name, self._namespace)
+        ControlChannel.ensure_topic(bootstrap, group, properties, replication)
+        channel = ControlChannel(bootstrap, group, f"keyrange-operator-{self._name}", properties)
         controller = Controller(channel, counts[spec.kafka.topic], planner_limits(spec), self._lag, self._fleet)
         controller.start()
         return controller

@@ -70,6 +70,10 @@ class WorkerSettings:
             (bool(self.worker_id), "worker_id must not be empty"),
             (self.replication_factor is None or self.replication_factor >= 1,
              f"replication_factor must be at least 1, got {self.replication_factor}"),
+            (self.topic not in (self.sink, self.dlq),
+             f"the sink and dead-letter topics must differ from the input topic {self.topic!r} "
+             "(outputs written to the input would be consumed again)"),
+            (self.sink != self.dlq, f"the sink and dead-letter topics must differ (both are {self.sink!r})"),
         ]
         for ok, message in checks:
             if not ok:
