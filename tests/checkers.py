@@ -104,11 +104,37 @@ def check_ledger(log: Iterable[LoggedEvent], processed: Iterable[Mapping[str, An
     assert not wrong, f"{len(wrong)} ledger results differ from the sequential oracle, e.g. {wrong[:3]}"
 
 
-def check_all(log: list[LoggedEvent], processed: list[Mapping[str, Any]],
+@dataclass(frozen=True)
+class Counts:
+    """How the workers say the input finished (their committed totals or their counters)."""
+
+    handled: int
+    dead_lettered: int
+    duplicates_dropped: int
+
+
+def check_counts(log: Iterable[LoggedEvent], counts: Counts) -> None:
+    """Exact accounting: events handled + dead-lettered = unique input events, and duplicates
+    dropped = input records - unique uuids (every duplicate in these tests is within the TTL)."""
+    records = list(log)
+    unique = len({e.uuid for e in records})
+    assert counts.handled + counts.dead_lettered == unique, (
+        f"{counts.handled:,} handled + {counts.dead_lettered:,} dead-lettered != {unique:,} unique input events"
+    )
+    assert counts.duplicates_dropped == len(records) - unique, (
+        f"{counts.duplicates_dropped:,} duplicates dropped, but the input holds {len(records) - unique:,} "
+        f"({len(records):,} records, {unique:,} unique uuids)"
+    )
+
+
+def check_all(log: list[LoggedEvent], processed: list[Mapping[str, Any]], counts: Counts | None,
               dead_lettered: Iterable[str] = (), ledger: bool = False) -> None:
-    """Run every guarantee checker that applies."""
+    """Run every guarantee checker that applies. `counts` is required on purpose: a test that
+    cannot know the workers' counts says so by passing None."""
     check_no_duplicates(processed)
     check_no_loss(log, processed, dead_lettered)
     check_order_per_client(log, processed)
     if ledger:
         check_ledger(log, processed)
+    if counts is not None:
+        check_counts(log, counts)

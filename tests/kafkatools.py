@@ -9,7 +9,7 @@ from typing import Any
 from confluent_kafka import Consumer, TopicPartition
 
 from keyrange.events import decode_processed
-from tests.checkers import LoggedEvent
+from tests.checkers import Counts, LoggedEvent
 
 
 def read_topic(bootstrap: str, topic: str, expect: int | None = None,
@@ -84,3 +84,23 @@ def read_processed(bootstrap: str, topic: str, expect: int | None = None,
     """The processed records of a sink topic, decoded."""
     return [decode_processed(m.value()) for m in read_topic(bootstrap, topic, expect,
                                                             timeout_seconds=timeout_seconds)]
+
+
+def read_counts(bootstrap: str, topic: str, group: str, covering: int = 0,
+                timeout_seconds: float = 60.0) -> Counts:
+    """The group's committed totals over every partition of `topic` (worker/totals.py): exact
+    across handoffs, crashes and restarts. With `covering`, waits until the committed offsets
+    cover that many input records (a last transaction may still be on its way)."""
+    from keyrange.kafkaio import partition_counts
+    from keyrange.worker import WorkerSettings
+    from keyrange.worker.totals import committed_totals, sum_totals
+
+    settings = WorkerSettings(bootstrap=bootstrap, topic=topic, group_id=group)
+    parts = range(partition_counts(bootstrap)[topic])
+    deadline = time.monotonic() + timeout_seconds
+    while True:
+        total = sum_totals(committed_totals(settings, parts).values())
+        covered = total.handled + total.dead_lettered + total.duplicates_dropped
+        if covered >= covering or time.monotonic() > deadline:
+            return Counts(total.handled, total.dead_lettered, total.duplicates_dropped)
+        time.sleep(0.2)

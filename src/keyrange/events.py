@@ -1,9 +1,12 @@
-"""Wire formats (docs/design.md, "Wire contracts"): input events, processed records, dead letters.
+"""Wire formats (docs/design.md, "Wire contracts"): input events, processed records, dead
+letters, and the records of the keyed-state changelog.
 
 Input: key = clientId as decimal UTF-8, value = JSON with at least `clientId` (int), `uuid`
 (string) and `created` (epoch ms). Processed: key = clientId, value = JSON with the input's
 identity, where and when it was handled, and the handler's result. Dead letters keep the
-original key and value and say why in headers.
+original key and value and say why in headers. Processed records and dead letters carry the
+consumer group that wrote them (header `keyrange.group`): several consumers may share one sink,
+and a restore trusts only its own group's outputs.
 """
 
 from __future__ import annotations
@@ -23,6 +26,18 @@ DLQ_TOPIC = "keyrange.source.topic"
 DLQ_PARTITION = "keyrange.source.partition"
 DLQ_OFFSET = "keyrange.source.offset"
 DLQ_ATTEMPTS = "keyrange.attempts"
+
+GROUP_HEADER = "keyrange.group"
+"""On every processed record and dead letter: the consumer group whose worker wrote it."""
+STATE_HEADER = "keyrange.state"
+"""On a processed record whose handler changed the client's state: the state after the event, as
+JSON; `null` means deleted (a stored state is never null: `set(None)` deletes)."""
+SOURCE_OFFSET_HEADER = DLQ_OFFSET
+"""On a changelog record: the input offset of the event whose handler wrote the state (the same
+name as a dead letter's source offset: both say which input offset a record stems from)."""
+TOTALS_KEY = b"keyrange.totals"
+"""Changelog key (never a clientId, which is decimal) of a partition's totals record: how the
+input offsets below its source offset finished, written in the transaction that commits them."""
 
 
 class BadEvent(ValueError):
@@ -127,3 +142,14 @@ def dead_letter_headers(
         (DLQ_OFFSET, str(offset).encode()),
         (DLQ_ATTEMPTS, str(attempts).encode()),
     ]
+
+
+def encode_totals(handled: int, dead_lettered: int, duplicates_dropped: int) -> bytes:
+    """Value of a partition totals record (see TOTALS_KEY)."""
+    return orjson.dumps({"handled": handled, "deadLettered": dead_lettered, "duplicatesDropped": duplicates_dropped})
+
+
+def decode_totals(value: bytes) -> tuple[int, int, int]:
+    """(handled, dead-lettered, duplicates dropped) from a totals record value."""
+    body = orjson.loads(value)
+    return int(body["handled"]), int(body["deadLettered"]), int(body["duplicatesDropped"])

@@ -90,6 +90,18 @@ DEAD_LETTERS = Counter(
     "keyrange_dead_letters", "Records sent to the dead-letter topic (bad input or handler failures).",
     (*_WP, "reason"),
 )
+CLOCK_SKEWED_EVENTS = Counter(
+    "keyrange_clock_skewed_events",
+    "Events whose `created` was ahead of the worker's clock, or behind the partition's stream time, by more "
+    "than the tolerated skew (direction: ahead | behind). The dedup window bounds their time either way.",
+    (*_WP, "direction"),
+)
+MISPLACED_EVENTS = Counter(
+    "keyrange_misplaced_events",
+    "Events on a partition other than the one murmur2(clientId) picks: their client's order and state are "
+    "split across partitions. Fix the producer's partitioner (Java's default, or librdkafka's murmur2_random).",
+    _WP,
+)
 
 # --- Worker: queues, dedup, backpressure, lag ----------------------------------------------
 DEDUP_ENTRIES = Gauge("keyrange_dedup_entries", "uuids remembered by the TTL dedup window.", _WP)

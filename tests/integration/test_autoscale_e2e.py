@@ -27,7 +27,7 @@ from keyrange.local.supervisor import Supervisor
 from keyrange.spec import load_file
 from tests.checkers import check_all
 from tests.integration.prometheus.stack import PrometheusStack
-from tests.kafkatools import read_input_log, read_processed
+from tests.kafkatools import read_counts, read_input_log, read_processed
 
 COOLDOWN_SECONDS = 8
 TOKEN = "e2e-token"
@@ -131,7 +131,8 @@ def test_alerts_split_under_a_burst_and_merge_back_without_breaking_a_guarantee(
 
     wait_for(all_handled, f"all {distinct} distinct events to be processed", 120)
     try:
-        check_all(log, processed, ledger=True)
+        counts = read_counts(bootstrap, topic, supervisor.consumer.group_id, covering=len(log))
+        check_all(log, processed, counts, ledger=True)
     except AssertionError:
         print(describe_duplicates(log, processed, supervisor))
         raise

@@ -26,7 +26,7 @@ from keyrange.local.load import LoadTotals, Phase, produce_phases
 from keyrange.local.supervisor import Supervisor
 from keyrange.spec import load_file
 from tests.checkers import check_all
-from tests.kafkatools import read_input_log, read_processed
+from tests.kafkatools import read_counts, read_input_log, read_processed
 
 SPEC = """apiVersion: keyrange.dev/v1alpha1
 kind: StreamConsumer
@@ -94,6 +94,7 @@ def test_run_rescales_and_survives_a_sigkill_mid_handoff(bootstrap: str, topic_n
         log = read_input_log(bootstrap, topic_name, totals.sent)
         distinct = len({e.uuid for e in log})
         processed = read_processed(bootstrap, f"{topic_name}.processed", distinct, timeout_seconds=120)
+        counts = read_counts(bootstrap, topic_name, f"{topic_name}-g", covering=len(log))
         restarts = sum(w.restarts for w in fleet.workers.values())
     finally:
         stop.set()
@@ -103,7 +104,7 @@ def test_run_rescales_and_survives_a_sigkill_mid_handoff(bootstrap: str, topic_n
     assert restarts >= 1  # a killed worker that was merged away is not restarted
     assert len(controller.rescales) == 6
     assert {r.action for r in controller.rescales} == {"split", "merge"}
-    check_all(log, list(processed), ledger=True)
+    check_all(log, list(processed), counts, ledger=True)
     assert len(processed) == distinct
     assert supervisor.history and supervisor.history[-1].processed > 0
 

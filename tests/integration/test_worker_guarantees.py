@@ -6,6 +6,7 @@ Every test runs the guarantee checkers (tests/checkers.py) on what reached the s
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 from collections import Counter
 from typing import Any
@@ -21,7 +22,7 @@ from keyrange.worker import Worker
 from tests.checkers import check_all, check_order_per_client, first_occurrences
 from tests.integration.worker_handlers import FAIL_MARK
 from tests.integration.worker_helpers import produce_stream, run_worker_until, settings_for, wait_for
-from tests.kafkatools import read_input_log, read_processed, read_topic
+from tests.kafkatools import read_counts, read_input_log, read_processed, read_topic
 
 PARTITIONS = 6
 
@@ -34,7 +35,7 @@ async def test_many_clients_with_duplicates_keep_every_guarantee(bootstrap: str,
     worker = await run_worker_until(settings, "ledger", list(range(PARTITIONS)),
                                     lambda w: w.stats.processed >= distinct)
     processed = read_processed(bootstrap, f"{topic_name}.processed", distinct)
-    check_all(log, processed, ledger=True)
+    check_all(log, processed, read_counts(bootstrap, topic_name, settings.group_id), ledger=True)
     assert worker.stats.duplicates == sent - distinct
     assert worker.stats.consumed == sent
 
@@ -67,7 +68,8 @@ async def test_slow_client_does_not_hold_the_others_back(bootstrap: str, topic_n
     finally:
         release_slow.set()
         await worker.stop()
-    check_all(log, read_processed(bootstrap, f"{topic_name}.processed", sent))
+    check_all(log, read_processed(bootstrap, f"{topic_name}.processed", sent),
+              read_counts(bootstrap, topic_name, settings.group_id))
 
 
 async def test_bad_input_and_failing_events_reach_the_dlq_and_later_events_flow(
@@ -112,7 +114,10 @@ async def test_bad_input_and_failing_events_reach_the_dlq_and_later_events_flow(
             assert headers[DLQ_ATTEMPTS] == b"3"
     processed = read_processed(bootstrap, f"{topic_name}.processed", distinct - len(failing))
     assert {r["uuid"] for r in processed} >= set(followers)
-    check_all(log, processed, dead_lettered=failing)
+    counts = read_counts(bootstrap, topic_name, settings.group_id)
+    assert counts.dead_lettered == len(bad_values) + len(failing)
+    # The bad records are not events of the log: take them out of the accounting.
+    check_all(log, processed, dataclasses.replace(counts, dead_lettered=len(failing)), dead_lettered=failing)
     assert worker.stats.dead_letters == len(bad_values) + len(failing)
 
 
@@ -164,7 +169,8 @@ async def test_partitions_pause_past_max_pending_and_resume(bootstrap: str, topi
     # Bounded: a partition is checked after every fetch and paused before the next one, and a
     # pause drops what the consumer had buffered for it, so it overshoots by one fetch at most.
     assert max_seen <= settings.max_pending + settings.fetch_batch_size
-    check_all(log, read_processed(bootstrap, f"{topic_name}.processed", sent))
+    check_all(log, read_processed(bootstrap, f"{topic_name}.processed", sent),
+              read_counts(bootstrap, topic_name, settings.group_id))
 
 
 @pytest.mark.parametrize("handler", ["sync_counter", "async_counter"])
@@ -176,7 +182,7 @@ async def test_sync_and_async_user_handlers(bootstrap: str, topic_name: str, han
     await run_worker_until(settings, f"tests.integration.worker_handlers:{handler}", list(range(PARTITIONS)),
                            lambda w: w.stats.processed >= distinct)
     processed = read_processed(bootstrap, f"{topic_name}.processed", distinct)
-    check_all(log, processed)
+    check_all(log, processed, read_counts(bootstrap, topic_name, settings.group_id))
     # Keyed state counted each client's events in log order: 1, 2, 3, ...
     position = {e.uuid: (e.partition, e.offset) for e in first_occurrences(log)}
     by_client: dict[int, list[Any]] = {}
@@ -215,7 +221,9 @@ async def test_release_then_acquire_elsewhere_hands_over_state_and_dedup(bootstr
         await first.stop()
         await second.stop()
     processed = read_processed(bootstrap, f"{topic_name}.processed", distinct)
-    check_all(log, processed, ledger=True)
+    check_all(log, processed, read_counts(bootstrap, topic_name, first.settings.group_id), ledger=True)
+    # Each worker counted only the drops whose offsets it committed: together, each drop once.
+    assert first.stats.duplicates + second.stats.duplicates == sent - distinct
 
 
 async def test_release_during_acquire_never_handles_the_slot(bootstrap: str, topic_name: str) -> None:
@@ -265,7 +273,8 @@ async def test_dedup_after_handoff_and_lag_is_by_event_time(bootstrap: str, topi
     second = await run_worker_until(settings_for(bootstrap, topic_name, worker_id="b", **settings), "ledger", [0, 1],
                                     lambda w: w.stats.consumed >= 100 and w.stats.pending == 0)
     assert second.stats.duplicates == 100
-    check_all(log, read_processed(bootstrap, f"{topic_name}.processed", len(records)), ledger=True)
+    check_all(log, read_processed(bootstrap, f"{topic_name}.processed", len(records)),
+              read_counts(bootstrap, topic_name, f"{topic_name}-g"), ledger=True)
 
 
 async def test_metrics_use_the_contract_names_and_labels(bootstrap: str, topic_name: str) -> None:
@@ -314,7 +323,8 @@ async def test_a_worker_started_before_any_event_handles_what_comes_later(bootst
         await wait_for(lambda: worker.stats.processed >= distinct, what="events produced after the start")
     finally:
         await worker.stop()
-    check_all(log, read_processed(bootstrap, f"{topic_name}.processed", distinct))
+    check_all(log, read_processed(bootstrap, f"{topic_name}.processed", distinct),
+              read_counts(bootstrap, topic_name, f"{topic_name}-g"))
 
 
 async def test_events_without_created_are_deduplicated_by_record_time(bootstrap: str, topic_name: str) -> None:
@@ -334,4 +344,5 @@ async def test_events_without_created_are_deduplicated_by_record_time(bootstrap:
     worker = await run_worker_until(settings_for(bootstrap, topic_name), "noop", [0, 1],
                                     lambda w: w.stats.consumed >= 1200 and w.stats.processed >= 600)
     assert worker.stats.duplicates == 600
-    check_all(log, read_processed(bootstrap, f"{topic_name}.processed", 600))
+    check_all(log, read_processed(bootstrap, f"{topic_name}.processed", 600),
+              read_counts(bootstrap, topic_name, f"{topic_name}-g"))

@@ -15,8 +15,8 @@ from typing import Any
 from keyrange.handlers import Handler
 from keyrange.worker import Worker
 from tests.checkers import check_all, first_occurrences
-from tests.integration.worker_helpers import produce_stream, settings_for, wait_for
-from tests.kafkatools import read_input_log, read_processed
+from tests.integration.worker_helpers import produce_stream, run_worker_until, settings_for, wait_for
+from tests.kafkatools import read_counts, read_input_log, read_processed
 
 
 async def test_a_slot_released_while_paused_fetches_again_when_it_comes_back(bootstrap: str, topic_name: str) -> None:
@@ -45,5 +45,28 @@ async def test_a_slot_released_while_paused_fetches_again_when_it_comes_back(boo
     finally:
         gate.set()
         await worker.stop()
-    check_all(log, read_processed(bootstrap, f"{topic_name}.processed", len(first_occurrences(log))))
+    check_all(log, read_processed(bootstrap, f"{topic_name}.processed", len(first_occurrences(log))),
+              read_counts(bootstrap, topic_name, settings.group_id))
 
+
+async def test_a_failed_attempt_that_mutated_its_state_leaves_no_trace(bootstrap: str, topic_name: str) -> None:
+    """The retry, the state in memory and the changelog all see the state before the failed
+    attempt; a later owner restoring the changelog continues the very same counts."""
+    sent = produce_stream(bootstrap, topic_name, 400, partitions=2, clients=30, duplicate_ratio=0.0)
+    log = read_input_log(bootstrap, topic_name, sent)
+    handler = "tests.integration.worker_handlers:mutating_counter"
+    first = settings_for(bootstrap, topic_name, worker_id="a", retry_backoff_ms=1)
+    await run_worker_until(first, handler, [0], lambda w: w.stats.processed >= sum(e.partition == 0 for e in log))
+    # Partition 1 first runs on one worker, then moves: its restore reads the changelog.
+    second = settings_for(bootstrap, topic_name, worker_id="b", retry_backoff_ms=1)
+    in_one = sum(e.partition == 1 for e in log)
+    moved = await run_worker_until(second, handler, [1], lambda w: w.stats.processed >= in_one // 2)
+    await run_worker_until(first, handler, [1], lambda w: w.stats.processed >= in_one - moved.stats.processed)
+    processed = read_processed(bootstrap, f"{topic_name}.processed", sent)
+    check_all(log, processed, read_counts(bootstrap, topic_name, first.group_id, covering=sent))
+    position = {e.uuid: (e.partition, e.offset) for e in log}
+    by_client: dict[int, list[int]] = {}
+    for r in sorted(processed, key=lambda r: position[r["uuid"]]):
+        by_client.setdefault(r["clientId"], []).append(r["result"]["count"])
+    assert all(counts == list(range(1, len(counts) + 1)) for counts in by_client.values()), by_client
+    assert {r["result"]["attempt"] for r in processed} == {2}

@@ -29,3 +29,16 @@ async def async_counter(event: dict[str, Any], ctx: Any) -> dict[str, Any]:
     count = ctx.state.get(0) + 1
     ctx.state.set(count)
     return {"count": count, "attempt": ctx.attempt}
+
+
+async def mutating_counter(event: dict[str, Any], ctx: Any) -> dict[str, Any]:
+    """Mutates the object `ctx.state.get` returns in place before deciding: a first attempt
+    bumps it and fails, and every attempt also scribbles on it without `set`. Neither may reach
+    the retry, memory or the changelog: each attempt must see the state as committed."""
+    state = ctx.state.get({"count": 0, "scribbles": 0})
+    state["scribbles"] += 1  # never `set` on its own: must not stick
+    state["count"] += 1
+    if ctx.attempt == 1:
+        raise RuntimeError("first attempts fail after mutating the state they were given")
+    ctx.state.set({"count": state["count"], "scribbles": 0})
+    return {"count": state["count"], "attempt": ctx.attempt}

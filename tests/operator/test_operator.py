@@ -18,7 +18,7 @@ from keyrange.loadgen import LoadShape, generate, produce_all
 from keyrange.operator.kube import FIELD_MANAGER
 from keyrange.operator.rendering import SPEC_HASH_ANNOTATION
 from tests.checkers import check_all, first_occurrences
-from tests.kafkatools import read_input_log, read_processed
+from tests.kafkatools import read_counts, read_input_log, read_processed
 from tests.operator.conftest import SC_PATH, Api, Release, create_namespace, eventually, running_operator
 from tests.operator.crd_schema import admit_streamconsumer
 from tests.operator.node_agent import TestNodeAgent
@@ -195,7 +195,8 @@ async def test_a_spec_change_rolls_the_workers_without_breaking_a_guarantee(
         expected = len(first_occurrences(log))
         processed = await asyncio.to_thread(read_processed, cluster.bootstrap, f"{cluster.topic}.processed",
                                             expected, 180)
-        check_all(log, processed, ledger=True)
+        counts = await asyncio.to_thread(read_counts, cluster.bootstrap, cluster.topic, f"{NS_RUN}.{name}", len(log))
+        check_all(log, processed, counts, ledger=True)
         assert len(log) > expected  # the stream did carry duplicates
         assert node.stopped_pods == [f"{name}-worker-1", f"{name}-worker-0"] and node.crashes == []
 

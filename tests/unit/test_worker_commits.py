@@ -6,7 +6,9 @@ import random
 
 import pytest
 
-from keyrange.worker.commits import CommitWindow
+from keyrange.worker.commits import CommitWindow, Outcome
+
+DONE = Outcome.HANDLED
 
 
 def test_committable_is_the_lowest_unfinished_offset() -> None:
@@ -15,13 +17,13 @@ def test_committable_is_the_lowest_unfinished_offset() -> None:
     for offset in range(100, 105):
         w.add(offset, timestamp_ms=offset)
     assert (w.committable, w.pending, w.oldest_timestamp_ms) == (100, 5, 100)
-    w.finish(102)
-    w.finish(101)
+    w.finish(102, DONE)
+    w.finish(101, DONE)
     assert w.committable == 100
-    w.finish(100)
+    w.finish(100, DONE)
     assert (w.committable, w.pending, w.oldest_timestamp_ms) == (103, 2, 103)
-    w.finish(104)
-    w.finish(103)
+    w.finish(104, DONE)
+    w.finish(103, DONE)
     assert (w.committable, w.pending, w.oldest_timestamp_ms) == (105, 0, None)
 
 
@@ -30,9 +32,9 @@ def test_gaps_in_offsets_such_as_transaction_markers() -> None:
     for offset in (0, 1, 5, 9):
         w.add(offset)
     for offset in (9, 0, 5):
-        w.finish(offset)
+        w.finish(offset, DONE)
     assert w.committable == 1
-    w.finish(1)
+    w.finish(1, DONE)
     assert w.committable == 10 == w.next_offset
 
 
@@ -44,7 +46,7 @@ def test_random_completion_order_matches_a_reference() -> None:
         w.add(o)
     finished: set[int] = set()
     for o in rng.sample(offsets, len(offsets)):
-        w.finish(o)
+        w.finish(o, DONE)
         finished.add(o)
         expected = next((x for x in offsets if x not in finished), 5000)
         if o % 97 == 0:
@@ -56,3 +58,25 @@ def test_offsets_must_increase() -> None:
     w.add(10)
     with pytest.raises(ValueError, match="out of order"):
         w.add(10)
+
+
+def test_outcomes_count_only_once_the_committable_offset_passes_them() -> None:
+    rng = random.Random(5)
+    w = CommitWindow(0)
+    outcomes = {o: rng.choice(list(Outcome)) for o in range(2000)}
+    for o in outcomes:
+        w.add(o)
+    finished: set[int] = set()
+    for o in rng.sample(list(outcomes), len(outcomes)):
+        w.finish(o, outcomes[o])
+        finished.add(o)
+        if o % 31 == 0:
+            below = [outcomes[x] for x in range(w.committable)]
+            assert w.passed == [below.count(kind) for kind in Outcome]
+    assert w.passed == [list(outcomes.values()).count(kind) for kind in Outcome]
+
+
+def test_totals_add_counts_by_outcome() -> None:
+    from keyrange.worker.commits import Totals
+
+    assert Totals(1, 2, 3).plus([10, 20, 30]) == Totals(11, 22, 33)

@@ -28,8 +28,10 @@ def test_entries_expire_when_stream_time_moves_past_the_ttl_never_before() -> No
     assert "a" in seen
     seen.add_if_new("y", 1010.0 + 10.0 / BUCKETS_PER_TTL + 1e-3)  # past the TTL plus one bucket
     assert "a" not in seen and "x" in seen
-    assert seen.add_if_new("a", 1000.0)  # too old to be remembered again
-    assert "a" not in seen
+    # Sent again after the TTL: handled again, and remembered from when it arrived, so a third
+    # copy right after it is a duplicate of the second.
+    assert seen.add_if_new("a", 1000.0)
+    assert not seen.add_if_new("a", 1000.0)
 
 
 def test_dedup_does_not_depend_on_how_late_events_are_handled() -> None:
@@ -66,3 +68,23 @@ def test_expiring_a_window_that_saw_nothing_yet_is_a_no_op() -> None:
 def test_ttl_must_be_positive() -> None:
     with pytest.raises(ValueError, match="ttl_seconds must be positive"):
         TtlSet(0, wall)
+
+
+def test_one_event_from_the_future_does_not_stop_the_window_from_expiring() -> None:
+    now = [1000.0]
+    seen = TtlSet(10.0, lambda: now[0])
+    seen.add_if_new("far-future", 1000.0 + 10**9)  # a clock decades ahead
+    for i in range(100_000):  # 100 events/s for 1,000 s, each handled as it arrives
+        now[0] = 1000.0 + i / 100
+        seen.add_if_new(f"u{i}", now[0])
+    assert len(seen) <= 100 * 10 * (1 + 1 / BUCKETS_PER_TTL) + 1
+    assert seen.stream_time == now[0]
+
+
+def test_a_producer_whose_clock_is_behind_still_gets_its_duplicates_dropped() -> None:
+    seen = TtlSet(10.0, wall)
+    seen.add_if_new("on-time", WALL)
+    late = WALL - 3600  # an hour behind the partition's stream time
+    assert seen.add_if_new("late", late)
+    assert not seen.add_if_new("late", late)  # its duplicate, right after: within the TTL
+    assert "late" in seen

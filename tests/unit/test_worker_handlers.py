@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
+import orjson
 import pytest
 
 from keyrange.handlers import HandlerError, load_handler
@@ -24,24 +25,30 @@ def test_ledger_follows_the_design_semantics() -> None:
                   {"op": "increment", "amount": 1}):
         state = ClientState(stored)
         results.append(asyncio.run(ledger.function(event, ctx_for(state))))
-        stored = state.staged
+        stored = orjson.dumps(state.staged)
     assert results == [{"value": 5, "returned": 5}, {"value": 7, "returned": 7}, {"value": 0, "returned": 7},
                        {"value": 1, "returned": 1}]
 
 
 def test_ledger_rejects_unknown_ops_without_touching_state() -> None:
-    state = ClientState(3)
+    state = ClientState(b"3")
     with pytest.raises(ValueError, match="ledger op"):
         asyncio.run(load_handler("ledger").function({"op": "steal"}, ctx_for(state)))
     assert not state.changed and state.get() == 3
 
 
 def test_state_writes_are_staged() -> None:
-    state = ClientState({"n": 1})
+    state = ClientState(b'{"n": 1}')
     assert state.get() == {"n": 1} and not state.changed
     state.set({"n": 2})
     assert state.get() == {"n": 2} and state.changed and state.staged == {"n": 2}
     assert ClientState(None).get(0) == 0
+
+
+def test_mutating_what_get_returned_changes_nothing_stored() -> None:
+    state = ClientState(b'{"n": 1}')
+    state.get()["n"] = 99
+    assert state.get() == {"n": 1} and not state.changed
 
 
 @pytest.mark.parametrize(("name", "config", "message"), [

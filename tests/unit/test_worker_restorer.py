@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from keyrange.worker.commits import Outcome
 from keyrange.worker.logreader import Span
 from keyrange.worker.restore import InputEntry, OutputEntry, ParsedLogs, StateEntry
 from keyrange.worker.restorer import Prefetched, _catch_up
@@ -26,7 +27,7 @@ class NothingNewReader:
 def read_ahead(committed: int = 10, resume_ms: int = 50_000) -> Prefetched:
     logs = ParsedLogs()
     logs.inputs[0] = [InputEntry(o, 40_000 + o * 1000, f"u{o}", 40.0 + o) for o in range(4, 14)]
-    logs.outputs = [OutputEntry(0, 11, "u11", 51.0, (7, {"n": 2}))]
+    logs.outputs = [OutputEntry(0, 11, "u11", 51.0, (7, {"n": 2}), Outcome.HANDLED)]
     logs.states[0] = [StateEntry(7, 9, {"n": 1}), StateEntry(7, 11, {"n": 2})]
     reached = {(SETTINGS.topic, 0): 14, (SETTINGS.sink, 0): 1, (SETTINGS.state, 0): 2}
     return Prefetched({0: committed}, {0: resume_ms}, logs, reached)
@@ -38,7 +39,7 @@ def test_a_read_ahead_is_finished_from_where_it_stopped() -> None:
     assert restored is not None
     r = restored[0]
     assert r.start_offset == 11
-    assert r.finished_offsets == {11}  # its processed record is there: not run again
+    assert r.finished_offsets == {11: Outcome.HANDLED}  # its processed record is there: not run again
     assert r.state == {7: {"n": 2}}  # changelog < 11, then the state the processed record carries
     assert [u for u, _ in r.seen] == [f"u{o}" for o in range(4, 11)] + ["u11"]
     starts, stops = reader.asked[0]

@@ -7,8 +7,9 @@ from typing import Any
 
 from confluent_kafka import TopicPartition
 
+from keyrange.events import SOURCE_OFFSET_HEADER
 from keyrange.worker.partition import PartitionMetrics, PartitionState
-from keyrange.worker.restore import SOURCE_OFFSET_HEADER, RestoredPartition
+from keyrange.worker.restore import RestoredPartition
 from keyrange.worker.settings import WorkerSettings
 from keyrange.worker.transactions import OutputRecord, TransactionalOutput
 
@@ -53,7 +54,7 @@ def test_changelog_records_carry_the_source_offset_of_the_last_change() -> None:
     ps.dirty_state[1001] = (b"7", 12)
     ps.dirty_state[1001] = (b"9", 15)
     ps.dirty_state[1002] = (None, 14)
-    records, _ = ps.take_outputs("g.state")
+    records, _, _ = ps.take_outputs("g.state")
     assert [(r.topic, r.partition, r.key, r.value, r.headers) for r in records] == [
         ("g.state", 3, b"1001", b"9", [(SOURCE_OFFSET_HEADER, b"15")]),
         ("g.state", 3, b"1002", None, [(SOURCE_OFFSET_HEADER, b"14")]),

@@ -5,23 +5,57 @@ may only be committed when it and every offset below it are finished. The window
 fetched, unfinished offsets in fetch order; the committable offset is the lowest unfinished one,
 or the offset after the last fetched record when all are finished. Each operation is O(1)
 amortized: finishing marks an offset, and the front is popped while it is marked.
+
+Each offset finishes with an outcome (handled, dead-lettered, dropped as a duplicate), and the
+window counts outcomes only as the committable offset passes them: those counts describe exactly
+the offsets a commit covers, so they can be committed with it and never count an offset twice
+when a slot moves before its offset committed (the new owner finishes it again).
 """
 
 from __future__ import annotations
 
 from collections import deque
+from dataclasses import dataclass
+from enum import IntEnum
+
+
+class Outcome(IntEnum):
+    """How an offset finished."""
+
+    HANDLED = 0
+    """The handler ran and its processed record was written."""
+    DEAD_LETTERED = 1
+    """Bad input, or a handler that kept failing: the record went to the dead-letter topic."""
+    DUPLICATE = 2
+    """Its uuid was in the dedup window: dropped."""
+
+
+@dataclass(frozen=True, slots=True)
+class Totals:
+    """How the offsets of a partition below some offset finished, counted once each."""
+
+    handled: int = 0
+    dead_lettered: int = 0
+    duplicates_dropped: int = 0
+
+    def plus(self, counts: list[int]) -> Totals:
+        """These totals with `counts` (indexed by Outcome) added."""
+        return Totals(self.handled + counts[Outcome.HANDLED], self.dead_lettered + counts[Outcome.DEAD_LETTERED],
+                      self.duplicates_dropped + counts[Outcome.DUPLICATE])
 
 
 class CommitWindow:
     """Tracks fetched offsets of one partition and which of them are finished."""
 
-    __slots__ = ("_done", "_next_offset", "_offsets", "_timestamps")
+    __slots__ = ("_done", "_next_offset", "_offsets", "_timestamps", "passed")
 
     def __init__(self, start_offset: int) -> None:
         self._offsets: deque[int] = deque()
         self._timestamps: deque[int] = deque()
-        self._done: set[int] = set()
+        self._done: dict[int, Outcome] = {}
         self._next_offset = start_offset
+        self.passed = [0, 0, 0]
+        """Outcomes of the offsets the committable offset has passed, indexed by Outcome."""
 
     def add(self, offset: int, timestamp_ms: int = 0) -> None:
         """Record a fetched offset (strictly increasing; gaps such as transaction markers are fine)."""
@@ -31,18 +65,20 @@ class CommitWindow:
         self._timestamps.append(timestamp_ms)
         self._next_offset = offset + 1
 
-    def finish(self, offset: int) -> None:
-        """Mark a fetched offset finished (handled, dead-lettered, or dropped as a duplicate)."""
+    def finish(self, offset: int, outcome: Outcome) -> None:
+        """Mark a fetched offset finished with `outcome`."""
         offsets = self._offsets
         if offsets and offsets[0] == offset:
             offsets.popleft()
             self._timestamps.popleft()
+            passed = self.passed
+            passed[outcome] += 1
             done = self._done
             while offsets and offsets[0] in done:
-                done.remove(offsets.popleft())
+                passed[done.pop(offsets.popleft())] += 1
                 self._timestamps.popleft()
         else:
-            self._done.add(offset)
+            self._done[offset] = outcome
 
     @property
     def committable(self) -> int:

@@ -2,12 +2,17 @@
 
 State writes are staged on the context and applied only when the handler returns, so a failed
 attempt (retried or dead-lettered) leaves no trace, and an unfinished event's write never reaches
-a transaction before its offset does.
+a transaction before its offset does. The committed state is kept encoded, exactly as the
+changelog holds it, and every `get` decodes a fresh copy: a handler that mutates what it read and
+then fails (or never calls `set`) cannot change the state its retry, the next event, or a restore
+sees.
 """
 
 from __future__ import annotations
 
 from typing import Any
+
+import orjson
 
 _UNSET: Any = object()
 
@@ -17,13 +22,17 @@ class ClientState:
 
     __slots__ = ("_committed", "_staged")
 
-    def __init__(self, committed: Any) -> None:
+    def __init__(self, committed: bytes | None) -> None:
         self._committed = committed
+        """The committed value as JSON (what the changelog holds), None when there is none."""
         self._staged: Any = _UNSET
 
     def get(self, default: Any = None) -> Any:
-        """The client's value (this handler call's own write if it made one), or `default`."""
-        value = self._committed if self._staged is _UNSET else self._staged
+        """A copy of the client's value (this handler call's own write if it made one), or `default`."""
+        if self._staged is not _UNSET:
+            value = self._staged
+        else:
+            value = None if self._committed is None else orjson.loads(self._committed)
         return default if value is None else value
 
     def set(self, value: Any) -> None:

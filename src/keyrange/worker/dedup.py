@@ -1,12 +1,16 @@
 """The dedup window of one partition: uuids seen within a TTL, in event time.
 
-A uuid is remembered with its event's time (`created`). The window's clock is the partition's
-stream time: the newest event time seen (never later than the wall clock, so one event from a
-skewed producer cannot flush the window). An entry is forgotten once the stream time has moved
-more than `ttl_seconds` past it. Event time, not the time of handling, makes dedup independent
-of lag, pauses, handoffs and restarts: a duplicate sent 5 s after its original is dropped even
-if the partition was stalled for a minute in between, and the window rebuilt from the log on
-another worker is the very same window.
+The window's clock is the partition's stream time: the newest event time (`created`) seen, never
+later than the wall clock, so one event from a producer whose clock runs ahead cannot flush the
+window. An event is remembered at the stream time just after it was seen, which is its own
+`created` for a well-behaved stream (created times grow along the log) and bounds it both ways
+otherwise: an event from the future enters at the wall clock (it cannot pin its entry, and every
+entry after it, in the window forever), and one from a producer whose clock is behind enters at
+the stream time it arrived at (it gets the full TTL instead of none). An entry is forgotten once
+the stream time has moved more than `ttl_seconds` past it. Event time, not the time of handling,
+makes dedup independent of lag, pauses, handoffs and restarts: a duplicate sent 5 s after its
+original is dropped even if the partition was stalled for a minute in between, and the window
+replayed from the log (in log order, restore.py) on another worker is the same window.
 
 Entries sit in one `set` for membership and in time buckets (a deque of lists) for expiry, so
 expiring is popping whole buckets from the front rather than scanning: O(1) per event, memory
@@ -52,8 +56,7 @@ class TtlSet:
             self._advance(event_time)
         if key in self._members:
             return False
-        if event_time + self.ttl_seconds > self.stream_time:
-            self._remember(key, event_time)
+        self._remember(key, self.stream_time)
         return True
 
     def expire(self) -> None:
@@ -76,10 +79,10 @@ class TtlSet:
             self.expire()
 
     def _remember(self, key: str, at: float) -> None:
+        # The stream time never goes back, so buckets are appended in order.
         index = int(at // self._bucket_seconds)
         buckets = self._buckets
-        if buckets and buckets[-1][0] >= index:
-            # An older event time joins the newest bucket: it lives a little longer, never shorter.
+        if buckets and buckets[-1][0] == index:
             buckets[-1][1].append(key)
         else:
             buckets.append((index, [key]))

@@ -1,4 +1,9 @@
-"""The worker engine: fetch -> dedup -> per-client serial execution -> transactional commit.
+"""The worker engine: its lifecycle and which slots it holds.
+
+fetch (consumer.py) -> intake (intake.py: parse, skip, dedup, dead letters) -> per-client serial
+execution (scheduler.py) -> attempts (attempts.py: retries, staging outputs) -> commits
+(committer.py: one transaction per interval). Each slot's bookkeeping is its PartitionState
+(partition.py).
 
 One asyncio loop owns all the bookkeeping. The Kafka consumer runs on one thread of its own
 (ThreadedConsumer), the transactional producer on another (TransactionalOutput), sync handlers on
@@ -15,41 +20,28 @@ import logging
 import time
 from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from typing import Any
 
-import orjson
-from confluent_kafka import Message, TopicPartition
+from confluent_kafka import Message
 
 from keyrange import metrics as metric_defs
-from keyrange.events import BadEvent, InputEvent, dead_letter_headers, encode_processed, parse_input
 from keyrange.handlers import Handler
 from keyrange.kafkaio import TopicSpec, ensure_topics, require_topic
+from keyrange.worker.attempts import AttemptRunner
+from keyrange.worker.committer import Committer
 from keyrange.worker.consumer import ThreadedConsumer
-from keyrange.worker.context import ClientState, HandlerContext
+from keyrange.worker.intake import Intake, Job
+from keyrange.worker.outputs import OutputStage
 from keyrange.worker.partition import PartitionMetrics, PartitionState
-from keyrange.worker.restore import STATE_HEADER
 from keyrange.worker.restorer import Prefetched, Restorer
 from keyrange.worker.scheduler import ClientScheduler
 from keyrange.worker.settings import WorkerSettings
 from keyrange.worker.stats import WorkerStats
-from keyrange.worker.transactions import OutputRecord, TransactionalOutput
+from keyrange.worker.transactions import TransactionalOutput
 
 log = logging.getLogger(__name__)
 
 GAUGE_INTERVAL_SECONDS = 1.0
-MAX_RETRY_BACKOFF_SECONDS = 2.0
-
-
-@dataclass(slots=True)
-class _Job:
-    """One event waiting for (or in) its handler call."""
-
-    ps: PartitionState
-    offset: int
-    event: InputEvent
-    key: bytes | None
-    value: bytes
 
 
 class _AcquireTicket:
@@ -75,17 +67,15 @@ class Worker:
         self._prefetch: tuple[frozenset[int], asyncio.Future[Prefetched]] | None = None
         """The newest read-ahead: for which slots, and its result."""
         self._pool = ThreadPoolExecutor(max_workers=settings.concurrency, thread_name_prefix="keyrange-handler")
-        self._scheduler: ClientScheduler[_Job] | None = None
-        self._commit_lock = asyncio.Lock()
+        self._scheduler: ClientScheduler[Job] | None = None
+        self._outputs: OutputStage | None = None
+        self._intake: Intake | None = None
+        self._committer: Committer | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._stopping = False
         self._failure: asyncio.Future[None] | None = None
         self._counts: dict[str, int] = {}
-        self._labels = (settings.metrics_consumer, settings.worker_id)
-        self._latency = metric_defs.EVENT_LATENCY.labels(*self._labels)
-        self._handler_seconds = metric_defs.HANDLER_SECONDS.labels(*self._labels)
-        self._transactions = metric_defs.TRANSACTIONS.labels(*self._labels)
-        self._held_gauge = metric_defs.HELD_SLOTS.labels(*self._labels)
+        self._held_gauge = metric_defs.HELD_SLOTS.labels(settings.metrics_consumer, settings.worker_id)
 
     # --- lifecycle ---------------------------------------------------------------------------
 
@@ -119,8 +109,12 @@ class Worker:
         group_metadata = await self._consumer.open()
         self._output = TransactionalOutput(s, group_metadata)
         await self._output.open()
-        self._scheduler = ClientScheduler(self._run_job, s.concurrency, skip=lambda job: job.ps.revoked)
-        for coro in (self._fetch_loop(), self._commit_loop(), self._gauge_loop()):
+        self._outputs = OutputStage(s, self._counts)
+        self._intake = Intake(count, s.restore_clock_slack_seconds, self._outputs)
+        attempts = AttemptRunner(s, self.handler, self._outputs, self._pool, self.stats)
+        self._scheduler = ClientScheduler(attempts.run, s.concurrency, skip=lambda job: job.ps.revoked)
+        self._committer = Committer(s, self._output, self._partitions.values, self.stats)
+        for coro in (self._fetch_loop(), self._committer.run(), self._gauge_loop()):
             self._tasks.append(loop.create_task(self._guard(coro)))
 
     async def wait(self) -> None:
@@ -194,7 +188,8 @@ class Worker:
                 continue
             pm = PartitionMetrics(self.settings.metrics_consumer, self.settings.worker_id, s)
             ps = PartitionState(s, restored[s], self.settings.ttl_seconds, time.time, pm)
-            ps.output_partition = self._output_partition(self.settings.sink, ps)
+            assert self._outputs is not None
+            ps.output_partition = self._outputs.output_partition(self.settings.sink, s)
             self._partitions[s] = ps
             assign[s] = restored[s].start_offset
         await self._consumer.assign(assign)
@@ -258,7 +253,8 @@ class Worker:
         await asyncio.gather(*(ps.drained.wait() for ps in states))
         if commit:
             await self.commit_now()
-        async with self._commit_lock:  # waits out an in-flight commit; no later one sees the slots
+        assert self._committer is not None
+        async with self._committer.lock:  # waits out an in-flight commit; no later one sees the slots
             for ps in states:
                 ps.outputs.clear()
                 ps.dirty_state.clear()
@@ -278,8 +274,8 @@ class Worker:
             await self._apply_backpressure()
 
     def _dispatch(self, messages: list[Message]) -> None:
-        scheduler = self._scheduler
-        assert scheduler is not None
+        scheduler, intake = self._scheduler, self._intake
+        assert scheduler is not None and intake is not None
         partitions = self._partitions
         consumed: dict[int, int] = {}
         for m in messages:
@@ -291,39 +287,20 @@ class Worker:
             if ps is None or ps.revoked:
                 continue  # fetched just before a release: the new owner handles it
             offset: int = m.offset()  # type: ignore[assignment]
-            window = ps.window
-            if offset < window.next_offset:
+            if offset < ps.window.next_offset:
                 continue  # delivered again (e.g. after resume): already in the window
-            timestamp_ms = m.timestamp()[1]
-            window.add(offset, timestamp_ms)
             consumed[ps.partition] = consumed.get(ps.partition, 0) + 1
-            if offset in ps.skip:
-                ps.skip.discard(offset)
-                window.finish(offset)
-                continue
-            value = m.value()
-            try:
-                event = parse_input(value)
-            except BadEvent as exc:
-                self._dead_letter(ps, offset, m.key(), value, exc.reason, exc.detail, 0)
-                window.finish(offset)
-                continue
-            # Event time is `created`; the record timestamp stands in when a producer left it out.
-            if not ps.dedup.add_if_new(event.uuid, (event.created_ms or timestamp_ms) / 1000):
-                ps.metrics.duplicates.inc()
-                self.stats.duplicates += 1
-                window.finish(offset)
-                continue
-            scheduler.submit(event.client_id, _Job(ps, offset, event, m.key(), value))  # type: ignore[arg-type]
+            job = intake.admit(ps, m, offset)
+            if job is not None:
+                scheduler.submit(job.event.client_id, job)
         for p, n in consumed.items():
             partitions[p].metrics.consumed.inc(n)
             self.stats.consumed += n
 
     async def _apply_backpressure(self) -> None:
         limit = self.settings.max_pending
-        to_pause = [ps for ps in self._partitions.values() if not ps.paused and ps.window.pending > limit]
-        # Resume at half the limit, not just below it, so a partition does not flap every fetch.
-        to_resume = [ps for ps in self._partitions.values() if ps.paused and ps.window.pending <= limit // 2]
+        to_pause = [ps for ps in self._partitions.values() if ps.wants_pause(limit)]
+        to_resume = [ps for ps in self._partitions.values() if ps.wants_resume(limit)]
         if to_pause:
             await self._consumer.pause([ps.partition for ps in to_pause])
             for ps in to_pause:
@@ -336,117 +313,12 @@ class Worker:
                 ps.paused = False
                 ps.metrics.paused.set(0)
 
-    # --- running handlers --------------------------------------------------------------------
-
-    async def _run_job(self, job: _Job) -> None:
-        ps = job.ps
-        if ps.revoked:
-            return  # released after it was queued: not handled here, the offset stays unfinished
-        ps.running += 1
-        ps.drained.clear()
-        try:
-            event = job.event
-            s = self.settings
-            started_s = time.time()
-            latency_s = started_s - event.created_ms / 1000
-            self._latency.observe(latency_s)
-            self.stats.note_latency(latency_s)
-            function = self.handler.function
-            attempt = 0
-            while True:
-                attempt += 1
-                state = ClientState(ps.store.get(event.client_id))
-                ctx = HandlerContext(client_id=event.client_id, partition=ps.partition, offset=job.offset,
-                                     attempt=attempt, worker=s.worker_id, config=s.handler_config, state=state)
-                t0 = time.perf_counter()
-                try:
-                    if self.handler.is_async:
-                        result = await function(event.body, ctx)
-                    else:
-                        result = await asyncio.get_running_loop().run_in_executor(
-                            self._pool, function, event.body, ctx
-                        )
-                    self._handler_seconds.observe(time.perf_counter() - t0)
-                    key, value = encode_processed(event, ps.partition, job.offset, s.worker_id,
-                                                  int(started_s * 1000), int(time.time() * 1000), result)
-                    # The state also rides on the processed record, so "handled" and "its state"
-                    # are one record that no torn transaction can split (restore.py).
-                    state_headers = [(STATE_HEADER, orjson.dumps(state.staged))] if state.changed else None
-                except Exception as exc:  # noqa: BLE001 - any handler failure is retried, then dead-lettered
-                    self._handler_seconds.observe(time.perf_counter() - t0)
-                    if ps.revoked:
-                        return  # the slot moved: the new owner runs it again
-                    if attempt <= s.max_retries:
-                        backoff = min(s.retry_backoff_ms / 1000 * 2 ** (attempt - 1), MAX_RETRY_BACKOFF_SECONDS)
-                        await asyncio.sleep(backoff)
-                        continue
-                    self._dead_letter(ps, job.offset, job.key, job.value, "handler-error",
-                                      f"{type(exc).__name__}: {exc}", attempt)
-                    ps.window.finish(job.offset)
-                    return
-                if state_headers is not None:
-                    if state.staged is None:
-                        ps.store.pop(event.client_id, None)
-                        ps.dirty_state[event.client_id] = (None, job.offset)
-                    else:
-                        ps.store[event.client_id] = state.staged
-                        ps.dirty_state[event.client_id] = (state_headers[0][1], job.offset)
-                ps.outputs.append(OutputRecord(s.sink, ps.output_partition, key, value, state_headers))
-                ps.processed_uncommitted += 1
-                ps.window.finish(job.offset)
-                return
-        finally:
-            ps.running -= 1
-            if ps.running == 0:
-                ps.drained.set()
-
-    def _output_partition(self, topic: str, ps: PartitionState) -> int | None:
-        # Same partition as the input when the layouts match, so a slot's outputs live in one
-        # partition and restore reads only that one.
-        return ps.partition if self._counts[topic] == self.partition_count else None
-
-    def _dead_letter(self, ps: PartitionState, offset: int, key: bytes | None, value: bytes | None,
-                     reason: str, detail: str, attempts: int) -> None:
-        s = self.settings
-        headers = dead_letter_headers(reason, detail, s.topic, ps.partition, offset, attempts)
-        ps.outputs.append(OutputRecord(s.dlq, self._output_partition(s.dlq, ps), key, value, headers))
-        ps.metrics.dead_letter(reason)
-        self.stats.dead_letters += 1
-
     # --- committing --------------------------------------------------------------------------
-
-    async def _commit_loop(self) -> None:
-        interval = self.settings.commit_interval_ms / 1000
-        while True:
-            await asyncio.sleep(interval)
-            await self.commit_now()
 
     async def commit_now(self) -> None:
         """Commit one transaction with every finished output, state change and committable offset."""
-        output = self._output
-        if output is None:
-            return
-        async with self._commit_lock:
-            records: list[OutputRecord] = []
-            offsets: list[TopicPartition] = []
-            advanced: list[tuple[PartitionState, int, int]] = []
-            for ps in list(self._partitions.values()):
-                taken, processed = ps.take_outputs(self.settings.state)
-                records.extend(taken)
-                committable = ps.window.committable
-                if committable > ps.committed_offset or processed:
-                    advanced.append((ps, committable, processed))
-                if committable > ps.committed_offset:
-                    offsets.append(TopicPartition(self.settings.topic, ps.partition, committable))
-            if not records and not offsets:
-                return
-            await output.commit(records, offsets)
-            self._transactions.inc()
-            for ps, committable, processed in advanced:
-                ps.committed_offset = max(ps.committed_offset, committable)
-                if processed:
-                    ps.metrics.processed.inc(processed)
-                    self.stats.processed += processed
+        if self._committer is not None:
+            await self._committer.commit_now()
 
     # --- gauges ------------------------------------------------------------------------------
 
@@ -463,7 +335,6 @@ class Worker:
         lag_total = 0
         oldest_s = 0.0
         for ps in states:
-            ps.dedup.expire()
             ps.metrics.dedup_entries.set(len(ps.dedup))
             ps.metrics.pending.set(ps.window.pending)
             high = highs.get(ps.partition, -1)

@@ -5,12 +5,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import Callable
-from typing import Any
+
+import orjson
 
 from keyrange import metrics
-from keyrange.worker.commits import CommitWindow
+from keyrange.events import SOURCE_OFFSET_HEADER, TOTALS_KEY, encode_totals
+from keyrange.worker.commits import CommitWindow, Totals
 from keyrange.worker.dedup import TtlSet
-from keyrange.worker.restore import SOURCE_OFFSET_HEADER, RestoredPartition
+from keyrange.worker.restore import RestoredPartition
 from keyrange.worker.transactions import OutputRecord
 
 
@@ -18,8 +20,8 @@ class PartitionMetrics:
     """The metric children of one partition, bound once (label lookups are slow per event)."""
 
     __slots__ = (
-        "consumed", "dead_letters", "dedup_entries", "duplicates", "labels", "lag", "lag_seconds",
-        "paused", "pending", "processed",
+        "consumed", "dead_letters", "dedup_entries", "duplicates", "labels", "lag", "lag_seconds", "misplaced",
+        "paused", "pending", "processed", "skewed_ahead", "skewed_behind",
     )
 
     def __init__(self, consumer: str, worker: str, partition: int) -> None:
@@ -33,6 +35,9 @@ class PartitionMetrics:
         self.paused = metrics.PARTITION_PAUSED.labels(*self.labels)
         self.lag = metrics.CONSUMER_LAG.labels(*self.labels)
         self.lag_seconds = metrics.CONSUMER_LAG_SECONDS.labels(*self.labels)
+        self.skewed_ahead = metrics.CLOCK_SKEWED_EVENTS.labels(*self.labels, "ahead")
+        self.skewed_behind = metrics.CLOCK_SKEWED_EVENTS.labels(*self.labels, "behind")
+        self.misplaced = metrics.MISPLACED_EVENTS.labels(*self.labels)
 
     def dead_letter(self, reason: str) -> None:
         """Count one dead letter with its reason code."""
@@ -55,22 +60,33 @@ class PartitionState:
         self.window = CommitWindow(restored.start_offset)
         self.committed_offset = restored.start_offset
         """The offset last committed for this partition (or where it started)."""
+        self.restored_totals = restored.totals
+        """How the offsets below the offset this acquire started from finished."""
+        self.committed_totals = restored.totals
+        """How the offsets below committed_offset finished."""
         self.skip = restored.finished_offsets
-        """Offsets already finished before this acquire (outputs exist): not run again."""
+        """Offsets already finished before this acquire (outputs exist), with how: not run again."""
         self.dedup = TtlSet(ttl_seconds, wall_clock)
         for uuid, event_time_s in restored.seen:
             self.dedup.add_if_new(uuid, event_time_s)
-        self.store: dict[int, Any] = restored.state
-        """clientId -> committed keyed state (as applied by finished events)."""
+        self.store: dict[int, bytes] = {client: orjson.dumps(value) for client, value in restored.state.items()}
+        """clientId -> committed keyed state as JSON (as applied by finished events; as the changelog
+        holds it, so memory always matches what a restore would rebuild)."""
         self.outputs: list[OutputRecord] = []
         """Processed records and dead letters finished since the last transaction."""
         self.dirty_state: dict[int, tuple[bytes | None, int]] = {}
         """clientId -> (encoded state, None for a tombstone; input offset of the event that set it),
         to changelog in the next transaction."""
         self.processed_uncommitted = 0
+        self.dead_letters_uncommitted: list[str] = []
+        """Reasons of the dead letters in `outputs` (counted once their transaction commits)."""
         self.revoked = False
         """Set on release: nothing more of this partition starts; queued events are skipped."""
         self.paused = False
+        """Paused in the consumer for backpressure (see `wants_pause`)."""
+        self.placed_clients: set[int] = set()
+        """Clients seen on this partition whose murmur2 partition it is (intake.py)."""
+        self.warned_misplaced = False
         self.running = 0
         """Handler calls in flight for this partition."""
         self.drained = asyncio.Event()
@@ -79,8 +95,18 @@ class PartitionState:
         self.output_partition: int | None = partition
         """Sink partition of this partition's processed records (None: the producer picks by key)."""
 
-    def take_outputs(self, state_topic: str) -> tuple[list[OutputRecord], int]:
-        """Hand over the outputs and state changes for a transaction; return them and the processed count."""
+    def wants_pause(self, max_pending: int) -> bool:
+        """True when more than `max_pending` fetched events are not yet committable: stop fetching."""
+        return not self.paused and self.window.pending > max_pending
+
+    def wants_resume(self, max_pending: int) -> bool:
+        """True when a paused partition is down to half the limit: fetch again. Half, not just
+        below it, so a partition does not flap every fetch."""
+        return self.paused and self.window.pending <= max_pending // 2
+
+    def take_outputs(self, state_topic: str) -> tuple[list[OutputRecord], int, list[str]]:
+        """Hand over the outputs and state changes for a transaction; return them, the processed
+        count and the dead letters' reasons."""
         records = self.outputs
         self.outputs = []
         if self.dirty_state:
@@ -90,4 +116,14 @@ class PartitionState:
                            for client, (value, offset) in self.dirty_state.items())
             self.dirty_state = {}
         processed, self.processed_uncommitted = self.processed_uncommitted, 0
-        return records, processed
+        dead_letters, self.dead_letters_uncommitted = self.dead_letters_uncommitted, []
+        return records, processed, dead_letters
+
+    def totals_record(self, state_topic: str, committable: int) -> tuple[OutputRecord, Totals]:
+        """The totals of the offsets below `committable`, and the changelog record that commits
+        them with that offset (restore.py reads it back, so the counts survive handoffs and crashes)."""
+        totals = self.restored_totals.plus(self.window.passed)
+        value = encode_totals(totals.handled, totals.dead_lettered, totals.duplicates_dropped)
+        record = OutputRecord(state_topic, self.partition, TOTALS_KEY, value,
+                              [(SOURCE_OFFSET_HEADER, str(committable).encode())])
+        return record, totals

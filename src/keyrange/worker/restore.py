@@ -11,7 +11,12 @@ committed offset:
 - keyed state: the changelog entries (`<group>.state`) whose source offset (header
   `keyrange.source.offset`) is < C are folded in log order, entries >= C are ignored; then the
   state headers (`keyrange.state`) of the processed records of offsets >= C (exactly the events
-  marked finished above) are applied in offset order.
+  marked finished above) are applied in offset order;
+- the partition's totals (how the offsets below C finished): the newest totals record of the
+  changelog that counts up to at most C (worker/totals.py).
+Only outputs this consumer group wrote count (header `keyrange.group`): other consumers of the
+same input may share the sink and the DLQ. The window is replayed in log order, as the engine saw
+the events, because an event is remembered at the stream time it arrived at (dedup.py).
 Everything here is blocking and runs on a thread of its own.
 
 Why the state is right whatever prefix of a transaction became visible. The state a client must
@@ -43,15 +48,21 @@ from typing import Any
 import orjson
 from confluent_kafka import Message
 
-from keyrange.events import DLQ_OFFSET, DLQ_PARTITION, BadEvent, decode_processed, parse_input
+from keyrange.events import (
+    DLQ_OFFSET,
+    DLQ_PARTITION,
+    GROUP_HEADER,
+    SOURCE_OFFSET_HEADER,
+    STATE_HEADER,
+    TOTALS_KEY,
+    BadEvent,
+    decode_processed,
+    decode_totals,
+    parse_input,
+)
+from keyrange.worker.commits import Outcome, Totals
 from keyrange.worker.logreader import LogReader, Span
 from keyrange.worker.settings import WorkerSettings
-
-SOURCE_OFFSET_HEADER = "keyrange.source.offset"
-"""Header of a changelog record: the input offset of the event whose handler wrote the state."""
-STATE_HEADER = "keyrange.state"
-"""Header of a processed record whose handler changed the client's state: the state after the
-event, as JSON; `null` means deleted (a stored state is never null: `set(None)` deletes)."""
 
 
 @dataclass
@@ -60,12 +71,16 @@ class RestoredPartition:
 
     start_offset: int
     """Where fetching resumes: the committed offset, or the first offset when none is committed."""
-    finished_offsets: set[int] = field(default_factory=set)
-    """Offsets >= start_offset already handled or dead-lettered: skip them."""
+    finished_offsets: dict[int, Outcome] = field(default_factory=dict)
+    """Offsets >= start_offset already handled or dead-lettered (which of the two): skip them."""
     seen: list[tuple[str, float]] = field(default_factory=list)
-    """(uuid, event time in seconds) of the events the dedup window must hold, oldest first."""
+    """(uuid, event time in seconds) of the events the dedup window must hold, in log order (the
+    window remembers an event at the stream time it arrived at: dedup.py), inputs before the
+    committed offset first, then the finished events at or past it by offset."""
     state: dict[int, Any] = field(default_factory=dict)
     """Keyed state per clientId."""
+    totals: Totals = field(default_factory=Totals)
+    """How the offsets below start_offset finished (the newest totals record the commit covers)."""
 
 
 def restore(settings: WorkerSettings, start_offsets: dict[int, int], partition_counts: dict[str, int],
@@ -163,6 +178,7 @@ class OutputEntry:
     created_s: float
     state: tuple[int, Any] | None
     """(clientId, state after the event; None = deleted) when the handler changed the state."""
+    outcome: Outcome
 
 
 @dataclass(frozen=True, slots=True)
@@ -183,8 +199,11 @@ class ParsedLogs:
     inputs: dict[int, list[InputEntry]] = field(default_factory=dict)
     """Per input partition, in offset order."""
     outputs: list[OutputEntry] = field(default_factory=list)
+    """This consumer group's processed records and dead letters (other groups' are left out)."""
     states: dict[int, list[StateEntry]] = field(default_factory=dict)
     """Per changelog partition, in log order."""
+    totals: dict[int, list[tuple[int, Totals]]] = field(default_factory=dict)
+    """Per changelog partition, in log order: (the offset a totals record counts up to, totals)."""
 
     def add(self, settings: WorkerSettings, span: Span, messages: list[Message]) -> None:
         """Parse `messages` of `span` (records after those added for it before)."""
@@ -193,9 +212,18 @@ class ParsedLogs:
             self.inputs.setdefault(partition, []).extend(_input_entry(m) for m in messages)
         elif topic in (settings.sink, settings.dlq):
             parse = _dead_letter_entry if topic == settings.dlq else _processed_entry
-            self.outputs.extend(e for m in messages if (e := parse(m)) is not None)
+            group = settings.group_id.encode()
+            # Several consumer groups may share a sink and a DLQ: only this group's outputs say
+            # what this group finished. Outputs without the header predate it and are not trusted.
+            ours = (m for m in messages if _header(m, GROUP_HEADER) == group)
+            self.outputs.extend(e for m in ours if (e := parse(m)) is not None)
         elif topic == settings.state:
-            self.states.setdefault(partition, []).extend(c for m in messages if (c := _state_entry(m)) is not None)
+            for m in messages:
+                if m.key() == TOTALS_KEY:
+                    if (totals := _totals_entry(m)) is not None:
+                        self.totals.setdefault(partition, []).append(totals)
+                elif (change := _state_entry(m)) is not None:
+                    self.states.setdefault(partition, []).append(change)
 
     @classmethod
     def of(cls, settings: WorkerSettings, logs: dict[Span, list[Message]]) -> ParsedLogs:
@@ -220,24 +248,31 @@ def fold_logs(start_offsets: dict[int, int], parsed: ParsedLogs) -> dict[int, Re
 
     # (offset, clientId, state or None) from the processed records of offsets >= C, per partition.
     states_after: dict[int, list[tuple[int, int, Any]]] = {p: [] for p in result}
+    finished_after: dict[int, list[tuple[int, str, float]]] = {p: [] for p in result}
     for out in parsed.outputs:
         # An output of an event at or past the committed offset: it must not run again, its uuid
         # joins the window, and the client's state after it (if its handler changed it) is noted.
         target = result.get(out.partition)
         if target is None or out.offset < target.start_offset:
             continue
-        target.finished_offsets.add(out.offset)
+        target.finished_offsets[out.offset] = out.outcome
         if out.state is not None:
             states_after[out.partition].append((out.offset, *out.state))
         if out.uuid is not None:
-            target.seen.append((out.uuid, out.created_s))
+            finished_after[out.partition].append((out.offset, out.uuid, out.created_s))
 
     for p, restored in result.items():
+        # The newest totals the committed offset covers; a newer record counting past it was
+        # written by a transaction whose offsets did not commit (torn on tansu): its offsets run
+        # again and are counted again.
+        for counted_to, totals in parsed.totals.get(p, []):
+            if counted_to <= restored.start_offset:
+                restored.totals = totals
         for change in parsed.states.get(p, []):
             if change.source_offset is not None and change.source_offset >= restored.start_offset:
                 continue  # possibly ahead of its processed record: that record carries the state
             _set_state(restored.state, change.client, change.state)
-        restored.seen.sort(key=lambda pair: pair[1])
+        restored.seen.extend((uuid, created_s) for _, uuid, created_s in sorted(finished_after[p]))
         for _, client, state in sorted(states_after[p], key=lambda entry: entry[0]):
             _set_state(restored.state, client, state)
     return result
@@ -263,7 +298,7 @@ def _processed_entry(m: Message) -> OutputEntry | None:
     encoded = _header(m, STATE_HEADER)
     state = None if encoded is None else (record["clientId"], orjson.loads(encoded))
     created_s = (record.get("created") or m.timestamp()[1]) / 1000
-    return OutputEntry(record["partition"], record["offset"], record["uuid"], created_s, state)
+    return OutputEntry(record["partition"], record["offset"], record["uuid"], created_s, state, Outcome.HANDLED)
 
 
 def _dead_letter_entry(m: Message) -> OutputEntry | None:
@@ -275,9 +310,10 @@ def _dead_letter_entry(m: Message) -> OutputEntry | None:
         return None
     try:
         event = parse_input(m.value())
-        return OutputEntry(partition, offset, event.uuid, (event.created_ms or m.timestamp()[1]) / 1000, None)
+        created_s = (event.created_ms or m.timestamp()[1]) / 1000
+        return OutputEntry(partition, offset, event.uuid, created_s, None, Outcome.DEAD_LETTERED)
     except BadEvent:
-        return OutputEntry(partition, offset, None, 0.0, None)
+        return OutputEntry(partition, offset, None, 0.0, None, Outcome.DEAD_LETTERED)
 
 
 def _state_entry(m: Message) -> StateEntry | None:
@@ -287,6 +323,14 @@ def _state_entry(m: Message) -> StateEntry | None:
     source = _header(m, SOURCE_OFFSET_HEADER)
     value = m.value()
     return StateEntry(int(key), None if source is None else int(source), None if value is None else orjson.loads(value))
+
+
+def _totals_entry(m: Message) -> tuple[int, Totals] | None:
+    source = _header(m, SOURCE_OFFSET_HEADER)
+    value = m.value()
+    if source is None or value is None:
+        return None
+    return int(source), Totals(*decode_totals(value))
 
 
 def _set_state(states: dict[int, Any], client: int, state: Any) -> None:

@@ -1,0 +1,98 @@
+"""Running one event's handler: attempts, retries with backoff, and staging what it produced.
+
+A failed attempt is retried after a backoff (doubling, capped) up to `max_retries` times, then the
+event is dead-lettered; the client's later events wait meanwhile (order), other clients do not.
+Each attempt gets a fresh context whose state is the client's committed state, so a failed
+attempt leaves no trace (context.py). A slot released while an attempt runs is not retried here:
+its new owner runs the event.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import orjson
+
+from keyrange import metrics as metric_defs
+from keyrange.events import encode_processed
+from keyrange.handlers import Handler
+from keyrange.worker.commits import Outcome
+from keyrange.worker.context import ClientState, HandlerContext
+from keyrange.worker.intake import Job
+from keyrange.worker.outputs import OutputStage
+from keyrange.worker.settings import WorkerSettings
+from keyrange.worker.stats import WorkerStats
+
+MAX_RETRY_BACKOFF_SECONDS = 2.0
+
+
+class AttemptRunner:
+    """Runs jobs for the client scheduler (module docstring)."""
+
+    def __init__(self, settings: WorkerSettings, handler: Handler, outputs: OutputStage, pool: ThreadPoolExecutor,
+                 stats: WorkerStats) -> None:
+        self._settings = settings
+        self._handler = handler
+        self._outputs = outputs
+        self._pool = pool
+        self._stats = stats
+        labels = (settings.metrics_consumer, settings.worker_id)
+        self._latency = metric_defs.EVENT_LATENCY.labels(*labels)
+        self._handler_seconds = metric_defs.HANDLER_SECONDS.labels(*labels)
+
+    async def run(self, job: Job) -> None:
+        """Handle `job` to an outcome (processed or dead-lettered), unless its slot is released first."""
+        ps = job.ps
+        if ps.revoked:
+            return  # released after it was queued: not handled here, the offset stays unfinished
+        ps.running += 1
+        ps.drained.clear()
+        try:
+            await self._attempts(job)
+        finally:
+            ps.running -= 1
+            if ps.running == 0:
+                ps.drained.set()
+
+    async def _attempts(self, job: Job) -> None:
+        ps, event, s = job.ps, job.event, self._settings
+        started_s = time.time()
+        latency_s = started_s - event.created_ms / 1000
+        self._latency.observe(latency_s)
+        self._stats.note_latency(latency_s)
+        attempt = 0
+        while True:
+            attempt += 1
+            state = ClientState(ps.store.get(event.client_id))
+            ctx = HandlerContext(client_id=event.client_id, partition=ps.partition, offset=job.offset,
+                                 attempt=attempt, worker=s.worker_id, config=s.handler_config, state=state)
+            t0 = time.perf_counter()
+            try:
+                result = await self._call(event.body, ctx)
+                self._handler_seconds.observe(time.perf_counter() - t0)
+                key, value = encode_processed(event, ps.partition, job.offset, s.worker_id,
+                                              int(started_s * 1000), int(time.time() * 1000), result)
+                state_json = orjson.dumps(state.staged) if state.changed and state.staged is not None else None
+            except Exception as exc:  # noqa: BLE001 - any handler failure is retried, then dead-lettered
+                self._handler_seconds.observe(time.perf_counter() - t0)
+                if ps.revoked:
+                    return  # the slot moved: the new owner runs it again
+                if attempt <= s.max_retries:
+                    await asyncio.sleep(min(s.retry_backoff_ms / 1000 * 2 ** (attempt - 1), MAX_RETRY_BACKOFF_SECONDS))
+                    continue
+                self._outputs.dead_letter(ps, job.offset, job.key, job.value, "handler-error",
+                                          f"{type(exc).__name__}: {exc}", attempt)
+                ps.window.finish(job.offset, Outcome.DEAD_LETTERED)
+                return
+            deleted = state.changed and state.staged is None
+            self._outputs.processed(ps, job.offset, event.client_id, key, value, state_json, deleted)
+            ps.window.finish(job.offset, Outcome.HANDLED)
+            return
+
+    async def _call(self, body: dict[str, object], ctx: HandlerContext) -> object:
+        function = self._handler.function
+        if self._handler.is_async:
+            return await function(body, ctx)
+        return await asyncio.get_running_loop().run_in_executor(self._pool, function, body, ctx)

@@ -1,0 +1,110 @@
+"""What becomes of a fetched record: a job for its client, or an outcome at once.
+
+In log order per partition: the record joins the partition's commit window; an offset a previous
+owner already finished (its output exists past the committed offset) is skipped; bad input is
+dead-lettered; a uuid already in the dedup window is dropped; anything else is a job, queued on
+its client. Nothing here blocks the client: its later events keep flowing.
+
+Two producer mistakes are counted here, because they silently weaken guarantees:
+- a record on a partition other than murmur2(clientId)'s splits the client's order and state
+  over two partitions (`keyrange_misplaced_events_total`, and one warning per partition);
+- a `created` ahead of the worker's clock, or behind the partition's stream time, by more than
+  the tolerated skew (`keyrange_clock_skewed_events_total`). The dedup window bounds such a time
+  either way (dedup.py), so dedup still works; the skew is reported because past it a restore's
+  time-based reads (restore.py) may start too late to rebuild the window exactly.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from confluent_kafka import Message
+
+from keyrange.events import BadEvent, InputEvent, parse_input
+from keyrange.ranges.slots import partition_for_client
+from keyrange.worker.commits import Outcome
+from keyrange.worker.outputs import OutputStage
+from keyrange.worker.partition import PartitionState
+
+log = logging.getLogger(__name__)
+
+MAX_PLACED_CLIENTS = 100_000
+"""Clients remembered per partition as correctly placed (checked once each); cleared past this."""
+
+
+@dataclass(slots=True)
+class Job:
+    """One event waiting for (or in) its handler call."""
+
+    ps: PartitionState
+    offset: int
+    event: InputEvent
+    key: bytes | None
+    value: bytes
+
+
+class Intake:
+    """Turns the records of held partitions into jobs or immediate outcomes (module docstring)."""
+
+    __slots__ = ("_outputs", "_partition_count", "_skew_s", "_wall_clock")
+
+    def __init__(self, partition_count: int, tolerated_skew_seconds: float, outputs: OutputStage,
+                 wall_clock: Callable[[], float] = time.time) -> None:
+        self._partition_count = partition_count
+        self._skew_s = tolerated_skew_seconds
+        self._outputs = outputs
+        self._wall_clock = wall_clock
+
+    def admit(self, ps: PartitionState, m: Message, offset: int) -> Job | None:
+        """The job for record `m` at `offset` (the next one of `ps`), or None when it finished here."""
+        window = ps.window
+        timestamp_ms = m.timestamp()[1]
+        window.add(offset, timestamp_ms)
+        finished = ps.skip.pop(offset, None)
+        if finished is not None:
+            window.finish(offset, finished)
+            return None
+        value = m.value()
+        try:
+            event = parse_input(value)
+        except BadEvent as exc:
+            self._outputs.dead_letter(ps, offset, m.key(), value, exc.reason, exc.detail, 0)
+            window.finish(offset, Outcome.DEAD_LETTERED)
+            return None
+        if event.client_id not in ps.placed_clients:
+            self._check_placement(ps, event.client_id)
+        # Event time is `created`; the record timestamp stands in when a producer left it out.
+        event_s = (event.created_ms or timestamp_ms) / 1000
+        self._check_skew(ps, event_s)
+        if not ps.dedup.add_if_new(event.uuid, event_s):
+            # Counted when its offset commits: a drop whose offset never commits here is dropped,
+            # and counted, by the slot's next owner.
+            window.finish(offset, Outcome.DUPLICATE)
+            return None
+        # A record with a value always has bytes (parse_input rejected None).
+        return Job(ps, offset, event, m.key(), value)  # type: ignore[arg-type]
+
+    def _check_placement(self, ps: PartitionState, client_id: int) -> None:
+        expected = partition_for_client(client_id, self._partition_count)
+        if expected == ps.partition:
+            if len(ps.placed_clients) >= MAX_PLACED_CLIENTS:
+                ps.placed_clients.clear()
+            ps.placed_clients.add(client_id)
+            return
+        ps.metrics.misplaced.inc()
+        if not ps.warned_misplaced:
+            ps.warned_misplaced = True
+            log.warning(
+                "partition %d holds events of client %d, whose partition is %d (murmur2 of the key): its order and "
+                "state are split over two partitions. Producers must key events by clientId and use Java's "
+                "default partitioner (librdkafka: partitioner=murmur2_random). Counted in "
+                "keyrange_misplaced_events_total; warned once per partition.", ps.partition, client_id, expected)
+
+    def _check_skew(self, ps: PartitionState, event_s: float) -> None:
+        if event_s > self._wall_clock() + self._skew_s:
+            ps.metrics.skewed_ahead.inc()
+        elif event_s < ps.dedup.stream_time - self._skew_s:
+            ps.metrics.skewed_behind.inc()

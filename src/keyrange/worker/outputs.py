@@ -1,0 +1,56 @@
+"""Staging a partition's outputs for the next transaction: processed records, dead letters, state.
+
+Every output says which consumer group wrote it (header `keyrange.group`), so consumers sharing a
+sink or DLQ never take each other's outputs for their own on restore. An output goes to the
+partition of its input event when the topic has the input's partition count, so a slot's outputs
+live in one partition and a restore reads only that one.
+"""
+
+from __future__ import annotations
+
+from keyrange.events import GROUP_HEADER, STATE_HEADER, dead_letter_headers
+from keyrange.worker.partition import PartitionState
+from keyrange.worker.settings import WorkerSettings
+from keyrange.worker.transactions import OutputRecord
+
+
+class OutputStage:
+    """Adds outputs to their partition's batch; the committer takes the batch into a transaction."""
+
+    __slots__ = ("_group_header", "_same_layout", "_settings")
+
+    def __init__(self, settings: WorkerSettings, partition_counts: dict[str, int]) -> None:
+        self._settings = settings
+        self._group_header = (GROUP_HEADER, settings.group_id.encode())
+        inputs = partition_counts[settings.topic]
+        self._same_layout = {topic: n == inputs for topic, n in partition_counts.items()}
+
+    def output_partition(self, topic: str, partition: int) -> int | None:
+        """Where `partition`'s records go in `topic` (None: the producer picks by key)."""
+        return partition if self._same_layout[topic] else None
+
+    def processed(self, ps: PartitionState, offset: int, client_id: int, key: bytes, value: bytes,
+                  state_json: bytes | None, state_deleted: bool) -> None:
+        """Stage a handled event's processed record, and its client's new state if the handler
+        changed it (`state_json`, or `state_deleted`). The state rides on the processed record too,
+        so "handled" and "its state" are one record that no torn transaction can split
+        (restore.py); the store keeps the encoded value, what the changelog restores."""
+        headers = [self._group_header]
+        if state_deleted:
+            ps.store.pop(client_id, None)
+            ps.dirty_state[client_id] = (None, offset)
+            headers.append((STATE_HEADER, b"null"))
+        elif state_json is not None:
+            ps.store[client_id] = state_json
+            ps.dirty_state[client_id] = (state_json, offset)
+            headers.append((STATE_HEADER, state_json))
+        ps.outputs.append(OutputRecord(self._settings.sink, ps.output_partition, key, value, headers))
+        ps.processed_uncommitted += 1
+
+    def dead_letter(self, ps: PartitionState, offset: int, key: bytes | None, value: bytes | None,
+                    reason: str, detail: str, attempts: int) -> None:
+        """Stage a dead letter: the original key and value, and headers saying why and from where."""
+        s = self._settings
+        headers = [*dead_letter_headers(reason, detail, s.topic, ps.partition, offset, attempts), self._group_header]
+        ps.outputs.append(OutputRecord(s.dlq, self.output_partition(s.dlq, ps.partition), key, value, headers))
+        ps.dead_letters_uncommitted.append(reason)

@@ -1,0 +1,48 @@
+"""How a consumer group's input finished, counted exactly once per offset, read back from Kafka.
+
+Every transaction that moves a partition's committed offset also writes a totals record to the
+group's changelog (key `keyrange.totals`): how many offsets below the new committed offset were
+handled, dead-lettered and dropped as duplicates. A new owner restores the totals with the rest
+of the partition (restore.py) and counts on from there, so the totals survive handoffs, crashes
+and restarts, which per-process Prometheus counters do not (a SIGKILLed worker's counts since its
+last scrape are gone). `keyrange run` reports them when it stops; tests check them against the
+input log.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from keyrange.worker.commits import Totals
+from keyrange.worker.logreader import LogReader
+from keyrange.worker.restore import ParsedLogs
+from keyrange.worker.settings import WorkerSettings
+
+
+def committed_totals(settings: WorkerSettings, partitions: Iterable[int]) -> dict[int, Totals]:
+    """Per input partition, the totals its committed offset covers (zeros when nothing committed)."""
+    parts = sorted(set(partitions))
+    reader = LogReader(settings)
+    try:
+        committed = reader.start_offsets(settings.topic, parts)
+        logs, _ = reader.read({(settings.state, p): 0 for p in parts})
+    finally:
+        reader.close()
+    parsed = ParsedLogs()
+    for span, messages in logs.items():
+        parsed.add(settings, span, messages)
+    out = {}
+    for p in parts:
+        # The newest record counting up to at most the committed offset (a newer one belongs to a
+        # transaction whose offsets did not commit: see restore.fold_logs).
+        covered = [totals for counted_to, totals in parsed.totals.get(p, []) if counted_to <= committed[p]]
+        out[p] = covered[-1] if covered else Totals()
+    return out
+
+
+def sum_totals(per_partition: Iterable[Totals]) -> Totals:
+    """The totals of several partitions together."""
+    out = Totals()
+    for t in per_partition:
+        out = out.plus([t.handled, t.dead_lettered, t.duplicates_dropped])
+    return out
