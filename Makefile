@@ -11,7 +11,7 @@ export KEYRANGE_TOOLS := $(TOOLS)
 export PATH := $(CURDIR)/$(VENV)/bin:$(TOOLS)/bin:$(PATH)
 export PYSPARK_PYTHON := $(CURDIR)/$(PY)
 
-.PHONY: demo test install install-dev tools spark-connector lint types pytest bench clean
+.PHONY: demo test install install-dev tools spark-connector lint types pytest bench soak clean
 
 $(VENV)/.installed-%: pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -46,6 +46,13 @@ test: lint types pytest
 
 bench: install-dev spark-connector
 	$(PY) -m benchmarks
+
+# Many more random handoff schedules than CI runs (tests/integration/test_handoff_random.py);
+# SOAK_SEEDS picks them, e.g. `make soak SOAK_SEEDS=100-199`. Not part of `make test`.
+SOAK_SEEDS ?= 1-40
+soak: install-dev tools
+	KEYRANGE_CHAOS_SEEDS=$(SOAK_SEEDS) $(PY) -m pytest -q -p no:cacheprovider -o timeout=600 \
+		tests/integration/test_handoff_random.py
 
 clean:
 	rm -rf $(VENV) $(TOOLS) build *.egg-info
