@@ -100,8 +100,9 @@ class KafkaRangeControl:
 
     def _identity(self, spec: StreamConsumerSpec) -> tuple[object, ...]:
         kafka = spec.kafka
-        return (kafka.bootstrap_servers, kafka.topic, spec.group_id(self._name, self._namespace), kafka.replication_factor,
-                sorted(kafka.client_properties.items()), [i.model_dump() for i in kafka.client_properties_from])
+        return (kafka.bootstrap_servers, kafka.topic, spec.group_id(self._name, self._namespace),
+                kafka.replication_factor, sorted(kafka.client_properties.items()),
+                [i.model_dump() for i in kafka.client_properties_from])
 
     def _connect(self) -> Controller:
         spec = self._spec
