@@ -54,6 +54,10 @@ def test_a_partition_held_back_by_an_open_transaction_fails_the_read(bootstrap: 
     try:
         with pytest.raises(AssertionError, match=r"not read to their end.*\{1: \(5, 6\)\}"):
             read_topic(bootstrap, topic_name, timeout_seconds=3)
+        with pytest.raises(AssertionError, match=r"not read to their end"):
+            read_topic(bootstrap, topic_name, expect=11, timeout_seconds=2)
+        # While writers are at work, a caller that has what it waits for gets it after the timeout.
+        assert len(read_topic(bootstrap, topic_name, expect=10, timeout_seconds=2)) == 10
     finally:
         producer.abort_transaction(30)
     # Decided, the transaction no longer holds the read back.
