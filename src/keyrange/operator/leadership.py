@@ -90,16 +90,20 @@ class LeaseElector:
         self._observed: tuple[LeaseRecord, float] | None = None
         """The last record read and when (our clock) it was first seen unchanged."""
 
-    def _lease(self, record: LeaseRecord, resource_version: str | None) -> dict[str, Any]:
+    def _lease(self, found: dict[str, Any] | None) -> dict[str, Any]:
+        """The Lease with this replica as holder, keeping what else the stored one says (its labels,
+        and the acquire time while the holder does not change)."""
+        record = LeaseRecord.of(found) if found else LeaseRecord("", 0, "", 0)
         now = _micro_time(datetime.now(UTC))
         ours = record.holder == self.identity
         spec = {"holderIdentity": self.identity, "leaseDurationSeconds": int(self.timings.lease_seconds),
-                "renewTime": now, "leaseTransitions": record.transitions + (0 if ours or not record.holder else 1)}
-        if not ours:
-            spec["acquireTime"] = now
+                "renewTime": now, "leaseTransitions": record.transitions + (0 if ours or not record.holder else 1),
+                "acquireTime": ((found or {}).get("spec") or {}).get("acquireTime") if ours else now}
         meta: dict[str, Any] = {"name": self.name, "namespace": self.namespace}
-        if resource_version:
-            meta["resourceVersion"] = resource_version
+        if found is not None:
+            stored = found["metadata"]
+            meta["resourceVersion"] = stored["resourceVersion"]
+            meta.update({k: stored[k] for k in ("labels", "annotations") if k in stored})
         return {"apiVersion": LEASE_API, "kind": "Lease", "metadata": meta, "spec": spec}
 
     def try_acquire_or_renew(self) -> bool:
@@ -107,7 +111,7 @@ class LeaseElector:
         found = self._kube.get(LEASE_API, "Lease", self.namespace, self.name)
         if found is None:
             try:
-                self._kube.create(self._lease(LeaseRecord("", 0, "", 0), None))
+                self._kube.create(self._lease(None))
             except KubeApiError as exc:
                 if exc.status == 409:  # another candidate created it first
                     return False
@@ -120,7 +124,7 @@ class LeaseElector:
         if not may_acquire(record, now - self._observed[1], self.identity):
             return False
         try:
-            self._kube.replace(self._lease(record, found["metadata"]["resourceVersion"]))
+            self._kube.replace(self._lease(found))
         except KubeApiError as exc:
             if exc.status == 409:  # someone else wrote it since we read it
                 return False
@@ -132,7 +136,7 @@ class LeaseElector:
         found = self._kube.get(LEASE_API, "Lease", self.namespace, self.name)
         if found is None or LeaseRecord.of(found).holder != self.identity:
             return
-        lease = self._lease(LeaseRecord.of(found), found["metadata"]["resourceVersion"])
+        lease = self._lease(found)
         lease["spec"].update(holderIdentity="", leaseDurationSeconds=1)
         try:
             self._kube.replace(lease)
