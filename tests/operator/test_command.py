@@ -29,6 +29,7 @@ pytestmark = pytest.mark.asyncio(loop_scope="module")
 NS = "operator-command"
 LEASE = f"/apis/coordination.k8s.io/v1/namespaces/{RELEASE_NS}/leases/{RELEASE}"
 FAST_LEASE = ("--lease-seconds=4", "--lease-renew-deadline-seconds=3", "--lease-retry-seconds=0.5")
+WEBHOOK_TOKEN = "command-test"
 
 
 def _port() -> int:
@@ -81,7 +82,8 @@ async def operator_process(tmp_path: Path, tag: str, kubeconfig: Path, *args: st
             keyrange, "operator", f"--namespace={NS}", f"--liveness=http://127.0.0.1:{health}/healthz",
             f"--metrics-port={metrics}", "--refresh-seconds=0.5", "--image=keyrange:test",
             f"--lease={RELEASE}", f"--lease-namespace={RELEASE_NS}", f"--identity={tag}", *args,
-            stdout=out, stderr=out, env={**os.environ, "KUBECONFIG": str(kubeconfig)})
+            stdout=out, stderr=out,
+            env={**os.environ, "KUBECONFIG": str(kubeconfig), "KEYRANGE_WEBHOOK_TOKEN": WEBHOOK_TOKEN})
     op = OperatorProcess(proc, f"http://127.0.0.1:{health}/healthz", f"http://127.0.0.1:{metrics}/metrics", log)
     try:
         yield op
@@ -165,6 +167,22 @@ async def test_the_command_serves_health_and_metrics_and_releases_the_lease_on_s
         assert await _holder(cluster) == ""  # released: a standby need not wait out the lease
 
 
+async def _webhook_status(port: int) -> int:
+    """The status of an (empty) Alertmanager notification posted to a replica's webhook port."""
+    body = {"version": "4", "status": "firing", "receiver": "keyrange", "alerts": []}
+    try:
+        async with aiohttp.ClientSession() as session, session.post(
+                f"http://127.0.0.1:{port}/alertmanager/webhook", json=body,
+                headers={"Authorization": f"Bearer {WEBHOOK_TOKEN}"}) as response:
+            return response.status
+    except aiohttp.ClientError:
+        return 0
+
+
+async def _webhook_answers(port: int, status: int) -> bool:
+    return await _webhook_status(port) == status
+
+
 async def _is(op: OperatorProcess, role: str) -> bool:
     return await op.role() == role
 
@@ -173,10 +191,16 @@ async def _is(op: OperatorProcess, role: str) -> bool:
 async def test_only_the_lease_holder_acts_and_a_standby_takes_over_when_it_is_killed(
         cluster: Api, release: Release, tmp_path: Path, topic_name: str) -> None:
     kubeconfig = release.operator_kubeconfig
-    async with operator_process(tmp_path, "first", kubeconfig, *FAST_LEASE) as first:
+    webhooks = {"first": _port(), "second": _port()}
+    async with operator_process(tmp_path, "first", kubeconfig, *FAST_LEASE,
+                                f"--webhook-port={webhooks['first']}") as first:
         await eventually(lambda: _is(first, "leader"), "the first replica to lead")
-        async with operator_process(tmp_path, "second", kubeconfig, *FAST_LEASE) as second:
+        async with operator_process(tmp_path, "second", kubeconfig, *FAST_LEASE,
+                                    f"--webhook-port={webhooks['second']}") as second:
             await eventually(lambda: _is(second, "standby"), "the second replica to stand by")
+            # Only the leader handles alerts; a standby says so with a 503, which Alertmanager retries.
+            assert await _webhook_status(webhooks["second"]) == 503
+            assert await _webhook_status(webhooks["first"]) == 200
             await cluster.create(SC_PATH.format(ns=NS), cluster.with_topic(topic_name).streamconsumer("elected"))
             await eventually(first.reconciled_ok, "the leader to reconcile")
             await asyncio.sleep(3)  # the standby would act within its 0.5 s refresh if it ran controllers
@@ -187,6 +211,7 @@ async def test_only_the_lease_holder_acts_and_a_standby_takes_over_when_it_is_ki
             await first.proc.wait()
             await eventually(lambda: _is(second, "leader"), "the standby to take the Lease", timeout=30)
             await eventually(second.reconciled_ok, "the new leader to reconcile")
+            await eventually(lambda: _webhook_answers(webhooks["second"], 200), "the new leader's webhook")
             assert (await _holder(cluster)).startswith("second_")
 
 

@@ -132,6 +132,26 @@ async def serve_health(url: str, state: dict[str, str]) -> Any:
     return runner
 
 
+async def serve_standby_webhook(port: int, lease: str) -> Any:
+    """While standing by, answer the alert webhook with 503: only the Lease holder acts on alerts,
+    and Alertmanager retries a 5xx (reaching the leader through the Service sooner or later)."""
+    from aiohttp import web
+
+    from keyrange.operator.webhook import WEBHOOK_PATH
+
+    async def refuse(request: web.Request) -> web.Response:
+        return web.json_response({"error": f"this keyrange operator replica is a standby (Lease {lease}); "
+                                           "only the leader handles alerts: retry"},
+                                 status=503, headers={"Retry-After": "2"})
+
+    app = web.Application()
+    app.router.add_post(WEBHOOK_PATH, refuse)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    await web.TCPSite(runner, "0.0.0.0", port).start()
+    return runner
+
+
 async def run_operator(args: argparse.Namespace, settings: OperatorSettings) -> None:
     """Elect a leader, then run kopf and the side services until signalled or the Lease is lost."""
     from keyrange.operator.handlers import operator_memo
@@ -151,10 +171,15 @@ async def run_operator(args: argparse.Namespace, settings: OperatorSettings) -> 
         except ValueError as exc:
             raise UserError(f"invalid lease timings: {exc}") from None
         elector = LeaseElector(memo.kube, args.lease_namespace, args.lease, state["identity"], timings)
+        standby = await serve_standby_webhook(args.webhook_port, args.lease) if args.webhook_port else None
         log.info("standing by for Lease %s/%s as %s", args.lease_namespace, args.lease,
                                          state["identity"])
-        if not await asyncio.to_thread(elector.campaign, stop):
-            return
+        try:
+            if not await asyncio.to_thread(elector.campaign, stop):
+                return
+        finally:
+            if standby is not None:
+                await standby.cleanup()  # frees the port for the leader's receiver
         state["role"] = "leader"
         await _lead(args, settings, memo, state, elector, stop)
     finally:
