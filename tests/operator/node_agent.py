@@ -179,8 +179,14 @@ class TestNodeAgent:
             source = item.get("valueFrom") or {}
             if "fieldRef" in source:
                 env[item["name"]] = fields[source["fieldRef"]["fieldPath"]]
-            elif "secretKeyRef" in source or "configMapKeyRef" in source:
-                raise NotImplementedError(f"the test node agent does not resolve {source}")
+            elif "secretKeyRef" in source:
+                ref = source["secretKeyRef"]
+                secret = await self.api.get(f"/api/v1/namespaces/{namespace}/secrets/{ref['name']}")
+                env[item["name"]] = base64.b64decode(((secret or {}).get("data") or {})[ref["key"]]).decode()
+            elif "configMapKeyRef" in source:
+                ref = source["configMapKeyRef"]
+                cm = await self.api.get(f"/api/v1/namespaces/{namespace}/configmaps/{ref['name']}")
+                env[item["name"]] = str(((cm or {}).get("data") or {})[ref["key"]])
             else:
                 env[item["name"]] = str(item.get("value", ""))
         return env
