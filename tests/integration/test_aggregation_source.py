@@ -163,3 +163,25 @@ def test_available_now_stops_at_the_end_found_first_and_still_splits_batches(boo
         assert reader.latestOffset(second, ReadMaxRows(300)) == second  # done
     finally:
         reader.stop()
+
+
+def test_end_probe_reaches_the_end_even_when_every_fetch_brings_little_and_polls_come_back_empty(bootstrap, topic_name):
+    """A loaded machine's slow fetches, made here by tiny fetch sizes and 1 ms polls: an empty poll
+    must not pass for the end (it did, and `--once` then stopped early)."""
+    from keyrange.aggregation.kafka_reader import EndProbe, ReaderSettings
+
+    make_topic(bootstrap, topic_name, 2)
+    producer = transactional_producer(bootstrap)
+    producer.begin_transaction()
+    for i in range(4000):
+        producer.produce(topic_name, value=b"y" * 100, partition=i % 2)
+    producer.commit_transaction(30)
+    # Small fetches, each followed by a pause before the next one (the local queue is "full").
+    slow = {"max.partition.fetch.bytes": "2048", "fetch.max.bytes": "4096", "message.max.bytes": "4096",
+            "queued.min.messages": "1", "queued.max.messages.kbytes": "1", "fetch.queue.backoff.ms": "50"}
+    settings = ReaderSettings(bootstrap, topic_name, probe_idle_ms=1, extra=slow)
+    probe = EndProbe(settings)
+    try:
+        assert probe.ends({}) == {0: 2001, 1: 2001}
+    finally:
+        probe.close()

@@ -9,12 +9,16 @@ Why a probe that consumes instead of ListOffsets: the embedded broker (tansu) an
 with a high watermark that can be too low right after a batched produce, and with
 read_committed it may answer 0 while a transaction is open. Consuming to the end and taking the
 consumer's position is correct on every broker: librdkafka moves the position past transaction
-markers and stops at the last stable offset. The probe keeps its position between calls, so each
-record is read once by the probe over the life of a query, not once per micro-batch.
+markers and stops at the last stable offset. "The end" is the last stable offset that the
+brokers' fetch responses report (librdkafka's statistics, `ls_offset`), right on both brokers; an
+empty poll alone proves nothing on a loaded machine, where fetch responses come late. The probe
+keeps its position between calls, so each record is read once by the probe over the life of a
+query, not once per micro-batch.
 """
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
@@ -24,6 +28,9 @@ from confluent_kafka import OFFSET_INVALID, Consumer, KafkaError, KafkaException
 
 from keyrange.errors import UserError
 from keyrange.kafkaclients import KafkaClients
+
+STATS_INTERVAL_MS = 100
+"""How often the end probe's consumer reports each partition's last stable offset."""
 
 
 class KafkaReadError(UserError, RuntimeError):
@@ -43,7 +50,7 @@ class ReaderSettings:
     read_timeout_seconds: float = 120.0
     """A task reading a range fails after this long without progress (names the partition)."""
     probe_idle_ms: int = 200
-    """The end probe stops when a poll of this long returns nothing new."""
+    """How long one poll of the end probe waits for records."""
     extra: Mapping[str, str] = field(default_factory=dict)
     """Further librdkafka settings (the `kafka.`-prefixed source options, e.g. security)."""
 
@@ -74,8 +81,21 @@ class EndProbe:
 
     def __init__(self, settings: ReaderSettings) -> None:
         self._settings = settings
-        self._consumer = Consumer(settings.consumer_config("probe"))
+        config = settings.consumer_config("probe")
+        config.update({"statistics.interval.ms": STATS_INTERVAL_MS, "stats_cb": self._on_stats})
+        self._consumer = Consumer(config)
         self._known: dict[int, int] = {}
+        self._stable: dict[int, int] = {}
+        """Each partition's last stable offset in the newest fetch response (-1: none yet)."""
+        self._snapshots = 0
+
+    def _on_stats(self, text: str) -> None:
+        """librdkafka's statistics (served from `consume`): each partition's last stable offset."""
+        topic = json.loads(text).get("topics", {}).get(self._settings.topic, {})
+        for partition, figures in topic.get("partitions", {}).items():
+            if int(partition) >= 0:  # -1 is librdkafka's "unassigned" pseudo-partition
+                self._stable[int(partition)] = int(figures.get("ls_offset", -1))
+        self._snapshots += 1
 
     def low_offsets(self) -> dict[int, int]:
         """The first offset still stored in each partition (the `earliest` starting point)."""
@@ -91,33 +111,32 @@ class EndProbe:
         parts = partitions_of(self._consumer, topic)
         begin = {p: max(start.get(p, 0), self._known.get(p, 0)) for p in parts}
         self._consumer.assign([TopicPartition(topic, p, begin[p]) for p in parts])
-        fetched: set[int] = set()
+        # Statistics from before this call may describe an older end: wait for two newer ones.
+        fresh_after = self._snapshots + 2
         deadline = time.monotonic() + self._settings.read_timeout_seconds
         idle_s = self._settings.probe_idle_ms / 1000
         while time.monotonic() < deadline:
-            batch = self._consumer.consume(100_000, idle_s)
-            for message in batch:
-                partition = message.partition()
-                if message.error() is None and partition is not None:
-                    fetched.add(partition)
-            # A cached watermark means a fetch response arrived for that partition, so an empty
-            # poll really means "nothing more below the last stable offset", not "not fetched yet".
-            for p in parts:
-                _, high = self._consumer.get_watermark_offsets(TopicPartition(topic, p), cached=True)
-                if high >= 0:
-                    fetched.add(p)
-            if not batch and fetched.issuperset(parts):
+            self._consumer.consume(100_000, idle_s)  # only the position matters
+            positions = self._positions(parts, begin)
+            if self._snapshots >= fresh_after and all(
+                    0 <= self._stable.get(p, -1) <= positions[p] for p in parts):
                 break
         else:
             raise KafkaReadError(
                 f"could not find the end of topic {topic!r} within "
                 f"{self._settings.read_timeout_seconds:g} s; is the broker reachable?"
             )
-        positions = self._consumer.position([TopicPartition(topic, p) for p in parts])
-        for tp in positions:
-            position = tp.offset if tp.offset != OFFSET_INVALID and tp.offset >= 0 else begin[tp.partition]
-            self._known[tp.partition] = max(position, begin[tp.partition])
+        self._known.update(positions)
         return {p: self._known[p] for p in parts}
+
+    def _positions(self, parts: list[int], begin: Mapping[int, int]) -> dict[int, int]:
+        """The consumer's position in each partition (where it began if it has none yet)."""
+        topic = self._settings.topic
+        found = {}
+        for tp in self._consumer.position([TopicPartition(topic, p) for p in parts]):
+            position = tp.offset if tp.offset != OFFSET_INVALID and tp.offset >= 0 else begin[tp.partition]
+            found[tp.partition] = max(position, begin[tp.partition])
+        return found
 
     def close(self) -> None:
         """Leave the broker (no group was joined, nothing is committed)."""
