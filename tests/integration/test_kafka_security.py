@@ -24,7 +24,7 @@ from keyrange.local.supervisor import Supervisor
 from keyrange.spec import load_file
 from tests.checkers import check_all
 from tests.integration.aggregation_helpers import make_topic, processed_records, produce_processed
-from tests.kafkatools import read_input_log, read_processed
+from tests.kafkatools import read_counts, read_input_log, read_processed
 
 USER, PASSWORD = "keyrange-app", "s3cret-scram-pw"
 PASSWORD_VARIABLE = "TEST_KAFKA_SCRAM_PASSWORD"
@@ -140,7 +140,8 @@ def test_keyrange_run_works_end_to_end_over_tls_and_scram(secure_kafka: SecureKa
         stop.set()
         supervisor.stop()
     assert distinct > 1000
-    check_all(log, list(processed), ledger=True)
+    counts = read_counts(plain, topic_name, consumer.group_id, covering=len(log))
+    check_all(log, list(processed), counts, ledger=True)
     assert len(processed) == distinct
     worker_logs = "".join(p.read_text() for p in (tmp_path / "run" / "logs").glob("*.log"))
     assert "Traceback" not in worker_logs
