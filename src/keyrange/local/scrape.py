@@ -1,9 +1,8 @@
 """Reading the workers' /metrics: the local supervisor's lag source and the live table's figures.
 
 The same `keyrange_*` metrics Prometheus scrapes in a cluster; locally the supervisor scrapes them
-itself, once a second. Lag comes from the workers (`keyrange_consumer_lag` is computed from the
-consumer's cached high watermark, which avoids tansu's ListOffsets answer, too low right after a
-batched produce), so a slot that no worker holds right now has no measurement.
+itself, once a second. Lag comes from the workers (`keyrange_consumer_lag`: see the worker
+consumer's `high_watermarks`), so a slot that no worker holds right now has no measurement.
 """
 
 from __future__ import annotations

@@ -3,9 +3,10 @@
 confluent-kafka's Consumer is not thread-safe, so every call on it (fetch, assign, pause,
 watermarks, close) runs on a single-thread executor and calls are serialized; a fetch that waits
 for records gives way as soon as another call is queued behind it. The
-consumer never joins a group (joins are slow on tansu and the range map, not Kafka, decides
-ownership): partitions are `incremental_assign`ed explicitly and the group id only keys the
-committed offsets.
+consumer never joins a group: the range map, not Kafka, decides ownership, so partitions are
+`incremental_assign`ed explicitly and the group id only keys the committed offsets. (That joins
+take about half of `session.timeout.ms` on tansu would be reason enough on the embedded broker,
+but it is not a tansu workaround: a group's rebalances would fight the range map on any broker.)
 """
 
 from __future__ import annotations
@@ -13,10 +14,12 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable, Iterable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, TypeVar
 
-from confluent_kafka import Consumer, Message, TopicPartition
+from confluent_kafka import Consumer, IsolationLevel, KafkaException, Message, TopicPartition
+from confluent_kafka.admin import AdminClient
+from confluent_kafka.admin._listoffsets import ListOffsetsResultInfo, OffsetSpec
 
 from keyrange.worker.settings import WorkerSettings
 
@@ -27,6 +30,8 @@ FETCH_WAIT_SECONDS = 0.05
 FETCH_SLICE_SECONDS = 0.005
 """A waiting fetch checks this often whether a command (assign, unassign, pause...) is queued
 behind it, and returns early if so: a handoff waits for those commands."""
+LIST_OFFSETS_TIMEOUT_SECONDS = 5.0
+"""How long one ListOffsets request for the lag may take before its answer is given up."""
 
 
 def consumer_config(settings: WorkerSettings, **overrides: Any) -> dict[str, Any]:
@@ -47,6 +52,11 @@ class ThreadedConsumer:
         self._settings = settings
         self._commands_queued = 0
         """Calls other than fetch submitted and not finished (read by the fetch thread)."""
+        self._admin: AdminClient | None = None
+        self._listing: dict[TopicPartition, Future[ListOffsetsResultInfo]] = {}
+        """The ListOffsets request in flight, if any (see `high_watermarks`)."""
+        self._listed_ends: dict[int, int] = {}
+        """Each partition's end as the last ListOffsets answer gave it."""
 
     async def _call(self, function: Callable[..., R], *args: Any) -> R:
         self._commands_queued += 1
@@ -60,6 +70,7 @@ class ThreadedConsumer:
 
         def create() -> Any:
             self._consumer = Consumer(consumer_config(self._settings))
+            self._admin = AdminClient(self._settings.clients.admin())
             return self._consumer.consumer_group_metadata()
 
         return await self._call(create)
@@ -123,23 +134,54 @@ class ThreadedConsumer:
             await self._call(self._c.resume, tps)
 
     async def high_watermarks(self, partitions: Iterable[int]) -> dict[int, int]:
-        """High watermark per partition as last seen in fetch responses (-1 when unknown).
+        """High watermark per partition (-1 when unknown): the larger of the one last seen in fetch
+        responses and the broker's last ListOffsets answer, which is at most one call old.
 
-        The cached value is used on purpose: tansu answers ListOffsets with a high watermark that
-        can be too low right after a batched produce, while its fetch responses carry the true one.
+        tansu workaround: tansu's ListOffsets answers a high watermark far too low after a batched
+        produce (1 after 5,000 records), while its fetch responses carry the true one; hence the
+        cached fetch-response value. On Apache Kafka ListOffsets is exact and stays fresh while a
+        partition is paused for backpressure, when no fetch responses come and the cached value
+        freezes. Both are lower bounds of the true end on either broker, so their maximum is never
+        too high, and on Kafka it is the true end: no broker detection is needed. The request
+        never waits on the consumer's thread or the network: its answer is taken by the next call.
         """
+        wanted = list(partitions)
 
         def highs() -> dict[int, int]:
             out = {}
-            for p in partitions:
+            for p in wanted:
                 out[p] = self._c.get_watermark_offsets(TopicPartition(self._topic, p), cached=True)[1]
             return out
 
-        return await self._call(highs)
+        cached = await self._call(highs)
+        self._take_listed_ends()
+        self._ask_list_offsets(wanted)
+        return {p: max(high, self._listed_ends.get(p, -1)) for p, high in cached.items()}
+
+    def _take_listed_ends(self) -> None:
+        if not self._listing or not all(f.done() for f in self._listing.values()):
+            return
+        for tp, future in self._listing.items():
+            if future.exception() is None:
+                self._listed_ends[tp.partition] = max(self._listed_ends.get(tp.partition, -1),
+                                                      future.result().offset)
+        self._listing = {}
+
+    def _ask_list_offsets(self, partitions: list[int]) -> None:
+        if self._listing or not partitions or self._admin is None:
+            return
+        latest = OffsetSpec.latest()  # type: ignore[no-untyped-call]
+        request = {TopicPartition(self._topic, p): latest for p in partitions}
+        try:
+            self._listing = self._admin.list_offsets(request, isolation_level=IsolationLevel.READ_UNCOMMITTED,
+                                                     request_timeout=LIST_OFFSETS_TIMEOUT_SECONDS)
+        except KafkaException:
+            self._listing = {}  # the fetch responses' value stands alone until the next call
 
     async def close(self) -> None:
         """Close the consumer (no group to leave) and its thread."""
         if self._consumer is not None:
             await self._call(self._consumer.close)
             self._consumer = None
+        self._admin = None  # confluent's AdminClient closes when collected
         self._executor.shutdown(wait=True)
