@@ -133,6 +133,17 @@ HANDLER_SECONDS = LoopHistogram(
     ("consumer", "worker"), buckets=_LATENCY_BUCKETS,
 )
 
+# --- Worker: handoffs -------------------------------------------------------------------------
+# From a slot's publication in transit to its new owner's first event (ranges/pauses.py): tens of
+# milliseconds after a read-ahead, seconds when a restore reads a long log.
+HANDOFF_PAUSE = LoopHistogram(
+    "keyrange_handoff_pause_seconds",
+    "Pause of a moved slot: from the publication that put it in transit to the new owner's first event "
+    "(or that event's creation, if later).",
+    ("consumer", "worker"),
+    buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0),
+)
+
 # --- Worker: transactions ------------------------------------------------------------------
 TRANSACTIONS = Counter(
     "keyrange_transactions", "Output transactions committed (outputs, state and offsets).", ("consumer", "worker")

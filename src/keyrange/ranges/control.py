@@ -11,8 +11,8 @@ with and without Kubernetes. Three kinds of records, all JSON, keyed so compacti
   move to whom), so the new owners read their logs ahead while the slots still flow at their old
   owners; it changes no ownership.
 - key `worker.<n>`, written by worker n: a `WorkerReport` (the newest epoch it has applied,
-  the slots it holds, the slots it has read ahead, a timestamp). Written after every
-  acquire/release/read-ahead and as a heartbeat.
+  the slots it holds, the slots it has read ahead, a timestamp, the newest handoff pause it
+  measured). Written after every acquire/release/read-ahead and as a heartbeat.
 
 Two-phase handoff, after a read-ahead: the controller announces the moves, waits (boundedly)
 until every new owner reports them read ahead, then publishes epoch E with the moved slots in
@@ -33,6 +33,7 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, Producer, TopicPartition
 
 from keyrange.kafkaclients import KafkaClients
 from keyrange.kafkaio import TopicSpec, ensure_topics
+from keyrange.ranges.pauses import HandoffPause
 from keyrange.ranges.rangemap import RangeMap
 from keyrange.ranges.slots import format_slot_list, parse_slot_list
 
@@ -142,19 +143,26 @@ class WorkerReport:
     warm: frozenset[int] = frozenset()
     """Slots read ahead for the prepare of epoch `warm_epoch`."""
     warm_epoch: int = 0
+    pause: HandoffPause | None = None
+    """The newest handoff pause this worker measured (ranges/pauses.py), for the operator's status."""
 
     def encode(self) -> bytes:
         """The record value."""
-        return orjson.dumps({"worker": self.worker, "epoch": self.epoch, "held": _slots_json(self.held),
-                             "at": self.at_ms, "pid": self.pid, "warm": _slots_json(self.warm),
-                             "warmEpoch": self.warm_epoch})
+        data: dict[str, Any] = {"worker": self.worker, "epoch": self.epoch, "held": _slots_json(self.held),
+                                "at": self.at_ms, "pid": self.pid, "warm": _slots_json(self.warm),
+                                "warmEpoch": self.warm_epoch}
+        if self.pause is not None:
+            data["pause"] = {"epoch": self.pause.epoch, "ms": self.pause.pause_ms, "at": self.pause.at_ms}
+        return orjson.dumps(data)
 
     @classmethod
     def decode(cls, value: bytes) -> WorkerReport:
         """Parse a record value; raise ValueError when it is malformed."""
         d = orjson.loads(value)
+        p = d.get("pause")
+        pause = HandoffPause(int(p["epoch"]), int(p["ms"]), int(p["at"])) if p else None
         return cls(int(d["worker"]), int(d["epoch"]), _slots_parse(d.get("held", "")), int(d.get("at", 0)),
-                   int(d.get("pid", 0)), _slots_parse(d.get("warm", "")), int(d.get("warmEpoch", 0)))
+                   int(d.get("pid", 0)), _slots_parse(d.get("warm", "")), int(d.get("warmEpoch", 0)), pause)
 
 
 @dataclass

@@ -16,12 +16,16 @@ from typing import Protocol
 
 from keyrange.ranges.control import ControlChannel
 from keyrange.ranges.member import RangeMember, SlotOwner, ordinal_from_hostname
+from keyrange.ranges.pauses import HandoffPauses
 
 log = logging.getLogger(__name__)
 
 
 class Engine(SlotOwner, Protocol):
     """What controlled mode needs from the worker engine besides acquire/release."""
+
+    handoff_pauses: HandoffPauses
+    """Where the engine reports each event's start, for the member's handoff pauses."""
 
     async def start(self) -> None:
         """Connect and get ready to acquire."""
@@ -50,7 +54,7 @@ async def run_controlled(engine: Engine, bootstrap: str, group_id: str, ordinal:
     or the engine fails (its error is raised after the final report)."""
     await asyncio.to_thread(ControlChannel.ensure_topic, bootstrap, group_id, client_properties, replication_factor)
     channel = await asyncio.to_thread(ControlChannel, bootstrap, group_id, f"worker-{ordinal}", client_properties)
-    member = RangeMember(engine, channel, ordinal, heartbeat_seconds=heartbeat_seconds)
+    member = RangeMember(engine, channel, ordinal, heartbeat_seconds=heartbeat_seconds, pauses=engine.handoff_pauses)
     await engine.start()
     member_task = asyncio.create_task(member.run(stop))
     engine_task = asyncio.create_task(engine.wait())

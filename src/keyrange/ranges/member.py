@@ -5,7 +5,8 @@ first releases what the epoch does not allow it (fencing: a slot it does not hol
 epoch it has seen is never handled again), reports, then acquires what the epoch newly allows,
 and reports again. When a handoff that will grant it slots is announced, it reads their logs
 ahead in the background and reports them warm. Between epochs it sends a heartbeat report every
-`heartbeat_seconds`.
+`heartbeat_seconds`. It notes since when a slot was in transit towards it, so the pause of each
+slot it then acquires is measured at its first event (pauses.py) and reported.
 """
 
 from __future__ import annotations
@@ -16,7 +17,8 @@ import os
 from collections.abc import Collection, Set
 from typing import Protocol
 
-from keyrange.ranges.control import ControlChannel, Prepare, WorkerReport, now_ms
+from keyrange.ranges.control import ControlChannel, Prepare, Publication, WorkerReport, now_ms
+from keyrange.ranges.pauses import HandoffPauses
 from keyrange.ranges.slots import format_slot_list
 
 log = logging.getLogger(__name__)
@@ -47,8 +49,13 @@ class RangeMember:
     """Keeps one worker's held slots equal to what the newest publication allows it."""
 
     def __init__(self, engine: SlotOwner, channel: ControlChannel, worker: int,
-                 heartbeat_seconds: float = 1.0, poll_seconds: float = 0.05) -> None:
+                 heartbeat_seconds: float = 1.0, poll_seconds: float = 0.05,
+                 pauses: HandoffPauses | None = None) -> None:
         self.engine = engine
+        self.pauses = pauses
+        """Measures the pause of each slot acquired after a transit (pauses.py); None: not measured."""
+        self._transit_since: dict[int, int] = {}
+        """Slot -> published_ms of the first publication that put it in transit towards this worker."""
         self.channel = channel
         self.worker = worker
         self.heartbeat_seconds = heartbeat_seconds
@@ -83,12 +90,15 @@ class RangeMember:
         if pub is None:
             return
         self._follow_prepare(pub.epoch)
+        self._note_transit(pub)
         loop = asyncio.get_running_loop()
         if pub.epoch != self.applied_epoch:
             allowed = pub.allowed_slots(self.worker)
             revoked = set(self.engine.held_slots) - allowed
             if revoked:
                 log.info("w%d epoch %d: releasing %s", self.worker, pub.epoch, format_slot_list(sorted(revoked)))
+                if self.pauses is not None:
+                    self.pauses.forget(revoked)
                 await self.engine.release(revoked)
             await self.report(pub.epoch)
             await asyncio.to_thread(self.channel.poll, 0.0)
@@ -98,11 +108,29 @@ class RangeMember:
             granted = allowed - set(self.engine.held_slots)
             if granted:
                 log.info("w%d epoch %d: acquiring %s", self.worker, pub.epoch, format_slot_list(sorted(granted)))
+                self._expect_pauses(granted, pub.epoch)
                 await self.engine.acquire(granted)
                 await self.report(pub.epoch)
             self.applied_epoch = pub.epoch
         elif loop.time() - self._last_report >= self.heartbeat_seconds:
             await self.report(self.applied_epoch)
+
+    def _note_transit(self, pub: Publication) -> None:
+        """Remember since when each slot has been in transit towards this worker (a pause starts there)."""
+        if not pub.published_ms:
+            return  # written by a controller that did not stamp publications: nothing to measure from
+        towards = pub.transit & pub.map.slots_of(self.worker)
+        for slot in list(self._transit_since):
+            if slot not in pub.map.slots_of(self.worker):
+                del self._transit_since[slot]  # the plan changed: the slot goes elsewhere
+        for slot in towards:
+            self._transit_since.setdefault(slot, pub.published_ms)
+
+    def _expect_pauses(self, granted: Set[int], epoch: int) -> None:
+        for slot in granted:
+            since = self._transit_since.pop(slot, None)
+            if since is not None and self.pauses is not None:
+                self.pauses.expect(slot, since, epoch)
 
     def _follow_prepare(self, epoch: int) -> None:
         """Start reading ahead the slots a newly announced handoff from `epoch` will grant us."""
@@ -131,7 +159,7 @@ class RangeMember:
             self._last_report = asyncio.get_running_loop().time()
             warm_epoch, warm = self._warm
             report = WorkerReport(self.worker, self._reported_epoch, frozenset(self.engine.held_slots), now_ms(),
-                                  os.getpid(), warm, warm_epoch)
+                                  os.getpid(), warm, warm_epoch, self.pauses.last if self.pauses else None)
             await asyncio.to_thread(self.channel.report, report)
 
 

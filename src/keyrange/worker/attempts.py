@@ -18,6 +18,7 @@ import orjson
 from keyrange import metrics as metric_defs
 from keyrange.events import encode_processed
 from keyrange.handlers import Handler
+from keyrange.ranges.pauses import HandoffPauses
 from keyrange.worker.commits import Outcome
 from keyrange.worker.context import ClientState, HandlerContext
 from keyrange.worker.intake import Job
@@ -32,12 +33,13 @@ class AttemptRunner:
     """Runs jobs for the client scheduler (module docstring)."""
 
     def __init__(self, settings: WorkerSettings, handler: Handler, outputs: OutputStage, pool: ThreadPoolExecutor,
-                 stats: WorkerStats) -> None:
+                 stats: WorkerStats, pauses: HandoffPauses | None = None) -> None:
         self._settings = settings
         self._handler = handler
         self._outputs = outputs
         self._pool = pool
         self._stats = stats
+        self._pauses = pauses
         labels = (settings.metrics_consumer, settings.worker_id)
         self._latency = metric_defs.EVENT_LATENCY.labels(*labels)
         self._handler_seconds = metric_defs.HANDLER_SECONDS.labels(*labels)
@@ -62,6 +64,8 @@ class AttemptRunner:
         latency_s = started_s - event.created_ms / 1000
         self._latency.observe(latency_s)
         self._stats.note_latency(latency_s)
+        if self._pauses is not None:
+            self._pauses.started(ps.partition, started_s, event.created_ms)
         attempt = 0
         while True:
             attempt += 1

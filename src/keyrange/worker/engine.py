@@ -27,6 +27,7 @@ from confluent_kafka import Message
 from keyrange import metrics as metric_defs
 from keyrange.handlers import Handler
 from keyrange.kafkaio import TopicSpec, ensure_topics, require_topic
+from keyrange.ranges.pauses import HandoffPauses
 from keyrange.worker.attempts import AttemptRunner
 from keyrange.worker.committer import Committer
 from keyrange.worker.consumer import ThreadedConsumer
@@ -59,6 +60,8 @@ class Worker:
         self.handler = handler
         self.stats = metrics or WorkerStats()
         """Totals and recent latencies, for the CLI summary and tests (Prometheus is separate)."""
+        self.handoff_pauses = HandoffPauses(settings.metrics_consumer, settings.worker_id)
+        """Told of every event's start: measures the pause of slots acquired after a handoff."""
         self._partitions: dict[int, PartitionState] = {}
         self._acquiring: dict[int, _AcquireTicket] = {}
         self._consumer = ThreadedConsumer(settings)
@@ -111,7 +114,7 @@ class Worker:
         await self._output.open()
         self._outputs = OutputStage(s, self._counts)
         self._intake = Intake(count, s.restore_clock_slack_seconds, self._outputs)
-        attempts = AttemptRunner(s, self.handler, self._outputs, self._pool, self.stats)
+        attempts = AttemptRunner(s, self.handler, self._outputs, self._pool, self.stats, self.handoff_pauses)
         self._scheduler = ClientScheduler(attempts.run, s.concurrency, skip=lambda job: job.ps.revoked)
         self._committer = Committer(s, self._output, self._partitions.values, self.stats)
         for coro in (self._fetch_loop(), self._committer.run(), self._gauge_loop()):
