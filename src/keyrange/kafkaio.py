@@ -1,16 +1,20 @@
 """The few Kafka admin calls keyrange makes, with errors that say what to do.
 
-Topics are always created explicitly: a broker that auto-creates on produce (tansu does, with 4
-partitions) would otherwise silently pick a partition count the range map does not expect.
+Topics are always created explicitly: a broker that auto-creates on produce would otherwise
+silently pick a partition count the range map does not expect. (tansu workaround in part: tansu
+always auto-creates, with 4 partitions; Apache Kafka does when `auto.create.topics.enable` is on,
+as it is by default, with `num.partitions`. Explicit creation is right on both.)
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from confluent_kafka import KafkaException
+from confluent_kafka import KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient, ConfigResource  # type: ignore[attr-defined]
+from confluent_kafka.admin._listoffsets import OffsetSpec
 from confluent_kafka.cimpl import NewTopic
 
 from keyrange.errors import UserError
@@ -72,12 +76,16 @@ def ensure_topics(bootstrap: str, topics: list[TopicSpec], timeout_seconds: floa
             operation_timeout=timeout_seconds,
             request_timeout=timeout_seconds,
         )
+        wanted = {t.name: t.partitions for t in missing}
+        created = {}
         for name, future in futures.items():
             try:
                 future.result()
+                created[name] = wanted[name]
             except KafkaException as exc:
                 if "TOPIC_ALREADY_EXISTS" not in str(exc):
                     raise KafkaSetupError(f"cannot create topic {name!r}: {exc.args[0]}") from None
+        _wait_until_led(admin, created, timeout_seconds)
         existing = partition_counts(bootstrap, timeout_seconds, client_properties)
     result: dict[str, int] = {}
     for t in topics:
@@ -104,8 +112,9 @@ def _check_compacted(admin: AdminClient, topics: list[TopicSpec], timeout_second
             entry = future.result().get("cleanup.policy")
         except KafkaException as exc:
             raise KafkaSetupError(f"cannot read the configuration of topic {resource.name!r}: {exc.args[0]}") from None
-        # Kafka always lists cleanup.policy. tansu lists only what was set when the topic was
-        # created, so there a topic created without it cannot be checked: it passes, unverified.
+        # Kafka always lists cleanup.policy. tansu workaround: tansu lists only what was set when
+        # the topic was created, so there a topic created without it cannot be checked: it
+        # passes, unverified.
         if entry is not None and "compact" not in str(entry.value).split(","):
             raise KafkaSetupError(
                 f"topic {resource.name!r} exists with cleanup.policy={entry.value}, but keyrange keeps its latest "
@@ -125,3 +134,30 @@ def require_topic(bootstrap: str, topic: str, timeout_seconds: float = 10.0,
             f"(e.g. `keyrange produce --topic {topic} --partitions 12`)"
         )
     return count
+
+
+def _wait_until_led(admin: AdminClient, topics: Mapping[str, int], timeout_seconds: float) -> None:
+    """Return once every partition of the just created `topics` (name -> partitions) answers ListOffsets.
+
+    On Apache Kafka a new topic's leaders take up their partitions a moment after CreateTopics
+    answers (longer on a busy machine); until then a ListOffsets, a restore's first read, fails
+    with NOT_LEADER_FOR_PARTITION, which librdkafka's offsets_for_times does not retry.
+    """
+    pending = {TopicPartition(name, p) for name, count in topics.items() for p in range(count)}
+    latest = OffsetSpec.latest()  # type: ignore[no-untyped-call]
+    deadline = time.monotonic() + timeout_seconds
+    error = None
+    while pending:
+        futures = admin.list_offsets({tp: latest for tp in pending}, request_timeout=timeout_seconds)
+        for tp, future in futures.items():
+            try:
+                future.result()
+                pending.discard(tp)
+            except KafkaException as exc:
+                error = exc.args[0]
+        if pending:
+            if time.monotonic() > deadline:
+                where = ", ".join(sorted(f"{tp.topic}[{tp.partition}]" for tp in pending)[:5])
+                raise KafkaSetupError(f"created topics are not served within {timeout_seconds:g} s ({where}: "
+                                      f"{error}); check the brokers' health")
+            time.sleep(0.05)

@@ -1,11 +1,13 @@
-"""Topics keyrange creates: the broker's default replication factor unless the spec gives one,
-never 1 silently; an existing state or control topic that is not compacted is an error."""
+"""Topics keyrange creates: served as soon as they are created, the broker's default replication
+factor unless the spec gives one, never 1 silently; an existing state or control topic that is not
+compacted is an error."""
 
 from __future__ import annotations
 
 import time
 
 import pytest
+from confluent_kafka import Consumer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from keyrange.kafkaio import KafkaSetupError, TopicSpec, ensure_topics
@@ -50,3 +52,20 @@ def test_an_existing_topic_that_must_be_compacted_but_is_not_is_an_error(any_boo
     _replicas(any_bootstrap, f"{topic_name}.ok")
     assert ensure_topics(any_bootstrap, [TopicSpec(f"{topic_name}.ok", 1, {"cleanup.policy": "compact"})]) == {
         f"{topic_name}.ok": 1}
+
+
+def test_created_topics_answer_offset_lookups_at_once(any_bootstrap: str, topic_name: str) -> None:
+    """A worker's restore looks offsets up by time right after creating its topics: on Kafka the
+    new leaders answered NOT_LEADER_FOR_PARTITION for a moment, which librdkafka does not retry."""
+    consumer = Consumer({"bootstrap.servers": any_bootstrap, "group.id": topic_name, "log_level": 0})
+    try:
+        for i in range(5):
+            names = [f"{topic_name}-{i}", f"{topic_name}-{i}.state"]
+            ensure_topics(any_bootstrap, [TopicSpec(names[0], 6),
+                                          TopicSpec(names[1], 6, {"cleanup.policy": "compact"})])
+            since_ms = int(time.time() * 1000) - 10_000
+            found = consumer.offsets_for_times([TopicPartition(n, p, since_ms) for n in names for p in range(6)],
+                                               timeout=10)
+            assert all(tp.error is None for tp in found), found
+    finally:
+        consumer.close()
