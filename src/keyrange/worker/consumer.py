@@ -12,6 +12,7 @@ but it is not a tansu workaround: a group's rebalances would fight the range map
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import Callable, Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -108,6 +109,13 @@ class ThreadedConsumer:
 
     def _assign_unpaused(self, tps: list[TopicPartition]) -> None:
         consumer = self._c
+        if not consumer.assignment():
+            # librdkafka asks for the metadata of a topic it does not know only at its next
+            # once-a-second scan, so a first assignment would wait up to 1 s to fetch (on Kafka;
+            # tansu answers a consumer's first metadata request with every topic). Asking now
+            # takes one round trip; if it fails, the scan still finds the topic.
+            with contextlib.suppress(KafkaException):
+                consumer.list_topics(self._topic, timeout=self._settings.kafka_timeout_seconds)
         consumer.incremental_assign(tps)
         # librdkafka keeps a partition's pause flag across unassign and assign: a slot released
         # while paused for backpressure would come back paused, fetch nothing, and (its cached
