@@ -33,6 +33,12 @@ COOLDOWN_SECONDS = 8
 TOKEN = "e2e-token"
 
 
+@pytest.fixture
+def bootstrap(any_bootstrap: str) -> str:
+    """The test runs on tansu and on Apache Kafka (tests/conftest.py's `broker_engine`)."""
+    return any_bootstrap
+
+
 def write_spec(path: Path, topic: str) -> Path:
     """A ledger consumer slow enough (2 handler calls in flight, 5 ms each) that a 700/s burst needs
     a second worker, and fast enough that two catch up."""

@@ -1,7 +1,7 @@
 """Rescaling under load with the real engine: guarantees hold through many splits and merges.
 
-Workers run in this process (one event loop, real `keyrange.worker.Worker` engines, the real
-broker) so the test can stretch every release: each old owner waits 0.4 s before draining,
+Workers run in this process (one event loop, real `keyrange.worker.Worker` engines, a real
+broker: tansu and Apache Kafka) so the test can stretch every release: each old owner waits 0.4 s before draining,
 which makes every handoff pause long enough to show that slots which did not move kept flowing.
 """
 
@@ -29,6 +29,12 @@ from tests.kafkatools import read_counts, read_input_log, read_processed
 
 PARTITIONS = 12
 RELEASE_DELAY_SECONDS = 0.4
+
+
+@pytest.fixture
+def bootstrap(any_bootstrap: str) -> str:
+    """Every test of this module runs on tansu and on Apache Kafka (tests/conftest.py's `broker_engine`)."""
+    return any_bootstrap
 
 
 class SlowReleaseWorker(Worker):

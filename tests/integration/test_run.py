@@ -1,9 +1,10 @@
 """`keyrange run`'s supervisor end to end: worker subprocesses, rescales, a SIGKILL mid-handoff.
 
-The supervisor runs in this process against the session broker; workers are real `keyrange
-worker` subprocesses in controlled mode. Rescales are requested through `request_scale` (the
-alert webhook's entry point); twice, the old owner is SIGKILLed while its handoff is pending, and
-the supervisor restarts it, it catches up from the newest epoch, and the handoff completes.
+The supervisor runs in this process against a session broker (the SIGKILL test on tansu and on
+Apache Kafka); workers are real `keyrange worker` subprocesses in controlled mode. Rescales are
+requested through `request_scale` (the alert webhook's entry point); twice, the old owner is
+SIGKILLed while its handoff is pending, and the supervisor restarts it, it catches up from the
+newest epoch, and the handoff completes.
 
 The dedup TTL is 60 s here: a SIGKILL, a process restart and two restores on two shared cores can
 pause a moved slot for longer than the default 10 s, and TTL dedup by design only drops a
@@ -52,7 +53,9 @@ def wait_for(condition, timeout_seconds: float, what: str, interval: float = 0.0
 
 
 @pytest.mark.slow
-def test_run_rescales_and_survives_a_sigkill_mid_handoff(bootstrap: str, topic_name: str, tmp_path: Path) -> None:
+def test_run_rescales_and_survives_a_sigkill_mid_handoff(any_bootstrap: str, topic_name: str,
+                                                         tmp_path: Path) -> None:
+    bootstrap = any_bootstrap
     path = tmp_path / "consumer.yaml"
     path.write_text(SPEC.format(name="ledger-run", topic=topic_name))
     supervisor = Supervisor(load_file(path), path, bootstrap, tmp_path / "run", tick_seconds=0.5)

@@ -12,11 +12,18 @@ from collections import defaultdict
 from typing import Any
 
 import orjson
+import pytest
 
 from keyrange.events import GROUP_HEADER
 from tests.checkers import check_all, first_occurrences
 from tests.integration.worker_helpers import produce_stream, run_worker_until, settings_for
 from tests.kafkatools import read_counts, read_input_log, read_topic
+
+
+@pytest.fixture
+def bootstrap(any_bootstrap: str) -> str:
+    """Every test of this module runs on tansu and on Apache Kafka (tests/conftest.py's `broker_engine`)."""
+    return any_bootstrap
 
 
 async def test_a_second_group_on_the_same_topic_handles_every_event_itself(bootstrap: str, topic_name: str) -> None:

@@ -1,4 +1,4 @@
-"""The worker against the real embedded broker: thousands of events, >100 clients, duplicates.
+"""The worker against a real broker (tansu and Apache Kafka): thousands of events, >100 clients, duplicates.
 
 Every test runs the guarantee checkers (tests/checkers.py) on what reached the sink.
 """
@@ -25,6 +25,12 @@ from tests.integration.worker_helpers import produce_stream, run_worker_until, s
 from tests.kafkatools import read_counts, read_input_log, read_processed, read_topic
 
 PARTITIONS = 6
+
+
+@pytest.fixture
+def bootstrap(any_bootstrap: str) -> str:
+    """Every test of this module runs on tansu and on Apache Kafka (tests/conftest.py's `broker_engine`)."""
+    return any_bootstrap
 
 
 async def test_many_clients_with_duplicates_keep_every_guarantee(bootstrap: str, topic_name: str) -> None:

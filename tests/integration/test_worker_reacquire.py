@@ -12,11 +12,19 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+import pytest
+
 from keyrange.handlers import Handler
 from keyrange.worker import Worker
 from tests.checkers import check_all, first_occurrences
 from tests.integration.worker_helpers import produce_stream, run_worker_until, settings_for, wait_for
 from tests.kafkatools import read_counts, read_input_log, read_processed
+
+
+@pytest.fixture
+def bootstrap(any_bootstrap: str) -> str:
+    """Every test of this module runs on tansu and on Apache Kafka (tests/conftest.py's `broker_engine`)."""
+    return any_bootstrap
 
 
 async def test_a_slot_released_while_paused_fetches_again_when_it_comes_back(bootstrap: str, topic_name: str) -> None:

@@ -5,6 +5,12 @@ aborting it, so the sink partition can hold a prefix of that transaction's proce
 the changelog an independent prefix of its state records. These tests write such torn states
 directly on the topics (non-transactionally, as the engine would have laid them out), then check
 `restore()` and a real Worker continuing from them against the sequential ledger oracle.
+
+They run on tansu only, on purpose: the torn states they lay out are tansu's bug. On Apache
+Kafka a transaction is atomic, and the next owner of a slot, initialising the slot's
+transactional id, aborts whatever its dead predecessor left open; Kafka never shows such a
+prefix. That restore's handling of them does no harm on Kafka is shown by every guarantee test
+that runs on both brokers (each acquire restores).
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ partition's offset range `[start, end)` (`read_range`, in a Spark task). Both re
 `isolation.level=read_committed` by default, so records of aborted worker transactions never
 reach the aggregates and records of open transactions wait for a later micro-batch.
 
-Why a probe that consumes instead of ListOffsets: the embedded broker (tansu) answers ListOffsets
+Why a probe that consumes instead of ListOffsets (a tansu workaround): the embedded broker (tansu) answers ListOffsets
 with a high watermark that can be too low right after a batched produce, and with
 read_committed it may answer 0 while a transaction is open. Consuming to the end and taking the
 consumer's position is correct on every broker: librdkafka moves the position past transaction

@@ -3,7 +3,8 @@
 - `kafka` (the default): Spark's own Kafka connector, `spark.readStream.format("kafka")`. Offsets
   are found with Kafka's ListOffsets, records are read by the JVM, and `kafka.*` options carry the
   Kafka client properties (TLS, SASL). The reader for real Kafka clusters.
-- `keyrange-kafka`: keyrange's Python data source (`source.py`), for the embedded broker. tansu
+- `keyrange-kafka`: keyrange's Python data source (`source.py`), for the embedded broker (a
+  tansu workaround: on Apache Kafka the connector above is the direct path). tansu
   answers ListOffsets with 0 while a transaction is open under read_committed, so the connector
   sees no records at all whenever a worker is mid-transaction (which, under load, is always);
   this source finds the end of each partition by consuming to it instead.

@@ -67,7 +67,7 @@ def aggregate(bootstrap: str, topic: str, output: Path, distinct_processed: int,
     print(f"keyrange demo: aggregating {topic} with Spark ({MASTER}) into {output}/ ...", file=out, flush=True)
     began = time.monotonic()
     try:
-        # The embedded broker's ListOffsets answers 0 while a worker's transaction is open, which
+        # tansu workaround: the embedded broker's ListOffsets answers 0 while a worker's transaction is open, which
         # Spark's connector cannot tell from an empty topic: keyrange's reader consumes to the end.
         summary = run_once(bootstrap, topic, str(output), master=MASTER, source=PYTHON_SOURCE)
     except SparkSetupError as exc:

@@ -70,8 +70,10 @@ class LogReader:
         """Records from `starts` up to `stops` (exclusive; a span without a stop: to the end), per
         span in log order; and the offset each span was read to.
 
-        "The end" is the high watermark seen in fetch responses (tansu's ListOffsets answer can be
-        too low right after a batched produce); positions move past transaction markers, so a span is
+        "The end" is the high watermark seen in fetch responses (tansu workaround: tansu's ListOffsets
+        answer can be far too low right after a batched produce; on Apache Kafka the fetch
+        responses' value is exact too, and a read to the end fetches anyway, so ListOffsets would
+        add a round trip and nothing else); positions move past transaction markers, so a span is
         done when its position reaches it. The consumer keeps a partition's last high watermark
         after it is unassigned, so a span read to the end must not have been read before by this
         reader (a span with a stop may: the stop bounds it).
@@ -142,8 +144,10 @@ class LogReader:
             [TopicPartition(t, p, ms) for (t, p), ms in times_ms.items()], timeout=timeout)
         out = {}
         for tp in found:
-            # tansu matches broker append time and answers 0 for a future time: both only
-            # make the read longer, never skip records.
+            # tansu workaround: tansu matches broker append time, not the records' CreateTime, and
+            # answers 0 (not -1) for a future time; its ListOffsets end below can be too low. All
+            # three only start the read earlier (a longer read, never a skipped record). On
+            # Apache Kafka the answer is the CreateTime match this asks for.
             out[(tp.topic, tp.partition)] = (
                 tp.offset if tp.offset >= 0 else self._consumer.get_watermark_offsets(tp, timeout=timeout)[1])
         return out

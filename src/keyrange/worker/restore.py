@@ -28,8 +28,8 @@ A client's processed records sit in its partition in offset order (its events ru
 time), so the visible ones are a prefix of its events, and the first one missing runs again on
 the state after the last one visible. Entries < C were written in transactions whose offsets
 committed, so they are complete (the producer flushes every output before sending offsets; see
-transactions.py). This matters on tansu, whose init_transactions commits what a killed
-predecessor left open instead of aborting it, so a partition can hold a prefix of that
+transactions.py). tansu workaround: this matters on tansu, whose init_transactions commits what a
+killed predecessor left open instead of aborting it, so a partition can hold a prefix of that
 transaction's records and the changelog an independent prefix of its state records.
 On real Kafka it is the same state the plain changelog gives: entries >= C committed atomically
 with processed records carrying the same state (an entry coalesces a client's changes of one
@@ -263,8 +263,8 @@ def fold_logs(start_offsets: dict[int, int], parsed: ParsedLogs) -> dict[int, Re
 
     for p, restored in result.items():
         # The newest totals the committed offset covers; a newer record counting past it was
-        # written by a transaction whose offsets did not commit (torn on tansu): its offsets run
-        # again and are counted again.
+        # written by a transaction whose offsets did not commit (tansu workaround: torn on tansu;
+        # Kafka never shows one): its offsets run again and are counted again.
         for counted_to, totals in parsed.totals.get(p, []):
             if counted_to <= restored.start_offset:
                 restored.totals = totals

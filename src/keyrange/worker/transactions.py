@@ -86,8 +86,8 @@ class TransactionalOutput:
                 for r in records:
                     self._produce(producer, r)
                 if offsets:
-                    # Offsets only after every output was acknowledged. Kafka commits or aborts a
-                    # transaction whole, so this changes nothing there; but tansu's
+                    # tansu workaround: offsets only after every output was acknowledged. Kafka
+                    # commits or aborts a transaction whole, so this changes nothing there; but tansu's
                     # init_transactions COMMITS what a killed predecessor left open, i.e. the
                     # per-partition prefixes librdkafka had delivered. Flushing first means that
                     # if those offsets become visible, so did every output before them (no loss);
