@@ -13,11 +13,12 @@ FROM ${PYTHON_IMAGE} AS build
 ENV PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1
 WORKDIR /src
-COPY pyproject.toml README.md ./
+COPY pyproject.toml README.md LICENSE constraints.txt ./
 COPY src ./src
+# Every dependency at the version the tests ran with (constraints.txt, `make lock` refreshes it).
 RUN python -m venv /opt/keyrange \
  && /opt/keyrange/bin/pip install --upgrade pip \
- && /opt/keyrange/bin/pip install ".[spark]" \
+ && /opt/keyrange/bin/pip install -c constraints.txt ".[spark]" \
  && /opt/keyrange/bin/keyrange --version
 # Spark's own Kafka connector at the installed PySpark's version, fetched by Maven into
 # /opt/keyrange/tools/spark-jars/<version>/ (the driver and the executors find it there through

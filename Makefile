@@ -11,12 +11,14 @@ export KEYRANGE_TOOLS := $(TOOLS)
 export PATH := $(CURDIR)/$(VENV)/bin:$(TOOLS)/bin:$(PATH)
 export PYSPARK_PYTHON := $(CURDIR)/$(PY)
 
-.PHONY: demo test install install-dev tools spark-connector lint types pytest bench soak clean
+.PHONY: demo test install install-dev tools spark-connector lint types pytest bench soak clean lock
 
-$(VENV)/.installed-%: pyproject.toml
+# Runtime dependencies at the image's pinned versions (constraints.txt), so the tests run what
+# the image ships; the dev tools float.
+$(VENV)/.installed-%: pyproject.toml constraints.txt
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
-	$(PIP) install -q -e ".[$*]"
+	$(PIP) install -q -c constraints.txt -e ".[$*]"
 	touch $@
 
 install: $(VENV)/.installed-local,spark
@@ -53,6 +55,11 @@ SOAK_SEEDS ?= 1-40
 soak: install-dev tools
 	KEYRANGE_CHAOS_SEEDS=$(SOAK_SEEDS) $(PY) -m pytest -q -p no:cacheprovider -o timeout=600 \
 		tests/integration/test_handoff_random.py
+
+# Refresh constraints.txt: the newest versions pyproject.toml allows for the image's packages
+# (scripts/lock-deps.py); the next `make install` follows it.
+lock: install
+	$(PY) scripts/lock-deps.py
 
 clean:
 	rm -rf $(VENV) $(TOOLS) build *.egg-info

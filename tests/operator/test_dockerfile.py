@@ -7,6 +7,7 @@ import re
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -68,6 +69,35 @@ def test_the_image_installs_the_extras_it_needs() -> None:
     assert '".[spark]"' in DOCKERFILE and "spark = [" in pyproject
     entrypoint = next(i for i in INSTRUCTIONS if i.startswith("ENTRYPOINT "))
     assert entrypoint.endswith('"keyrange"]')
+
+
+def test_every_dependency_is_installed_at_its_pinned_version() -> None:
+    """The image's pip installs keyrange with constraints.txt, which pins every package it needs,
+    at versions pyproject.toml allows; and this venv (the tests') has exactly those."""
+    installs = [i for i in INSTRUCTIONS if "pip install" in i and '".[spark]"' in i]
+    assert installs and all(re.search(r"pip install (.* )?-c constraints\.txt ", i) for i in installs), installs
+    copied = [i for i in INSTRUCTIONS if i.startswith("COPY ") and "constraints.txt" in i.split()[1:-1]]
+    assert copied, "the Dockerfile does not copy constraints.txt into the build"
+    lock = _lock_deps()
+    locked = lock.read_lock()
+    for requirement in lock.project_requirements():
+        name = lock.canonicalize_name(requirement.name)
+        assert name in locked, f"{name} is not pinned in constraints.txt"
+        assert requirement.specifier.contains(locked[name], prereleases=True), (name, locked[name])
+    check = subprocess.run([sys.executable, str(ROOT / "scripts" / "lock-deps.py"), "--check"],
+                           capture_output=True, text=True, timeout=60)
+    assert check.returncode == 0, check.stderr
+    assert "-c constraints.txt" in (ROOT / "Makefile").read_text()  # `make install` follows the lock
+
+
+def _lock_deps() -> Any:
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("lock_deps", ROOT / "scripts" / "lock-deps.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 @pytest.mark.parametrize("command", ["operator", "worker", "aggregate"])
