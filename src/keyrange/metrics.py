@@ -151,13 +151,16 @@ TRANSACTIONS = Counter(
 HELD_SLOTS = Gauge("keyrange_held_slots", "Slots (partitions) the worker currently holds.", ("consumer", "worker"))
 
 # --- Autoscaling: the alert webhook (operator and `keyrange run --webhook-port`) ---------------
+# The operator's own series name a StreamConsumer's namespace `streamconsumer_namespace`, never
+# `namespace`: the scrape sets `namespace` to the operator pod's, and Prometheus would rename ours
+# to `exported_namespace`.
 ALERT_VERDICTS = Counter(
     "keyrange_alert_verdicts",
     "Alerts received by the webhook, by verdict (scale, repeat, flapping, unknown-consumer, ...).", ("outcome",)
 )
 SCALE_REQUESTS = Counter(
     "keyrange_scale_requests", "Scale requests the alert webhook made to a controller, and whether applied.",
-    ("namespace", "consumer", "direction", "applied"),
+    ("streamconsumer_namespace", "consumer", "direction", "applied"),
 )
 
 # --- Operator: reconciliation and the worker pods it asks for ----------------------------------
@@ -169,5 +172,5 @@ OPERATOR_RECONCILES = Counter(
 )
 OPERATOR_DESIRED_WORKERS = Gauge(
     "keyrange_operator_desired_workers", "Worker pods the operator wants for a StreamConsumer.",
-    ("namespace", "consumer"),
+    ("streamconsumer_namespace", "consumer"),
 )

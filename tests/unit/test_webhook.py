@@ -224,7 +224,7 @@ async def test_verdicts_and_requests_are_counted_in_metrics(client: TestClient[A
     def value(name: str, labels: dict[str, str]) -> float:
         return REGISTRY.get_sample_value(name, labels) or 0.0
 
-    requests = {"namespace": "shop", "consumer": "payments", "direction": "up", "applied": "true"}
+    requests = {"streamconsumer_namespace": "shop", "consumer": "payments", "direction": "up", "applied": "true"}
     before = (value("keyrange_scale_requests_total", requests),
               value("keyrange_alert_verdicts_total", {"outcome": "repeat"}))
     receiver.register(PAYMENTS, Controller(), 60)
