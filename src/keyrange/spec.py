@@ -17,6 +17,14 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from keyrange.errors import UserError
 from keyrange.kafkaclients import RESERVED_PROPERTIES
+from keyrange.podfields import (
+    DNS_SUBDOMAIN_PATTERN,
+    ENV_NAME_PATTERN,
+    EnvFromSource,
+    EnvVar,
+    PullSecretRef,
+    Toleration,
+)
 
 API_VERSION = "keyrange.dev/v1alpha1"
 KIND = "StreamConsumer"
@@ -34,9 +42,6 @@ class _Model(BaseModel):
     # strict: "10" is not 10 here, exactly as the CRD's schema rejects it in a cluster, so one YAML
     # means the same thing to `kubectl apply` and to `keyrange run`.
     model_config = ConfigDict(populate_by_name=True, extra="forbid", frozen=True, strict=True)
-
-
-ENV_NAME_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]*$"
 
 
 def default_env_name(client_property: str) -> str:
@@ -230,6 +235,31 @@ class StreamConsumerSpec(_Model):
     """Worker image in a cluster; defaults to the operator's own image."""
     resources: ResourcesSpec = Field(default_factory=ResourcesSpec)
     aggregation: AggregationSpec = Field(default_factory=AggregationSpec)
+    suspend: bool = False
+    """Scale to zero workers (each releases its ranges and commits on the way out); false resumes."""
+    # The worker pod's fields (cluster only; podfields.py): named and shaped as in a Pod.
+    env: list[EnvVar] = Field(default_factory=list)
+    """Extra environment variables of the worker container (e.g. a handler's secrets, by secretKeyRef)."""
+    env_from: list[EnvFromSource] = Field(default_factory=list, alias="envFrom")
+    """ConfigMaps and Secrets whose keys become environment variables of the worker container."""
+    image_pull_policy: Literal["Always", "IfNotPresent", "Never"] | None = Field(default=None,
+                                                                                 alias="imagePullPolicy")
+    """Pull policy of the worker image; default the operator's (the chart's image.pullPolicy)."""
+    image_pull_secrets: list[PullSecretRef] = Field(default_factory=list, alias="imagePullSecrets")
+    """Secrets for pulling the worker image, besides the chart's imagePullSecrets."""
+    node_selector: dict[str, str] = Field(default_factory=dict, alias="nodeSelector")
+    """Run the workers only on nodes with these labels; replaces the chart's workers.nodeSelector."""
+    affinity: dict[str, Any] = Field(default_factory=dict)
+    """Node and pod (anti-)affinity of the workers; replaces the chart's workers.affinity."""
+    tolerations: list[Toleration] = Field(default_factory=list)
+    """Taints the workers tolerate; replaces the chart's workers.tolerations."""
+    topology_spread_constraints: list[dict[str, Any]] = Field(default_factory=list,
+                                                              alias="topologySpreadConstraints")
+    """How the workers spread over nodes and zones (a constraint without labelSelector selects this
+    consumer's workers); replaces the chart's. None anywhere: a soft spread over nodes and zones."""
+    priority_class_name: str | None = Field(default=None, alias="priorityClassName", max_length=253,
+                                            pattern=DNS_SUBDOMAIN_PATTERN)
+    """PriorityClass of the worker pods; default the chart's workers.priorityClassName."""
 
     @model_validator(mode="after")
     def _outputs_apart_from_the_input(self) -> StreamConsumerSpec:

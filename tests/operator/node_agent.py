@@ -3,8 +3,8 @@ real controllers create (the StatefulSet's workers) run on this machine as local
 
 It registers a Node (and keeps its Lease in kube-node-lease fresh, so the node lifecycle controller
 keeps it Ready), binds pending pods of the namespaces it serves to that Node, and for each bound
-pod runs the first container's command and args, with its env, as a process from the project's
-venv (a container without a command runs the image's entrypoint, `keyrange`). What a container
+pod runs the first container's command and args, with its env and envFrom, as a process from the
+project's venv (a container without a command runs the image's entrypoint, `keyrange`). What a container
 would find in its filesystem is mapped to a folder per pod (ConfigMap, Secret and emptyDir volumes:
 paths in args and env that start with a mountPath are rewritten), and every containerPort to a free
 local port (an arg equal to the port, `--flag=PORT`, or `:PORT` in a URL is rewritten), since all
@@ -175,6 +175,15 @@ class TestNodeAgent:
         env = {"HOSTNAME": pod["metadata"]["name"]}
         fields = {"metadata.name": pod["metadata"]["name"], "metadata.namespace": namespace,
                   "status.podIP": "127.0.0.1", "spec.nodeName": self.name}
+        for source in container.get("envFrom") or []:  # first, so that `env` wins, as in a kubelet
+            prefix = source.get("prefix", "")
+            if "secretRef" in source:
+                secret = await self.api.get(f"/api/v1/namespaces/{namespace}/secrets/{source['secretRef']['name']}")
+                data = {k: base64.b64decode(v).decode() for k, v in ((secret or {}).get("data") or {}).items()}
+            else:
+                cm = await self.api.get(f"/api/v1/namespaces/{namespace}/configmaps/{source['configMapRef']['name']}")
+                data = dict((cm or {}).get("data") or {})
+            env.update({prefix + k: v for k, v in data.items()})
         for item in container.get("env") or []:
             source = item.get("valueFrom") or {}
             if "fieldRef" in source:

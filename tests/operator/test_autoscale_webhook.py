@@ -16,7 +16,7 @@ import pytest
 import pytest_asyncio
 
 from keyrange.commands.operator import side_services
-from keyrange.operator.rangecontrol import RangeStatus, ScaleOutcome, ScaleRequest
+from keyrange.operator.rangecontrol import PlannedRescale, RangeStatus, ScaleOutcome, ScaleRequest
 from keyrange.operator.webhook import TOKEN_FILE_ENV, WEBHOOK_PATH
 from keyrange.spec import StreamConsumerSpec
 from tests.integration.prometheus.stack import free_port
@@ -64,6 +64,9 @@ class SplittingControl:
 
     def status(self) -> RangeStatus:
         return RangeStatus(epoch=1, workers=self.workers)
+
+    def take_decisions(self) -> list[PlannedRescale]:
+        return []  # every rescale here is requested by the webhook, which records it itself
 
     def close(self) -> None:
         pass

@@ -16,6 +16,8 @@ import kubernetes_validate
 import pytest
 import yaml
 
+from keyrange.operator import rendering
+from keyrange.spec import parse_spec
 from tests.operator.crd_schema import CRD_PATH, ROOT, admit, admit_streamconsumer
 from tests.operator.kubecluster import helm_binary
 
@@ -159,23 +161,27 @@ def test_without_spark_the_operator_cannot_touch_pods_delete_or_write_rbac(helm:
 
 def test_operator_rules_cover_every_kind_it_applies(helm: Any) -> None:
     """Each kind the operator renders (built-in or optional) is creatable and patchable under the chart's RBAC."""
-    from keyrange.operator import rendering, spark
+    from keyrange.operator import policies, spark
     from keyrange.operator.kube import plural_of
     from keyrange.operator.settings import OperatorSettings
-    from keyrange.spec import parse_spec
+    from keyrange.operator.workerdefaults import WorkerDefaults
 
     owner = {"metadata": {"name": "c", "uid": "u"}}
     model = parse_spec({"kafka": {"topic": "t", "bootstrapServers": "k:9092"},
                         "aggregation": {"enabled": True, "output": "/data/out"}})
-    settings = OperatorSettings()
+    settings = OperatorSettings(worker_defaults=WorkerDefaults(networkPolicy={"enabled": True}))
     objects = [rendering.render_service_account("c", "ns", owner), rendering.render_configmap("c", "ns", model, owner),
                rendering.render_service("c", "ns", owner, settings),
                rendering.render_statefulset("c", "ns", model, 1, owner, settings),
+               policies.render_disruption_budget("c", "ns", owner, settings),
+               policies.render_network_policy("c", "ns", owner, settings),
                *rendering.render_optional("c", "ns", model, owner, settings),
                *spark.render_spark_objects("c", "ns", model, owner, spark.SparkJobSettings(image="i")),
                spark.render_spark_application("c", "ns", model, owner, spark.SparkJobSettings(image="i"))]
-    rules = [r for role in _by_kind(_render(helm, None), "ClusterRole") for r in role["rules"]]
+    production = CHART / "ci" / "production-values.yaml"  # network policies on
+    rules = [r for role in _by_kind(_render(helm, production), "ClusterRole") for r in role["rules"]]
     for obj in objects:
+        assert obj is not None
         group = obj["apiVersion"].rpartition("/")[0]
         allowed = {v for r in rules if group in r["apiGroups"] and plural_of(obj["kind"]) in r["resources"]
                    for v in r["verbs"]}
@@ -248,23 +254,59 @@ def test_every_value_is_documented() -> None:
 
 
 @pytest.mark.parametrize("values", VALUE_SETS, ids=_ids)
-def test_the_operator_accepts_every_argument_the_chart_passes(helm: Any, values: Path | None) -> None:
+def test_the_operator_accepts_every_argument_the_chart_passes(helm: Any, values: Path | None,
+                                                             tmp_path: Path) -> None:
     import argparse
 
     from keyrange.commands import operator as command
 
-    (deployment,) = _by_kind(_render(helm, values), "Deployment")
-    container = deployment["spec"]["template"]["spec"]["containers"][0]
+    docs = _render(helm, values)
+    (deployment,) = _by_kind(docs, "Deployment")
+    pod = deployment["spec"]["template"]["spec"]
+    container = pod["containers"][0]
     assert container["args"][0] == "operator"
     parser = argparse.ArgumentParser(exit_on_error=False)
     command.add_arguments(parser)
     args = parser.parse_args(container["args"][1:])  # raises on an unknown flag or a bad value
-    settings = command.settings_from_args(args)
+    args.worker_defaults = _mounted(docs, pod, container, args.worker_defaults, tmp_path)
+    settings = command.settings_from_args(args)  # reads the worker defaults file as the pod would
     assert settings.image == container["image"]
     ports = {p["name"]: p["containerPort"] for p in container["ports"]}
     assert args.metrics_port == ports["metrics"] and args.liveness.endswith(f":{ports['health']}/healthz")
     if "webhook" in ports:
         assert args.webhook_port == ports["webhook"]
+    # What the chart says about workers reaches the StatefulSet the operator renders.
+    values = yaml.safe_load(values.read_text()) if values else {}
+    chart = _merged(yaml.safe_load((CHART / "values.yaml").read_text()), values)
+    spec = parse_spec({"kafka": {"topic": "t", "bootstrapServers": "k:9092"}})
+    owner = {"apiVersion": "keyrange.dev/v1alpha1", "kind": "StreamConsumer",
+             "metadata": {"name": "c", "namespace": "ns", "uid": "u"}}
+    worker = rendering.render_statefulset("c", "ns", spec, 1, owner, settings)["spec"]["template"]["spec"]
+    assert worker["containers"][0]["imagePullPolicy"] == chart["image"]["pullPolicy"]
+    assert worker.get("imagePullSecrets", []) == chart["imagePullSecrets"]
+    assert worker["containers"][0]["resources"] == chart["workers"]["resources"]
+    assert settings.runbook_url.startswith("https://")
+
+
+def _mounted(docs: list[dict[str, Any]], pod: dict[str, Any], container: dict[str, Any], path: str,
+             tmp_path: Path) -> str:
+    """Where `path` inside the operator's container is on this machine: the mounted ConfigMap's file."""
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    for mount in container["volumeMounts"]:
+        if path.startswith(mount["mountPath"] + "/"):
+            name = volumes[mount["name"]]["configMap"]["name"]
+            (cm,) = [d for d in _by_kind(docs, "ConfigMap") if d["metadata"]["name"] == name]
+            local = tmp_path / Path(path).name
+            local.write_text(cm["data"][Path(path).name])
+            return str(local)
+    raise AssertionError(f"{path} is not on a volume of the operator's container")
+
+
+def _merged(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for key, value in override.items():
+        out[key] = _merged(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) else value
+    return out
 
 
 def test_the_readme_values_table_is_generated_from_values_yaml() -> None:

@@ -31,6 +31,17 @@ VALID: list[dict[str, Any]] = [
     {**TOPIC, "aggregation": {"enabled": True, "executors": 4, "executorMemory": "2g"}},
     {**TOPIC, "kafka": {"topic": "t", "groupId": "g", "partitions": 10000}},
     {**TOPIC, "image": None, "sink": {"topic": None}},  # nulls mean "not set" on both sides
+    {**TOPIC, "suspend": True},
+    {**TOPIC, "env": [{"name": "API_TOKEN", "valueFrom": {"secretKeyRef": {"name": "api", "key": "token"}}},
+                      {"name": "MODE", "value": "fast"}],
+     "envFrom": [{"secretRef": {"name": "handler-secrets"}}, {"prefix": "CFG_", "configMapRef": {"name": "c"}}]},
+    {**TOPIC, "imagePullPolicy": "Always", "imagePullSecrets": [{"name": "regcred"}]},
+    {**TOPIC, "nodeSelector": {"pool": "stream"}, "priorityClassName": "keyrange-workers",
+     "tolerations": [{"key": "dedicated", "operator": "Equal", "value": "stream", "effect": "NoSchedule"}],
+     "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+         {"matchExpressions": [{"key": "pool", "operator": "In", "values": ["stream"]}]}]}}},
+     "topologySpreadConstraints": [{"maxSkew": 1, "topologyKey": "topology.kubernetes.io/zone",
+                                    "whenUnsatisfiable": "DoNotSchedule"}]},
 ]
 
 INVALID: list[dict[str, Any]] = [
@@ -74,6 +85,20 @@ INVALID: list[dict[str, Any]] = [
     {"kafka": {"topic": "t"}, "deadLetterTopic": "t"},  # dead letters would loop
     {"kafka": {"topic": "t"}, "sink": {"topic": "x"}, "deadLetterTopic": "x"},
     {"kafka": {"topic": "t"}, "deadLetterTopic": "t.processed"},  # the default sink
+    {**TOPIC, "suspend": "yes"},
+    {**TOPIC, "env": [{"value": "no name"}]},
+    {**TOPIC, "env": [{"name": "1BAD"}]},
+    {**TOPIC, "env": [{"name": "BOTH", "value": "x", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}}]},
+    {**TOPIC, "envFrom": [{"prefix": "NOTHING_"}]},
+    {**TOPIC, "envFrom": [{"secretRef": {"name": "a"}, "configMapRef": {"name": "b"}}]},
+    {**TOPIC, "envFrom": [{"secretRef": {}}]},
+    {**TOPIC, "imagePullPolicy": "Sometimes"},
+    {**TOPIC, "imagePullSecrets": [{}]},
+    {**TOPIC, "nodeSelector": {"pool": 1}},
+    {**TOPIC, "tolerations": [{"operator": "Maybe"}]},
+    {**TOPIC, "tolerations": [{"key": "k", "surprise": 1}]},
+    {**TOPIC, "priorityClassName": "Not_A_Name"},
+    {**TOPIC, "affinity": "anywhere"},
 ]
 
 
@@ -161,10 +186,11 @@ def test_crd_shape() -> None:
     assert scale["statusReplicasPath"].removeprefix(".status.") in status_props
     assert scale["labelSelectorPath"].removeprefix(".status.") in status_props
     columns = {c["name"]: c for c in version["additionalPrinterColumns"]}
-    assert set(columns) == {"Workers", "Ranges", "Lag", "Phase", "Age"}
+    assert set(columns) == {"Ready", "Workers", "Ranges", "Lag", "Phase", "Age"}
+    assert columns["Ready"]["jsonPath"] == '.status.conditions[?(@.type=="Ready")].status'
     for column in columns.values():
         if column["jsonPath"].startswith(".status."):
-            head = column["jsonPath"].removeprefix(".status.").split(".")[0]
+            head = column["jsonPath"].removeprefix(".status.").split(".")[0].split("[")[0]
             assert head in status_props
 
 

@@ -96,15 +96,16 @@ def test_printer_columns_status_and_scale_subresources(crds: ControlPlane) -> No
     assert "status" not in json.loads(kubectl("get", "strc", "columns", "-n", NS, "-o", "json").stdout)
     # ... and one to /status does not touch spec.
     status = {"phase": "Running", "workers": 2, "rangeCount": 2, "lag": {"records": 42},
-              "selector": "keyrange.dev/streamconsumer=columns"}
+              "selector": "keyrange.dev/streamconsumer=columns",
+              "conditions": [{"type": "Scaling", "status": "False"}, {"type": "Ready", "status": "True"}]}
     kubectl("patch", "strc", "columns", "-n", NS, "--subresource=status", "--type=merge",
             "-p", json.dumps({"status": status, "spec": {"concurrency": 1}}))
     stored = json.loads(kubectl("get", "strc", "columns", "-n", NS, "-o", "json").stdout)
     assert stored["status"]["phase"] == "Running" and stored["spec"]["concurrency"] == 64
 
     table = kubectl("get", "strc", "-n", NS).stdout.splitlines()
-    assert table[0].split() == ["NAME", "WORKERS", "RANGES", "LAG", "PHASE", "AGE"]
-    assert table[1].split()[:5] == ["columns", "2", "2", "42", "Running"]
+    assert table[0].split() == ["NAME", "READY", "WORKERS", "RANGES", "LAG", "PHASE", "AGE"]
+    assert table[1].split()[:6] == ["columns", "True", "2", "2", "42", "Running"]
 
     kubectl("scale", "strc", "columns", "-n", NS, "--replicas=3")
     scale = json.loads(kubectl("get", "strc", "columns", "-n", NS, "--subresource=scale", "-o", "json").stdout)

@@ -35,3 +35,18 @@ def test_lag_is_scraped_from_every_pod_the_fleet_runs_and_merged() -> None:
     fleet.scale_to(3)
     lag.slot_lag()  # within every_seconds: served from the last scrape
     assert len(asked) == 2
+
+
+def test_the_newest_handoff_is_the_newest_grant_and_its_largest_pause() -> None:
+    from keyrange.operator.kafkacontrol import newest_handoff
+    from keyrange.ranges.control import WorkerReport
+    from keyrange.ranges.pauses import HandoffPause
+
+    assert newest_handoff([WorkerReport(0, 3, frozenset(), 1)]) is None
+    reports = [WorkerReport(0, 9, frozenset(), 1, pause=HandoffPause(5, 900, 100)),
+               WorkerReport(1, 9, frozenset(), 1, pause=HandoffPause(9, 40, 200)),
+               WorkerReport(2, 9, frozenset(), 1, pause=HandoffPause(9, 70, 150)),
+               WorkerReport(3, 9, frozenset(), 1)]
+    newest = newest_handoff(reports)
+    assert newest is not None
+    assert (newest.epoch, newest.pause_seconds, newest.worker, newest.at_ms) == (9, 0.07, 2, 150)

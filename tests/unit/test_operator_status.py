@@ -75,3 +75,28 @@ def test_scaling_record() -> None:
     assert scaling_record(2, 3, "KeyrangeLagHighRecords", "split", T0) == {
         "time": "2026-01-01T12:00:00Z", "fromWorkers": 2, "toWorkers": 3,
         "reason": "KeyrangeLagHighRecords", "message": "split"}
+
+
+def test_suspending_then_suspended_keeps_the_map_and_drops_lag() -> None:
+    suspending = render_status(Observed(4, 0, 1, "s", suspended=True, pods=2), None, T0)
+    assert suspending["phase"] == "Scaling" and _conditions(suspending)["Scaling"]["reason"] == "Suspending"
+    assert _conditions(suspending)["Ready"]["reason"] == "Suspended"
+    suspended = render_status(Observed(4, 0, 0, "s", suspended=True, pods=0), None, T0)
+    assert suspended["phase"] == "Suspended" and suspended["workers"] == 0 and suspended["lag"] is None
+    c = _conditions(suspended)
+    assert c["Ready"]["status"] == "False" and c["Ready"]["reason"] == "Suspended"
+    assert c["Degraded"]["status"] == "False"
+    previous = render_status(Observed(3, 2, 2, "s"), RANGES, T0)
+    patch = changed_fields(suspended, previous)
+    assert "ranges" not in patch and "epoch" not in patch  # the map they resume with stays
+    assert patch["lag"] is None and patch["workers"] == 0  # a merge patch's null removes lag
+
+
+def test_the_newest_handoff_and_its_pause() -> None:
+    from keyrange.operator.rangecontrol import HandoffSummary
+
+    moved = RangeStatus(epoch=9, workers=2, ranges=RANGES.ranges,
+                        last_handoff=HandoffSummary(epoch=9, pause_seconds=0.0854, worker=1, at_ms=1_767_268_800_000))
+    status = render_status(Observed(1, 2, 2, "s"), moved, T0)
+    assert status["lastHandoff"] == {"epoch": 9, "pauseSeconds": 0.085, "worker": 1, "time": "2026-01-01T12:00:00Z"}
+    assert "lastHandoff" not in render_status(Observed(1, 2, 2, "s"), RANGES, T0)

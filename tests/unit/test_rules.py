@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 import yaml
 
+from keyrange import __version__
 from keyrange.operator import rules
 from keyrange.spec import parse_spec
 
@@ -117,3 +118,22 @@ def test_negative_durations_are_refused() -> None:
         rules.duration(-1)
     with pytest.raises(ValueError, match="lag_high_for_seconds"):
         rules.RuleOptions(lag_high_for_seconds=-1)
+
+
+def test_runbook_urls_are_absolute_and_point_at_a_heading_of_the_autoscaling_docs() -> None:
+    docs = (Path(__file__).parents[2] / "docs" / "autoscaling.md").read_text()
+    anchors = {line.lstrip("#").strip().lower().replace(" ", "-") for line in docs.splitlines()
+               if line.startswith("#")}
+    for rule in rules.render_rule_groups("payments", "shop", parse_spec(SAMPLE))["groups"][0]["rules"]:
+        url = rule["annotations"]["runbook_url"]
+        base, _, anchor = url.partition("#")
+        assert base == f"https://github.com/keyrange/keyrange/blob/v{__version__}/docs/autoscaling.md", url
+        assert anchor in anchors, f"{rule['alert']}: docs/autoscaling.md has no heading for #{anchor}"
+    with pytest.raises(ValueError, match="absolute"):
+        rules.RuleOptions(runbook_url="docs/autoscaling.md")
+
+
+def test_a_suspended_consumer_has_no_worker_down_alert() -> None:
+    suspended = parse_spec({**SAMPLE, "suspend": True})
+    alerts = [r["alert"] for r in rules.render_rule_groups("payments", "shop", suspended)["groups"][0]["rules"]]
+    assert rules.ALERT_WORKER_DOWN not in alerts and rules.ALERT_DEAD_LETTERS in alerts

@@ -95,6 +95,16 @@ app.kubernetes.io/part-of: keyrange
 - apiGroups: [monitoring.coreos.com]
   resources: [servicemonitors, prometheusrules]
   verbs: [get, create, patch]
+{{- if .Values.workers.podDisruptionBudget.enabled }}
+- apiGroups: [policy]
+  resources: [poddisruptionbudgets]
+  verbs: [get, create, patch]
+{{- end }}
+{{- if .Values.networkPolicy.enabled }}
+- apiGroups: [networking.k8s.io]
+  resources: [networkpolicies]
+  verbs: [get, create, patch]
+{{- end }}
 {{- if .Values.rbac.sparkAggregation }}
 # Spark aggregation (spec.aggregation): the driver's objects, deleted again when aggregation is
 # turned off or its mode changes. No pod rights: the driver's ServiceAccount gets them through a
@@ -122,4 +132,43 @@ app.kubernetes.io/part-of: keyrange
   resources: [persistentvolumeclaims]
   verbs: [get, create, patch]
 {{- end }}
+{{- end -}}
+
+{{/* The alerts' runbook: the value, else docs/autoscaling.md of this release on GitHub. */}}
+{{- define "keyrange.runbookUrl" -}}
+{{- $url := ((.Values.autoscaling | default dict).prometheusRule | default dict).runbookUrl -}}
+{{- default (printf "https://github.com/keyrange/keyrange/blob/v%s/docs/autoscaling.md" .Chart.AppVersion) $url -}}
+{{- end -}}
+
+{{/* A NetworkPolicy peer that selects the operator's pods. */}}
+{{- define "keyrange.operatorPeer" -}}
+namespaceSelector:
+  matchLabels:
+    kubernetes.io/metadata.name: {{ .Release.Namespace }}
+podSelector:
+  matchLabels:
+    {{- include "keyrange.selectorLabels" . | nindent 4 }}
+{{- end -}}
+
+{{/* What every worker pod gets unless its StreamConsumer says otherwise (the operator's
+     --worker-defaults file; src/keyrange/operator/workerdefaults.py reads it). */}}
+{{- define "keyrange.workerDefaults" -}}
+{{- $w := .Values.workers -}}
+{{- $np := .Values.networkPolicy -}}
+{{- $network := dict "enabled" $np.enabled "metricsFrom" $np.prometheus "operator" (list (include "keyrange.operatorPeer" . | fromYaml)) "kafka" $np.kafka -}}
+{{- $defaults := dict "resources" $w.resources "nodeSelector" $w.nodeSelector "affinity" $w.affinity "tolerations" $w.tolerations "topologySpreadConstraints" $w.topologySpreadConstraints "imagePullSecrets" .Values.imagePullSecrets "podDisruptionBudget" $w.podDisruptionBudget "networkPolicy" $network -}}
+{{- if $w.priorityClassName -}}
+{{- $_ := set $defaults "priorityClassName" $w.priorityClassName -}}
+{{- end -}}
+{{- toYaml $defaults -}}
+{{- end -}}
+
+{{/* Whether to install the Grafana dashboard ConfigMap (null: with monitoring.serviceMonitor). */}}
+{{- define "keyrange.grafanaDashboard" -}}
+{{- $d := .Values.monitoring.grafanaDashboard -}}
+{{- if kindIs "invalid" $d.enabled -}}
+{{- if .Values.monitoring.serviceMonitor }}true{{ end -}}
+{{- else if $d.enabled -}}
+true
+{{- end -}}
 {{- end -}}

@@ -22,7 +22,9 @@ from typing import Any
 from urllib.parse import urlparse
 
 from keyrange.errors import UserError
+from keyrange.operator.rules import RUNBOOK
 from keyrange.operator.settings import OperatorSettings
+from keyrange.operator.workerdefaults import WorkerDefaults, load_worker_defaults
 
 log = logging.getLogger(__name__)
 
@@ -56,6 +58,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="port of the operator's /metrics (default 9090; 0 disables)")
     parser.add_argument("--image", default=os.environ.get("KEYRANGE_IMAGE", OperatorSettings.image),
                         help="worker image when a StreamConsumer sets none (default $KEYRANGE_IMAGE)")
+    parser.add_argument("--image-pull-policy", default=OperatorSettings.image_pull_policy,
+                        choices=("Always", "IfNotPresent", "Never"),
+                        help="pull policy of worker images unless a StreamConsumer sets one (default IfNotPresent)")
+    parser.add_argument("--worker-defaults", default=None, metavar="FILE",
+                        help="YAML file with every worker pod's defaults: resources, scheduling, pull secrets, "
+                             "disruption budget, network policy (the chart's `workers` values; see "
+                             "src/keyrange/operator/workerdefaults.py)")
+    parser.add_argument("--runbook-url", default=RUNBOOK,
+                        help="absolute URL of the alerts' runbook, docs/autoscaling.md (default: this release's on "
+                             "GitHub)")
     parser.add_argument("--termination-grace-seconds", type=int,
                         default=OperatorSettings.termination_grace_seconds,
                         help="time a worker gets to release its ranges on SIGTERM")
@@ -85,9 +97,11 @@ def settings_from_args(args: argparse.Namespace) -> OperatorSettings:
         if not sep or not key:
             raise UserError(f"--monitoring-label expects KEY=VALUE, got {item!r}")
         labels[key] = value
+    defaults = load_worker_defaults(args.worker_defaults) if args.worker_defaults else WorkerDefaults()
     try:
         return OperatorSettings(
-            image=args.image,
+            image=args.image, image_pull_policy=args.image_pull_policy, worker_defaults=defaults,
+            runbook_url=args.runbook_url,
             termination_grace_seconds=args.termination_grace_seconds,
             spark_aggregation=args.spark_aggregation, spark_driver_cluster_role=args.spark_driver_cluster_role,
             reconcile_interval_seconds=args.refresh_seconds, monitoring_labels=labels)

@@ -1,20 +1,27 @@
 """Recording a scaling decision where users look: status.lastScaling and a Kubernetes Event.
 
 Called by the alert webhook (and by anything else that asks a range control to rescale) after
-`RangeControl.request_scale`, so `kubectl describe streamconsumer` tells what happened and why.
+`RangeControl.request_scale`, and by the refresh timer for the decisions the range controller's
+planner took by itself (lag, cooldown, workers.min/max, `kubectl scale`), so
+`kubectl describe streamconsumer` tells what happened and why.
 """
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import UTC, datetime
+from typing import Any
+
+import kopf
 
 from keyrange.operator.kube import Kube
-from keyrange.operator.rangecontrol import ScaleOutcome
+from keyrange.operator.rangecontrol import PlannedRescale, ScaleOutcome
 from keyrange.operator.status import scaling_record
 from keyrange.spec import API_VERSION, KIND
 
 SCALED_REASON = "Rescaled"
 REFUSED_REASON = "RescaleRefused"
+PLANNER_REASON = "Planner"
+"""status.lastScaling.reason of a decision the planner took by itself."""
 
 
 def record_scaling_decision(kube: Kube, namespace: str, name: str, outcome: ScaleOutcome, reason: str,
@@ -31,3 +38,13 @@ def record_scaling_decision(kube: Kube, namespace: str, name: str, outcome: Scal
     kube.patch(API_VERSION, KIND, namespace, name, {"status": {"lastScaling": record}}, subresource="status")
     kube.event(consumer, SCALED_REASON if outcome.accepted else REFUSED_REASON, message, now,
                "Normal" if outcome.accepted else "Warning")
+
+
+def record_planner_decision(kube: Kube, consumer: dict[str, Any], patch: kopf.Patch, decision: PlannedRescale) -> None:
+    """Put a planner decision in this round's status patch (lastScaling) and post it as an Event."""
+    decided = datetime.fromtimestamp(decision.decided_ms / 1000, UTC)
+    message = (f"scaling from {decision.from_workers} to {decision.to_workers} workers (planner): "
+               f"{decision.reason}")
+    patch.status["lastScaling"] = scaling_record(decision.from_workers, decision.to_workers, PLANNER_REASON,
+                                                 message, decided)
+    kube.event(consumer, SCALED_REASON, message, decided)

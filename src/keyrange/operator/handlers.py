@@ -4,20 +4,21 @@ Each handler does `spec -> parse_spec -> rendering -> Kube.apply -> status`. The
 into a kopf registry by `register_handlers` (not at import), so the refresh interval comes from
 OperatorSettings and tests can run the real operator with a short one.
 
-- create / resume / spec update: render and apply the workers' ServiceAccount, ConfigMap, headless
-  Service and StatefulSet (a ServiceMonitor / PrometheusRule when those CRDs exist, the Spark job
-  when `aggregation.enabled`, whose objects are deleted again when it is turned off or its mode
-  changes; its data claim stays), start the consumer's range control, then write status. A spec change
-  changes the pod template's spec hash, so the StatefulSet rolls its pods one at a time; each
-  worker releases its ranges on SIGTERM, so a rollout is a series of ordinary handoffs.
+- create / resume / spec update: apply everything the consumer needs (children.py), start the
+  consumer's range control, then write status. A spec change changes the pod template's spec
+  hash, so the StatefulSet rolls its pods one at a time; each worker releases its ranges on
+  SIGTERM, so a rollout is a series of ordinary handoffs.
+- `spec.suspend`: the range control stops and the StatefulSet goes to zero; each worker releases
+  its ranges and commits on SIGTERM. Status says Suspending, then Suspended. Resuming starts the
+  control again, which brings back the workers of its last map.
 - a timer per consumer: asks the range control how many workers it needs, scales the StatefulSet,
-  reports ready pods back, refreshes status (epoch, ranges, lag, conditions).
-- an invalid spec: status Degraded with the reason, and kopf.PermanentError so kopf does not
-  retry it (no crash loop) until the spec changes.
+  reports ready pods back, records the planner's own decisions (an Event and status.lastScaling),
+  refreshes status (epoch, ranges, lag, the last handoff's pause, conditions).
+- an invalid spec (or one whose pod fields the API server refuses): status Degraded with the
+  reason, and kopf.PermanentError so kopf does not retry it (no crash loop) until the spec changes.
 - delete: children go with their owner references; the optional delete handler stops the range
   control (kopf keeps its finalizer only because a timer must be stopped before deletion).
 """
-
 from __future__ import annotations
 
 import contextlib
@@ -31,8 +32,10 @@ import kopf
 
 from keyrange import metrics
 from keyrange.operator import rendering
+from keyrange.operator.children import apply_children
 from keyrange.operator.controls import ControlRegistry, RangeControlFactory, default_range_control
-from keyrange.operator.kube import Kube, KubeApiError, plural_of
+from keyrange.operator.decisions import record_planner_decision
+from keyrange.operator.kube import Kube, KubeApiError
 from keyrange.operator.rangecontrol import RangeControl
 from keyrange.operator.settings import OperatorSettings
 from keyrange.operator.status import Observed, changed_fields, render_status
@@ -74,67 +77,16 @@ def _ready(sts: dict[str, Any] | None) -> int:
     return int(((sts or {}).get("status") or {}).get("readyReplicas") or 0)
 
 
+def _pods(sts: dict[str, Any] | None) -> int:
+    """Pods of the StatefulSet that still exist, terminating ones included."""
+    return int(((sts or {}).get("status") or {}).get("replicas") or 0)
+
+
 def _write_status(patch: kopf.Patch, status: Any, seen: Observed, control: RangeControl | None,
                   now: datetime) -> None:
     new = render_status(seen, control.status() if control else None, now, dict(status or {}))
     for key, value in changed_fields(new, dict(status or {})).items():
         patch.status[key] = value
-
-
-def _apply_children(kube: Kube, settings: OperatorSettings, body: Any, model: StreamConsumerSpec,
-                    replicas: int) -> dict[str, Any]:
-    name, namespace = body["metadata"]["name"], body["metadata"]["namespace"]
-    owner = dict(body)
-    kube.apply(rendering.render_service_account(name, namespace, owner))
-    kube.apply(rendering.render_configmap(name, namespace, model, owner))
-    kube.apply(rendering.render_service(name, namespace, owner, settings))
-    sts = kube.apply(rendering.render_statefulset(name, namespace, model, replicas, owner, settings))
-    for obj in rendering.render_optional(name, namespace, model, owner, settings):
-        if kube.has_resource(obj["apiVersion"], plural_of(obj["kind"])):
-            kube.apply(obj)
-    if not settings.spark_aggregation:
-        return sts  # no Spark rights: nothing of Spark's was ever created here, nothing to prune
-    wanted = _aggregation_objects(kube, settings, name, namespace, model, owner)
-    for obj in wanted:
-        kube.apply(obj)
-    _prune_aggregation(kube, name, namespace, owner, {(o["apiVersion"], o["kind"]) for o in wanted})
-    return sts
-
-
-def _prune_aggregation(kube: Kube, name: str, namespace: str, owner: dict[str, Any],
-                       wanted: set[tuple[str, str]]) -> None:
-    """Delete the Spark objects of this consumer that its spec no longer asks for: all of them when
-    `aggregation.enabled` is turned off, the Deployment or CronJob left by a mode change. Only
-    objects this consumer owns are touched; the data claim is kept."""
-    from keyrange.operator import spark
-
-    uid = owner["metadata"].get("uid")
-    target = spark.aggregation_name(name)
-    for api_version, kind in spark.AGGREGATION_KINDS:
-        if (api_version, kind) in wanted:
-            continue
-        found = kube.get(api_version, kind, namespace, target)  # None too where the kind is not served
-        owners = (found or {}).get("metadata", {}).get("ownerReferences") or []
-        if found is not None and any(ref.get("uid") == uid for ref in owners):
-            kube.delete(api_version, kind, namespace, target)
-            log.info("%s/%s: deleted %s %s (no longer in spec.aggregation)", namespace, name, kind, target)
-
-
-def _aggregation_objects(kube: Kube, settings: OperatorSettings, name: str, namespace: str,
-                         model: StreamConsumerSpec, owner: dict[str, Any]) -> list[dict[str, Any]]:
-    """The Spark job of `spec.aggregation`: a SparkApplication where the Kubeflow Spark Operator is
-    installed, else native Spark on Kubernetes (a client-mode driver the operator renders)."""
-    if not model.aggregation.enabled:
-        return []
-    from keyrange.operator import spark
-
-    job = spark.SparkJobSettings(image=model.image or settings.image, image_pull_policy=settings.image_pull_policy,
-                                 driver_cluster_role=settings.spark_driver_cluster_role)
-    if kube.has_resource(spark.SPARK_APPLICATION_API, "sparkapplications"):
-        claim = spark.render_claim(name, namespace, model, owner, job)
-        return [*spark.render_rbac(name, namespace, owner, job), *([claim] if claim else []),
-                spark.render_spark_application(name, namespace, model, owner, job)]
-    return spark.render_spark_objects(name, namespace, model, owner, job)
 
 
 def _counted(handler: str) -> Callable[[Callable[..., None]], Callable[..., None]]:
@@ -170,29 +122,45 @@ def reconcile(*, name: str, namespace: str | None, body: kopf.Body, spec: kopf.S
         memo.controls.close(namespace, name)
         _write_status(patch, status, Observed(generation, 0, 0, selector, error=str(exc)), None, now)
         raise kopf.PermanentError(str(exc)) from None
-    control = memo.controls.ensure(namespace, name, model)
-    assert control is not None  # revive=True always returns one
-    replicas = rendering.desired_replicas(model, control.desired_workers())
+    control: RangeControl | None = None
+    if model.suspend:
+        memo.controls.close(namespace, name)  # no workers: nothing to plan until it resumes
+        replicas = 0
+    else:
+        control = memo.controls.ensure(namespace, name, model)
+        assert control is not None  # revive=True always returns one
+        replicas = rendering.desired_replicas(model, control.desired_workers())
     metrics.OPERATOR_DESIRED_WORKERS.labels(namespace, name).set(replicas)
     try:
-        sts = _apply_children(memo.kube, memo.settings, body, model, replicas)
+        sts = apply_children(memo.kube, memo.settings, body, model, replicas)
     except KubeApiError as exc:
-        if exc.status != 403:
-            raise
-        # RBAC will not change by retrying soon: say what is missing, retry rarely.
-        message = f"the operator's ServiceAccount is not allowed to do this: {exc}; check the chart's rbac values"
-        _write_status(patch, status, Observed(generation, replicas, 0, selector, error=message,
-                                              error_reason="Forbidden"), control, now)
-        raise kopf.TemporaryError(message, delay=FORBIDDEN_RETRY_SECONDS) from None
-    control.workers_available(_ready(sts))
+        if exc.status == 403:
+            # RBAC will not change by retrying soon: say what is missing, retry rarely.
+            message = (f"the operator's ServiceAccount is not allowed to do this: {exc}; "
+                       "check the chart's rbac values")
+            _write_status(patch, status, Observed(generation, replicas, 0, selector, error=message,
+                                                  error_reason="Forbidden"), control, now)
+            raise kopf.TemporaryError(message, delay=FORBIDDEN_RETRY_SECONDS) from None
+        if exc.status in (400, 422):
+            # Fields the API server checks itself (affinity, topology spread constraints, ...):
+            # retrying the same spec cannot help.
+            message = (f"the API server refused an object rendered from this StreamConsumer: {exc}; fix the "
+                       "worker pod fields of its spec (or the chart's workers values)")
+            _write_status(patch, status, Observed(generation, replicas, 0, selector, error=message), control, now)
+            raise kopf.PermanentError(message) from None
+        raise
+    if control is not None:
+        control.workers_available(_ready(sts))
     logger.info("applied %s with %d workers", rendering.worker_name(name), replicas)
-    _write_status(patch, status, Observed(generation, replicas, _ready(sts), selector), control, now)
+    seen = Observed(generation, replicas, _ready(sts), selector, suspended=model.suspend, pods=_pods(sts))
+    _write_status(patch, status, seen, control, now)
 
 
 @_counted("refresh")
-def refresh(*, name: str, namespace: str | None, spec: kopf.Spec, meta: kopf.Meta, status: kopf.Status,
-            patch: kopf.Patch, memo: Any, logger: Logger, **_: Any) -> None:
-    """Periodically: follow the range control's worker count and refresh status."""
+def refresh(*, name: str, namespace: str | None, body: kopf.Body, spec: kopf.Spec, meta: kopf.Meta,
+            status: kopf.Status, patch: kopf.Patch, memo: Any, logger: Logger, **_: Any) -> None:
+    """Periodically: follow the range control's worker count, record its planner's decisions, and
+    refresh status."""
     assert namespace is not None
     if meta.get("deletionTimestamp"):
         return  # being deleted: `forget` stops the control; never start a new one now
@@ -204,10 +172,14 @@ def refresh(*, name: str, namespace: str | None, spec: kopf.Spec, meta: kopf.Met
     sts = kube.get("apps/v1", "StatefulSet", namespace, rendering.worker_name(name))
     if sts is None:
         return  # not created yet (or being deleted): reconcile owns creation
+    generation, selector, ready = int(meta.get("generation") or 1), rendering.selector_string(name), _ready(sts)
+    if model.suspend:  # reconcile scaled the workers to zero; follow them until the last one is gone
+        seen = Observed(generation, 0, ready, selector, suspended=True, pods=_pods(sts))
+        _write_status(patch, status, seen, None, memo.clock())
+        return
     control = memo.controls.ensure(namespace, name, model, revive=False)
     if control is None:
         return  # deleted, or stopped after an invalid spec: only reconcile starts it again
-    ready = _ready(sts)
     control.workers_available(ready)
     replicas = rendering.desired_replicas(model, control.desired_workers())
     metrics.OPERATOR_DESIRED_WORKERS.labels(namespace, name).set(replicas)
@@ -216,8 +188,10 @@ def refresh(*, name: str, namespace: str | None, spec: kopf.Spec, meta: kopf.Met
         logger.info("scaling %s from %d to %d workers", rendering.worker_name(name), current, replicas)
         kube.patch("apps/v1", "StatefulSet", namespace, rendering.worker_name(name),
                    {"spec": {"replicas": replicas}})
-    seen = Observed(int(meta.get("generation") or 1), replicas, ready, rendering.selector_string(name))
-    _write_status(patch, status, seen, control, memo.clock())
+    for decision in control.take_decisions():
+        record_planner_decision(kube, dict(body), patch, decision)
+    _write_status(patch, status, Observed(generation, replicas, ready, selector, pods=_pods(sts)), control,
+                  memo.clock())
 
 
 def forget(*, name: str, namespace: str | None, memo: Any, **_: Any) -> None:

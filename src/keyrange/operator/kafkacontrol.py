@@ -26,8 +26,8 @@ from keyrange.errors import UserError
 from keyrange.kafkaio import TopicSpec, ensure_topics
 from keyrange.local.scrape import WorkerSample, merged_lag, scrape
 from keyrange.operator.kafkasecrets import SecretReader, operator_client_properties, read_secret_key
-from keyrange.operator.rangecontrol import RangeStatus, ScaleOutcome, ScaleRequest
-from keyrange.ranges.control import ControlChannel
+from keyrange.operator.rangecontrol import HandoffSummary, PlannedRescale, RangeStatus, ScaleOutcome, ScaleRequest
+from keyrange.ranges.control import ControlChannel, WorkerReport
 from keyrange.ranges.controller import Controller
 from keyrange.ranges.planner import ScalingLimits, SlotLag
 from keyrange.spec import StreamConsumerSpec
@@ -77,6 +77,15 @@ class PodMetricsLag:
         return self._lag
 
 
+def newest_handoff(reports: list[WorkerReport]) -> HandoffSummary | None:
+    """The newest grant's pause over the workers that reported one (the largest, if several did)."""
+    pauses = [(r.pause.epoch, r.pause.pause_ms, r.worker, r.pause.at_ms) for r in reports if r.pause is not None]
+    if not pauses:
+        return None
+    epoch, pause_ms, worker, at_ms = max(pauses)
+    return HandoffSummary(epoch, pause_ms / 1000, worker, at_ms)
+
+
 class KafkaRangeControl:
     """RangeControl backed by keyrange.ranges.controller.Controller (see the module docstring)."""
 
@@ -91,6 +100,8 @@ class KafkaRangeControl:
                                   self._fleet)
         self._step_seconds, self._retry_seconds = step_seconds, retry_seconds
         self._controller: Controller | None = None
+        self._decisions_taken: tuple[Controller | None, int] = (None, 0)
+        """(controller, how many of its rescales take_decisions has looked at)."""
         self._problem: str | None = None
         self._stop = threading.Event()
         self._reconnect = threading.Event()
@@ -182,7 +193,22 @@ class KafkaRangeControl:
             ranges=tuple((a.worker, str(a.range)) for a in s.map.assignments),
             lag_records=sum(x.records for x in lags) if lags else None,
             lag_seconds=max((x.seconds for x in lags), default=None),
-            handoff_in_progress=bool(s.handoff_awaiting) or s.starting)
+            handoff_in_progress=bool(s.handoff_awaiting) or s.starting,
+            last_handoff=newest_handoff(list(controller.channel.state.reports.values())))
+
+    def take_decisions(self) -> list[PlannedRescale]:
+        """The planner's own rescales since the last call (a reconnect starts a new Controller, whose
+        list starts empty)."""
+        controller = self._controller
+        if controller is None:
+            return []
+        seen_controller, seen = self._decisions_taken
+        if seen_controller is not controller:
+            seen = 0
+        rescales = list(controller.rescales)
+        self._decisions_taken = (controller, len(rescales))
+        return [PlannedRescale(r.workers_before, r.workers_after, r.reason, r.decided_ms)
+                for r in rescales[seen:] if not r.requested]
 
     def close(self) -> None:
         """Stop the controller thread; it closes its Kafka clients on its way out.

@@ -24,6 +24,7 @@ FIELD_MANAGER = "keyrange-operator"
 """The field manager of every write the operator makes (see `kubectl get -o yaml --show-managed-fields`)."""
 
 _PLURALS = {"ConfigMap": "configmaps", "Service": "services", "StatefulSet": "statefulsets",
+            "NetworkPolicy": "networkpolicies", "PodDisruptionBudget": "poddisruptionbudgets",
             "Event": "events", "ServiceMonitor": "servicemonitors", "PrometheusRule": "prometheusrules"}
 
 

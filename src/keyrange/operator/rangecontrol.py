@@ -37,6 +37,34 @@ class RangeStatus:
     """True between publishing an epoch that moves slots and the new owners acquiring them."""
     problem: str | None = None
     """Why the controller cannot run (e.g. Kafka unreachable); None when it runs."""
+    last_handoff: HandoffSummary | None = None
+    """The newest handoff whose pause a new owner measured (None before the first)."""
+
+
+@dataclass(frozen=True)
+class HandoffSummary:
+    """The pause of the newest handoff, as its new owners reported it (ranges/pauses.py)."""
+
+    epoch: int
+    """The epoch that granted the moved slots."""
+    pause_seconds: float
+    """The largest pause among the moved slots: from their transit's publication to their new
+    owner's first event (or that event's creation, if later)."""
+    worker: int
+    """The new owner that saw it."""
+    at_ms: int
+    """When that pause ended, epoch ms."""
+
+
+@dataclass(frozen=True)
+class PlannedRescale:
+    """A rescale the controller's planner decided by itself (lag, cooldown, workers.min/max)."""
+
+    from_workers: int
+    to_workers: int
+    reason: str
+    """The planner's reason, e.g. "split 0-5: range 0-5 lags 9000 records / 2.0 s"."""
+    decided_ms: int
 
 
 @dataclass(frozen=True)
@@ -77,6 +105,10 @@ class RangeControl(Protocol):
     def status(self) -> RangeStatus:
         """The current range map and lag."""
 
+    def take_decisions(self) -> list[PlannedRescale]:
+        """The planner's own rescales since the last call (each is returned once); those that
+        `request_scale` asked for are left out: their requester records them."""
+
     def close(self) -> None:
         """Stop background work; the consumer was deleted or the operator is stopping."""
 
@@ -115,6 +147,10 @@ class StaticRangeControl:
     def update_spec(self, spec: StreamConsumerSpec) -> None:
         """Adopt the new bounds and fixed count."""
         self._spec = spec
+
+    def take_decisions(self) -> list[PlannedRescale]:
+        """None: a static map never rescales."""
+        return []
 
     def status(self) -> RangeStatus:
         """The even map over the fixed worker count, epoch 1."""

@@ -12,6 +12,7 @@ from typing import Any
 
 import yaml
 
+from keyrange.operator import workerpod
 from keyrange.operator.settings import WORKER_SPEC_PATH, OperatorSettings
 from keyrange.spec import API_VERSION, KIND, SpecError, StreamConsumerSpec
 
@@ -20,7 +21,7 @@ MAX_NAME_LENGTH = 45
 SPEC_HASH_ANNOTATION = "keyrange.dev/spec-hash"
 """On the pod template: changes with what workers read of the StreamConsumer document, so a spec
 change rolls the pods. `spec.workers` is left out: it bounds the planner, which rescales by
-handoffs (`kubectl scale` must not restart every pod too)."""
+handoffs (`kubectl scale` must not restart every pod too). `spec.suspend` too: it only scales to zero."""
 CONSUMER_LABEL = "keyrange.dev/streamconsumer"
 SPEC_FILE_KEY = "streamconsumer.yaml"
 
@@ -70,6 +71,10 @@ def check_cluster_spec(name: str, spec: StreamConsumerSpec) -> None:
         if item.secret_key_ref is None:
             raise SpecError(f"StreamConsumer {name!r}: spec.kafka.clientPropertiesFrom[{index}] ({item.name}) "
                             "needs secretKeyRef in a cluster: name the Secret and key that hold its value")
+    try:
+        workerpod.user_env(spec, [*workerpod.RESERVED_ENV, *(i.env_name for i in spec.kafka.client_properties_from)])
+    except SpecError as exc:
+        raise SpecError(f"StreamConsumer {name!r}: {exc}") from None
 
 
 def kafka_secret_env(spec: StreamConsumerSpec) -> list[dict[str, Any]]:
@@ -124,35 +129,53 @@ def render_service_account(name: str, namespace: str, owner: dict[str, Any]) -> 
 
 def _container(spec: StreamConsumerSpec, settings: OperatorSettings) -> dict[str, Any]:
     probe = {"httpGet": {"path": "/metrics", "port": "metrics"}, "periodSeconds": 10, "timeoutSeconds": 5}
-    resources: dict[str, Any] = {}
-    if spec.resources.requests:
-        resources["requests"] = dict(spec.resources.requests)
-    if spec.resources.limits:
-        resources["limits"] = dict(spec.resources.limits)
-    return {
+    env = [{"name": "POD_NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
+           *kafka_secret_env(spec)]
+    env += workerpod.user_env(spec, [e["name"] for e in env])
+    container: dict[str, Any] = {
         "name": "worker",
         "image": spec.image or settings.image,
-        "imagePullPolicy": settings.image_pull_policy,
+        "imagePullPolicy": spec.image_pull_policy or settings.image_pull_policy,
         "command": ["keyrange", "worker", "--spec-file", WORKER_SPEC_PATH,
                     "--metrics-port", str(settings.metrics_port)],
-        "env": [{"name": "POD_NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
-                *kafka_secret_env(spec)],
+        "env": env,
         "ports": [{"name": "metrics", "containerPort": settings.metrics_port, "protocol": "TCP"}],
         # Ready once metrics serve; restoring a range's state happens after, under the handoff protocol.
         "readinessProbe": {**probe, "initialDelaySeconds": 2, "failureThreshold": 3},
         "livenessProbe": {**probe, "initialDelaySeconds": 30, "failureThreshold": 6},
-        "resources": resources,
+        "resources": workerpod.resources(spec, settings.worker_defaults),
         "securityContext": {"allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True,
                             "runAsNonRoot": True, "capabilities": {"drop": ["ALL"]}},
         "volumeMounts": [{"name": "spec", "mountPath": "/etc/keyrange", "readOnly": True},
                          {"name": "tmp", "mountPath": "/tmp"}],
     }
+    if spec.env_from:
+        container["envFrom"] = workerpod.env_from(spec)
+    return container
+
+
+def _pod_spec(name: str, spec: StreamConsumerSpec, settings: OperatorSettings) -> dict[str, Any]:
+    pod: dict[str, Any] = {
+        "serviceAccountName": worker_name(name),
+        "automountServiceAccountToken": False,  # workers never call the Kubernetes API
+        "terminationGracePeriodSeconds": settings.termination_grace_seconds,
+        "securityContext": {"runAsNonRoot": True, "runAsUser": 10001, "runAsGroup": 10001,
+                            "fsGroup": 10001, "seccompProfile": {"type": "RuntimeDefault"}},
+        "containers": [_container(spec, settings)],
+        "volumes": [{"name": "spec", "configMap": {"name": config_name(name)}},
+                    {"name": "tmp", "emptyDir": {}}],
+        **workerpod.scheduling(spec, settings.worker_defaults, selector_labels(name)),
+    }
+    secrets = workerpod.pull_secrets(spec, settings.worker_defaults)
+    if secrets:
+        pod["imagePullSecrets"] = secrets
+    return pod
 
 
 def render_statefulset(name: str, namespace: str, spec: StreamConsumerSpec, replicas: int,
                        owner: dict[str, Any], settings: OperatorSettings) -> dict[str, Any]:
     """The workers: ordinal = worker id in the range map; a rolling update replaces one pod at a time."""
-    unscaled = spec.model_copy(update={"workers": type(spec.workers)()})
+    unscaled = spec.model_copy(update={"workers": type(spec.workers)(), "suspend": False})
     spec_hash = hashlib.sha256(spec_document(name, namespace, unscaled).encode()).hexdigest()[:16]
     return {
         "apiVersion": "apps/v1", "kind": "StatefulSet",
@@ -169,16 +192,7 @@ def render_statefulset(name: str, namespace: str, spec: StreamConsumerSpec, repl
             "template": {
                 "metadata": {"labels": common_labels(name, "worker"),
                              "annotations": {SPEC_HASH_ANNOTATION: spec_hash}},
-                "spec": {
-                    "serviceAccountName": worker_name(name),
-                    "automountServiceAccountToken": False,  # workers never call the Kubernetes API
-                    "terminationGracePeriodSeconds": settings.termination_grace_seconds,
-                    "securityContext": {"runAsNonRoot": True, "runAsUser": 10001, "runAsGroup": 10001,
-                                        "fsGroup": 10001, "seccompProfile": {"type": "RuntimeDefault"}},
-                    "containers": [_container(spec, settings)],
-                    "volumes": [{"name": "spec", "configMap": {"name": config_name(name)}},
-                                {"name": "tmp", "emptyDir": {}}],
-                },
+                "spec": _pod_spec(name, spec, settings),
             },
         },
     }
@@ -217,8 +231,9 @@ def desired_replicas(spec: StreamConsumerSpec, planned: int | None) -> int:
 def render_optional(name: str, namespace: str, spec: StreamConsumerSpec, owner: dict[str, Any],
                     settings: OperatorSettings) -> list[dict[str, Any]]:
     """Objects of optional CRDs (ServiceMonitor, PrometheusRule): applied only where the CRD exists."""
-    from keyrange.operator.rules import render_prometheus_rule
+    from keyrange.operator.rules import RuleOptions, render_prometheus_rule
 
-    rule = render_prometheus_rule(name, namespace, spec, labels=dict(settings.monitoring_labels))
+    rule = render_prometheus_rule(name, namespace, spec, RuleOptions(runbook_url=settings.runbook_url),
+                                  labels=dict(settings.monitoring_labels))
     rule["metadata"]["ownerReferences"] = [owner_reference(owner)]
     return [render_service_monitor(name, namespace, owner, settings), rule]

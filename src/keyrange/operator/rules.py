@@ -15,9 +15,13 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from keyrange import __version__
 from keyrange.spec import StreamConsumerSpec
 
-RUNBOOK = "docs/autoscaling.md"
+RUNBOOK = f"https://github.com/keyrange/keyrange/blob/v{__version__}/docs/autoscaling.md"
+"""The alerts' runbook: docs/autoscaling.md of this release in the repository (each alert has a
+heading there, which is its anchor). Absolute, since Alertmanager and its receivers (Slack, a
+pager) show the link far from any checkout."""
 SCALE_LABEL = "keyrange_scale"
 """Label on scaling alerts: `up` (split a range) or `down` (merge two ranges)."""
 CONSUMER_LABEL = "streamconsumer"
@@ -45,7 +49,7 @@ class RuleOptions:
     """Rule-group evaluation interval; None keeps Prometheus's global one."""
     runbook_url: str = RUNBOOK
     """Where each alert's runbook lives (an anchor per alert is appended); point it at wherever
-    your cluster's users read keyrange's docs."""
+    your cluster's users read keyrange's docs (an absolute URL)."""
     match_namespace: bool = True
     """Select series by their `namespace` label too (in a cluster, the scrape adds it);
     off for local scraping, where series have no namespace label."""
@@ -54,6 +58,8 @@ class RuleOptions:
         for field in ("lag_high_for_seconds", "worker_down_for_seconds", "dead_letters_window_seconds"):
             if getattr(self, field) < 0:
                 raise ValueError(f"RuleOptions.{field} must be >= 0, got {getattr(self, field)}")
+        if not self.runbook_url.startswith(("https://", "http://")):
+            raise ValueError(f"RuleOptions.runbook_url must be an absolute http(s) URL, got {self.runbook_url!r}")
 
 
 def duration(seconds: float) -> str:
@@ -138,15 +144,6 @@ def render_rule_groups(name: str, namespace: str, spec: StreamConsumerSpec,
             scale="down",
         ),
         rule(
-            ALERT_WORKER_DOWN,
-            f"(up{{{matchers}}} == 0) or absent(up{{{matchers}}})",
-            opts.worker_down_for_seconds, "critical",
-            f"{where}: a worker's metrics endpoint is down",
-            "Prometheus cannot scrape a worker of this consumer (or finds none). Its range is not "
-            "being consumed: check the pod (kubectl describe/logs) or the `keyrange run` output. "
-            "The scrape must label targets with `consumer` (the chart's ServiceMonitor does).",
-        ),
-        rule(
             ALERT_DEAD_LETTERS,
             f"sum(increase(keyrange_dead_letters_total{{{matchers}}}"
             f"[{duration(opts.dead_letters_window_seconds)}])) > 0",
@@ -157,6 +154,16 @@ def render_rule_groups(name: str, namespace: str, spec: StreamConsumerSpec,
             "its retries. The record headers say why; the client's later events keep flowing.",
         ),
     ]
+    if not spec.suspend:  # a suspended consumer runs no workers on purpose
+        rules.insert(3, rule(
+            ALERT_WORKER_DOWN,
+            f"(up{{{matchers}}} == 0) or absent(up{{{matchers}}})",
+            opts.worker_down_for_seconds, "critical",
+            f"{where}: a worker's metrics endpoint is down",
+            "Prometheus cannot scrape a worker of this consumer (or finds none). Its range is not "
+            "being consumed: check the pod (kubectl describe/logs) or the `keyrange run` output. "
+            "The scrape must label targets with `consumer` (the chart's ServiceMonitor does).",
+        ))
     group: dict[str, Any] = {"name": f"keyrange.{namespace}.{name}", "rules": rules}
     if opts.evaluation_interval_seconds is not None:
         group["interval"] = duration(opts.evaluation_interval_seconds)

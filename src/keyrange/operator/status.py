@@ -9,10 +9,10 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
-from keyrange.operator.rangecontrol import RangeStatus
+from keyrange.operator.rangecontrol import HandoffSummary, RangeStatus
 
 
 @dataclass(frozen=True)
@@ -31,6 +31,10 @@ class Observed:
     """Why the consumer cannot run (invalid spec, failed apply), else None."""
     error_reason: str = "InvalidSpec"
     """CamelCase reason for `error`."""
+    suspended: bool = False
+    """spec.suspend is true: the workers are scaled to zero."""
+    pods: int = 0
+    """Worker pods that still exist (the StatefulSet's status.replicas); a suspension waits for them."""
 
 
 def _timestamp(now: datetime) -> str:
@@ -52,6 +56,11 @@ def condition(kind: str, true: bool, reason: str, message: str, generation: int,
 def _phase_and_reasons(seen: Observed, ranges: RangeStatus | None) -> tuple[str, str, str, str]:
     if seen.error is not None:
         return "Degraded", seen.error_reason, "Unchanged", seen.error
+    if seen.suspended:
+        if seen.pods:
+            return ("Scaling", "Suspended", "Suspending",
+                    f"spec.suspend: {seen.pods} workers are releasing their ranges and stopping")
+        return "Suspended", "Suspended", "Stable", "spec.suspend is true: no workers run; set it to false to resume"
     if ranges is not None and ranges.problem:
         return "Degraded", "ControllerUnavailable", "Unchanged", ranges.problem
     if ranges is not None and ranges.epoch == 0:
@@ -90,7 +99,10 @@ def render_status(seen: Observed, ranges: RangeStatus | None, now: datetime,
         "readyWorkers": seen.ready_workers,
         "conditions": conditions,
     }
-    if ranges is not None and not ranges.problem:
+    if seen.suspended:
+        # The range map stays in status: it is what the workers resume with.
+        status.update({"workers": 0, "lag": None})
+    elif ranges is not None and not ranges.problem:
         status.update({
             "epoch": ranges.epoch,
             "workers": ranges.workers,
@@ -104,7 +116,16 @@ def render_status(seen: Observed, ranges: RangeStatus | None, now: datetime,
             lag["seconds"] = ranges.lag_seconds
         if lag:
             status["lag"] = lag
+        if ranges.last_handoff is not None:
+            status["lastHandoff"] = handoff_record(ranges.last_handoff)
     return status
+
+
+def handoff_record(handoff: HandoffSummary) -> dict[str, Any]:
+    """status.lastHandoff: the newest handoff and the pause its moved slots saw."""
+    at = datetime.fromtimestamp(handoff.at_ms / 1000, UTC)
+    return {"epoch": handoff.epoch, "pauseSeconds": round(handoff.pause_seconds, 3), "worker": handoff.worker,
+            "time": _timestamp(at)}
 
 
 def scaling_record(from_workers: int, to_workers: int, reason: str, message: str,

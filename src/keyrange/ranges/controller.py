@@ -70,6 +70,8 @@ class Rescale:
     """Wall-clock time the epoch was published (after a new worker started, for a split)."""
     settled_ms: int | None = None
     """Wall-clock time the new owners were allowed to acquire."""
+    requested: str = ""
+    """The reason given to `request_scale` (an alert's name); empty when the planner decided alone."""
 
 
 @dataclass(frozen=True)
@@ -118,7 +120,8 @@ class Controller:
         self.warm_timeout_seconds = warm_timeout_seconds
         """How long a handoff waits for its new owners to read ahead; after that it goes on, and their
         acquire finishes the read-ahead (or restores in full if it failed)."""
-        self._pending: tuple[Decision, int] | None = None
+        self._pending: tuple[Decision, int, str] | None = None
+        """(decision, decided_ms, the request's reason or "") until its epoch is published."""
         self._lock = threading.RLock()
         self._lag: Mapping[int, SlotLag] = {}
         self._stuck_logged_at = 0.0
@@ -167,7 +170,7 @@ class Controller:
             self.last_decision = decision.reason
             if decision.next_map is None:
                 return ScaleResult(False, decision.reason, before, before)
-            self._begin(pub, decision)
+            self._begin(pub, decision, reason)
             self._wake.set()  # the run loop follows the handoff from now on, not at its next idle tick
             return ScaleResult(True, decision.reason, before, decision.next_map.workers)
 
@@ -188,9 +191,9 @@ class Controller:
                 return pub
             return self._begin(pub, decision)
 
-    def _begin(self, pub: Publication, decision: Decision) -> Publication:
+    def _begin(self, pub: Publication, decision: Decision, requested: str = "") -> Publication:
         assert decision.next_map is not None
-        self._pending = (decision, now_ms())
+        self._pending = (decision, now_ms(), requested)
         moves: dict[int, frozenset[int]] = {}
         for slot in decision.moved_slots:
             owner = decision.next_map.owner_of(slot)
@@ -204,7 +207,7 @@ class Controller:
 
     def _publish_when_ready(self, pub: Publication) -> Publication:
         assert self._pending is not None
-        decision, decided_ms = self._pending
+        decision, decided_ms, requested = self._pending
         assert decision.next_map is not None
         new_workers = range(pub.map.workers, decision.next_map.workers)
         # A split waits until the new worker runs (it reported after the decision), so the moved
@@ -235,7 +238,7 @@ class Controller:
         self.channel.publish(nxt)
         self.channel.state.publication = nxt
         self.rescales.append(Rescale(decision.action, decision.reason, new_map.epoch, pub.map.workers,
-                                     new_map.workers, moved, decided_ms, nxt.published_ms))
+                                     new_map.workers, moved, decided_ms, nxt.published_ms, requested=requested))
         log.info("published %s: %s; waiting for w%s to release %d slots", new_map.describe(), decision.reason,
                  ",w".join(map(str, sorted(awaiting))), len(moved))
         return self._advance_handoff(nxt)
