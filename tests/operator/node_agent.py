@@ -12,7 +12,8 @@ pods share 127.0.0.1. Instead of a projected service-account token, a pod whose 
 token is mounted gets $KUBECONFIG pointing at a kubeconfig with a token from the TokenRequest API
 for that ServiceAccount (what the kubelet would project). The pod is reported Running, and Ready
 once its readiness probe (httpGet) answers. On deletion it gets SIGTERM, SIGKILL after its grace
-period, then the pod object is removed; a process that exits is restarted as restartPolicy says.
+period, then the pod object is removed (deleted pods stop in parallel, as a kubelet's do); a
+process that exits is restarted as restartPolicy says.
 `processes=False` runs nothing and reports every bound pod Ready at once (for tests that need
 ready pods, not what runs in them).
 """
@@ -85,6 +86,7 @@ class TestNodeAgent:
         """One line per process that exited on its own (restarted as restartPolicy says)."""
         self.errors: list[BaseException] = []
         self._tasks: list[asyncio.Task[None]] = []
+        self._terminating: dict[tuple[str, str], asyncio.Task[None]] = {}
 
     async def _register(self) -> None:
         node = {"apiVersion": "v1", "kind": "Node", "metadata": {"name": self.name,
@@ -137,11 +139,8 @@ class TestNodeAgent:
             await self._stop(key, 0)
             running = None
         if meta.get("deletionTimestamp"):
-            if running is not None:
-                await self._stop(key, int(meta.get("deletionGracePeriodSeconds") or 30))
-            await self.api.request("DELETE", f"/api/v1/namespaces/{namespace}/pods/{meta['name']}",
-                                   {"gracePeriodSeconds": 0, "preconditions": {"uid": meta["uid"]}},
-                                   "application/json")
+            if key not in self._terminating:
+                self._terminating[key] = asyncio.create_task(self._terminate(namespace, meta))
             return
         if running is None:
             running = self.pods[key] = await self._start(namespace, pod, 0)
@@ -282,6 +281,22 @@ class TestNodeAgent:
                                    "state": {"running": {"startedAt": _now()}}}]}})
         assert code in (200, 404), body  # 404: deleted since the listing
 
+    async def _terminate(self, namespace: str, meta: dict[str, Any]) -> None:
+        """A deleted pod: stop its process, then remove the pod object. In a task of its own, as a
+        kubelet's pod workers do, so one slow shutdown does not hold up the others."""
+        key = (namespace, meta["name"])
+        try:
+            if key in self.pods:
+                await self._stop(key, int(meta.get("deletionGracePeriodSeconds") or 30))
+            await self.api.request("DELETE", f"/api/v1/namespaces/{namespace}/pods/{meta['name']}",
+                                   {"gracePeriodSeconds": 0, "preconditions": {"uid": meta["uid"]}},
+                                   "application/json")
+        except Exception as exc:  # surfaced by the test through `errors`
+            logging.getLogger(__name__).exception("test node agent %s: stopping %s failed", self.name, key)
+            self.errors.append(exc)
+        finally:
+            self._terminating.pop(key, None)
+
     async def _stop(self, key: tuple[str, str], grace_seconds: int) -> None:
         if self.before_stop is not None:
             self.before_stop(key[1])
@@ -324,5 +339,6 @@ class TestNodeAgent:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
         self.before_stop = None
+        await asyncio.gather(*self._terminating.values(), return_exceptions=True)
         for key in list(self.pods):
             await self._stop(key, 10)

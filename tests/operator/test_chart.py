@@ -329,3 +329,46 @@ def test_the_alertmanager_config_posts_to_the_operators_service(helm: Any) -> No
     url = config["spec"]["receivers"][0]["webhookConfigs"][0]["url"]
     assert url == f"http://{service['metadata']['name']}.keyrange-system.svc:{port}/alertmanager/webhook"
     assert service["metadata"]["name"] == "rel-keyrange"
+
+
+def test_the_operator_has_a_disruption_budget_that_never_blocks_a_drain(helm: Any) -> None:
+    docs = _render(helm, None)
+    (pdb,) = _by_kind(docs, "PodDisruptionBudget")
+    (deployment,) = _by_kind(docs, "Deployment")
+    selector = pdb["spec"]["selector"]["matchLabels"]
+    assert selector.items() <= deployment["spec"]["template"]["metadata"]["labels"].items()
+    assert pdb["spec"]["maxUnavailable"] == 1 and pdb["spec"]["unhealthyPodEvictionPolicy"] == "AlwaysAllow"
+    assert "minAvailable" not in pdb["spec"]  # with one replica, minAvailable 1 would block every drain
+
+
+def test_the_operators_network_policy_says_what_reaches_what(helm: Any) -> None:
+    assert _by_kind(_render(helm, None), "NetworkPolicy") == []  # off by default
+    docs = _render(helm, CHART / "ci" / "production-values.yaml")
+    (policy,) = _by_kind(docs, "NetworkPolicy")
+    values = yaml.safe_load((CHART / "ci" / "production-values.yaml").read_text())["networkPolicy"]
+    (deployment,) = _by_kind(docs, "Deployment")
+    ports = {p["name"]: p["containerPort"] for p in deployment["spec"]["template"]["spec"]["containers"][0]["ports"]}
+    spec = policy["spec"]
+    assert spec["podSelector"]["matchLabels"].items() <= deployment["spec"]["template"]["metadata"]["labels"].items()
+    assert spec["policyTypes"] == ["Ingress", "Egress"]
+    ingress = {rule["ports"][0]["port"]: rule["from"] for rule in spec["ingress"]}
+    assert ingress == {ports["metrics"]: values["prometheus"], ports["webhook"]: values["alertmanager"]}
+    egress = {tuple(p["port"] for p in rule["ports"]): rule.get("to") for rule in spec["egress"]}
+    assert egress[(53, 53)] is None  # DNS anywhere
+    assert egress[(443, 6443)] is None  # the API server (no `to` given: any address)
+    assert egress[tuple(values["kafka"]["ports"])] == values["kafka"]["to"]
+    (workers,) = egress[(9100,)]
+    assert workers["podSelector"]["matchLabels"]["app.kubernetes.io/component"] == "worker"
+    assert workers["namespaceSelector"] == {}  # every namespace: the operator watches all
+    namespaced = _render(helm, Path(__file__).parent / "chart_values" / "namespaced.yaml")
+    assert _by_kind(namespaced, "NetworkPolicy") == []
+
+
+def test_a_namespaced_operator_reaches_only_its_namespaces_workers(helm: Any, tmp_path: Path) -> None:
+    values = tmp_path / "values.yaml"
+    values.write_text(yaml.safe_dump({"networkPolicy": {"enabled": True},
+                                      "operator": {"watchNamespaces": ["team-a", "team-b"]}}))
+    (policy,) = _by_kind(_render(helm, values), "NetworkPolicy")
+    (workers,) = [r for r in policy["spec"]["egress"] if r["ports"] == [{"port": 9100, "protocol": "TCP"}]]
+    assert workers["to"][0]["namespaceSelector"] == {"matchExpressions": [
+        {"key": "kubernetes.io/metadata.name", "operator": "In", "values": ["team-a", "team-b"]}]}

@@ -160,7 +160,10 @@ async def test_scale_subresource_splits_and_merges_through_real_workers(
         async def both_stopped() -> bool:
             return node.stopped_pods == ["ledger-worker-2", "ledger-worker-1"]
 
-        await eventually(both_stopped, "workers 2 then 1 to stop")
+        try:
+            await eventually(both_stopped, "workers 2 then 1 to stop")
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}; stopped {node.stopped_pods}, started {node.started_pods}") from None
         assert node.errors == []
         assert node.crashes == [], "a worker crashed (see its log in the test's tmp_path)"
 
