@@ -19,7 +19,7 @@ from keyrange.errors import UserError
 RESERVED_PROPERTIES: Mapping[str, str] = {
     "bootstrap.servers": "give spec.kafka.bootstrapServers (or --bootstrap) instead",
     "group.id": "give spec.kafka.groupId instead",
-    "transactional.id": "each worker's is derived from the group and its ordinal",
+    "transactional.id": "each slot's is derived from the group and the slot (it fences earlier owners)",
     "enable.idempotence": "keyrange's producers are idempotent",
     "isolation.level": "keyrange reads read_committed, so aborted outputs never count as handled",
     "enable.auto.commit": "offsets commit inside the workers' transactions",

@@ -80,8 +80,8 @@ def test_sleep_handler_sleeps_about_its_mean() -> None:
 
 def test_settings_check_bounds_and_defaults() -> None:
     s = WorkerSettings(bootstrap="b", topic="events", group_id="payments", worker_id="3")
-    assert (s.sink, s.dlq, s.state, s.transactional_id) == (
-        "events.processed", "events.dlq", "payments.state", "keyrange-payments-3")
+    assert (s.sink, s.dlq, s.state, s.slot_transactional_id(5)) == (
+        "events.processed", "events.dlq", "payments.state", "keyrange-payments-slot-5")
     with pytest.raises(ValueError, match="concurrency must be at least 1"):
         WorkerSettings(bootstrap="b", topic="t", group_id="g", concurrency=0)
     with pytest.raises(ValueError, match="ttl_seconds must be positive"):

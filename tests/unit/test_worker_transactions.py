@@ -11,7 +11,7 @@ from keyrange.events import SOURCE_OFFSET_HEADER
 from keyrange.worker.partition import PartitionMetrics, PartitionState
 from keyrange.worker.restore import RestoredPartition
 from keyrange.worker.settings import WorkerSettings
-from keyrange.worker.transactions import OutputRecord, TransactionalOutput
+from keyrange.worker.transactions import OutputRecord, SlotTransactions
 
 SETTINGS = WorkerSettings(bootstrap="127.0.0.1:1", topic="events", group_id="g", worker_id="w0")
 
@@ -40,9 +40,11 @@ class RecordingProducer:
 
 
 def test_offsets_join_the_transaction_only_after_every_output_was_acknowledged() -> None:
-    output = TransactionalOutput(SETTINGS, group_metadata=None)
+    output = SlotTransactions(SETTINGS, 0, group_metadata=None)
+    output._created.result()
     producer = RecordingProducer()
     output._producer = producer  # type: ignore[assignment]
+    output._initialised = True
     records = [OutputRecord("events.processed", 0, b"1", b"{}"), OutputRecord("g.state", 0, b"1", b"5")]
     output._commit(records, [TopicPartition("events", 0, 10)])
     assert producer.calls == ["begin", "produce events.processed", "produce g.state", "flush",
@@ -50,7 +52,8 @@ def test_offsets_join_the_transaction_only_after_every_output_was_acknowledged()
 
 
 def test_changelog_records_carry_the_source_offset_of_the_last_change() -> None:
-    ps = PartitionState(3, RestoredPartition(0), 10.0, time.time, PartitionMetrics("c", "w0", 3))
+    ps = PartitionState(3, RestoredPartition(0), 10.0, time.time, PartitionMetrics("c", "w0", 3),
+                        transactions=None)  # type: ignore[arg-type]  # no transaction in this test
     ps.dirty_state[1001] = (b"7", 12)
     ps.dirty_state[1001] = (b"9", 15)
     ps.dirty_state[1002] = (None, 14)
@@ -59,3 +62,10 @@ def test_changelog_records_carry_the_source_offset_of_the_last_change() -> None:
         ("g.state", 3, b"1001", b"9", [(SOURCE_OFFSET_HEADER, b"15")]),
         ("g.state", 3, b"1002", None, [(SOURCE_OFFSET_HEADER, b"14")]),
     ]
+
+
+def test_each_slot_has_its_own_transactional_id_whoever_holds_it() -> None:
+    ids = {SETTINGS.slot_transactional_id(slot) for slot in range(12)}
+    other_worker = WorkerSettings(bootstrap="127.0.0.1:1", topic="events", group_id="g", worker_id="w7")
+    assert len(ids) == 12 and other_worker.slot_transactional_id(3) == SETTINGS.slot_transactional_id(3)
+    assert SETTINGS.slot_transactional_id(3) == "keyrange-g-slot-3"

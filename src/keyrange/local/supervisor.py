@@ -160,6 +160,8 @@ class Supervisor:
     def tick(self) -> HistoryPoint:
         """Restart dead workers, scrape every worker, record a history point."""
         assert self.fleet is not None and self.controller is not None
+        if self.controller.stopped_by is not None:
+            raise self.controller.stopped_by  # another controller took this consumer over
         self.fleet.check()
         now = time.monotonic()
         samples: dict[int, WorkerSample] = {}

@@ -27,7 +27,7 @@ from keyrange.kafkaio import TopicSpec, ensure_topics
 from keyrange.local.scrape import WorkerSample, merged_lag, scrape
 from keyrange.operator.kafkasecrets import SecretReader, operator_client_properties, read_secret_key
 from keyrange.operator.rangecontrol import HandoffSummary, PlannedRescale, RangeStatus, ScaleOutcome, ScaleRequest
-from keyrange.ranges.control import ControlChannel, WorkerReport
+from keyrange.ranges.control import ControlChannel, ControllerFenced, WorkerReport
 from keyrange.ranges.controller import Controller
 from keyrange.ranges.planner import ScalingLimits, SlotLag
 from keyrange.spec import StreamConsumerSpec
@@ -147,6 +147,13 @@ class KafkaRangeControl:
                     continue
             try:
                 self._controller.step_and_wait(self._stop, self._step_seconds)
+            except ControllerFenced as exc:
+                # Another controller of the group wrote since: a stale leader that has not noticed
+                # it lost the Lease, or a `keyrange run` on the same group. This replica holds the
+                # Lease, so it claims the role back; the other one is fenced in turn.
+                log.warning("%s/%s: %s; claiming the controller role back", self._namespace, self._name, exc)
+                self._reconnect.set()
+                self._stop.wait(self._retry_seconds)
             except Exception:
                 log.exception("%s/%s: controller step failed; retrying", self._namespace, self._name)
                 self._stop.wait(self._retry_seconds)

@@ -29,8 +29,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
-from confluent_kafka import OFFSET_BEGINNING, Consumer, Producer, TopicPartition
+from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, Producer, TopicPartition
 
+from keyrange.errors import UserError
 from keyrange.kafkaclients import KafkaClients
 from keyrange.kafkaio import TopicSpec, ensure_topics
 from keyrange.ranges.pauses import HandoffPause
@@ -202,15 +203,35 @@ class ControlState:
         return r is not None and r.warm_epoch == epoch and slots <= r.warm
 
 
+class ControllerFenced(UserError):
+    """Another controller of the same consumer group took over: this one may not write any more."""
+
+
+def controller_transactional_id(group_id: str) -> str:
+    """The transactional id every controller of `group_id` writes assignments with: a new
+    controller's `claim_writer` fences the previous one at the broker."""
+    return f"keyrange-{group_id}-controller"
+
+
 class ControlChannel:
-    """Reads and writes one consumer's control topic."""
+    """Reads and writes one consumer's control topic.
+
+    Workers write their reports with an idempotent producer. A controller first claims the writer
+    role (`claim_writer`): its assignment and prepare records then go through a transactional
+    producer whose id is the group's, so when a second controller claims it the broker rejects
+    every later write of the first, and read_committed readers (everyone) never see them.
+    """
 
     def __init__(self, bootstrap: str, group_id: str, client_name: str = "keyrange",
                  client_properties: Mapping[str, str] | None = None) -> None:
         self.bootstrap = bootstrap
+        self.group_id = group_id
         self.topic = control_topic(group_id)
         self.state = ControlState()
         clients = KafkaClients(bootstrap, client_properties or {})
+        self._clients = clients
+        self._client_name = client_name
+        self._writer: Producer | None = None
         self._producer = Producer(clients.producer({"linger.ms": 0, "acks": "all",
                                                     "client.id": f"{client_name}-control"}))
         # A group id is required by the client but never used: offsets are not committed,
@@ -264,13 +285,42 @@ class ControlChannel:
                 self.poll(0.1)
                 return
 
+    def claim_writer(self, timeout_seconds: float = 30.0) -> None:
+        """Become the group's one controller: fences any other controller of the group (its later
+        writes are rejected by the broker) and resolves a transaction it left open."""
+        producer = Producer(self._clients.transactional_producer(
+            controller_transactional_id(self.group_id), transaction_timeout_ms=10_000,
+            tuning={"linger.ms": 0, "client.id": f"{self._client_name}-controller"}))
+        producer.init_transactions(timeout_seconds)
+        self._writer = producer
+
     def publish(self, publication: Publication) -> None:
         """Write an assignment record (controller only) and wait until the broker has it."""
-        self._write(ASSIGNMENT_KEY, publication.encode())
+        self._write_as_controller(ASSIGNMENT_KEY, publication.encode())
 
     def announce(self, prepare: Prepare) -> None:
         """Write the prepare record (controller only) and wait until the broker has it."""
-        self._write(PREPARE_KEY, prepare.encode())
+        self._write_as_controller(PREPARE_KEY, prepare.encode())
+
+    def _write_as_controller(self, key: bytes, value: bytes, timeout_seconds: float = 10.0) -> None:
+        writer = self._writer
+        if writer is None:
+            raise RuntimeError("claim_writer() first: only the group's controller writes assignments")
+        try:
+            writer.begin_transaction()
+            writer.produce(self.topic, value, key)
+            writer.commit_transaction(timeout_seconds)
+        except KafkaException as exc:
+            error = exc.args[0]
+            if error.code() in (KafkaError._FENCED, KafkaError.PRODUCER_FENCED, KafkaError.INVALID_PRODUCER_EPOCH):
+                raise ControllerFenced(
+                    f"another controller of consumer group {self.group_id!r} took over (the broker fenced this "
+                    "one's transactional id): stopping. Run one controller per consumer: the operator's Lease "
+                    "holder, or a single keyrange run"
+                ) from None
+            if error.txn_requires_abort():
+                writer.abort_transaction(timeout_seconds)
+            raise RuntimeError(f"control record to {self.topic} not written: {error}") from exc
 
     def report(self, report: WorkerReport) -> None:
         """Write a worker report and wait until the broker has it."""
@@ -288,6 +338,9 @@ class ControlChannel:
         cannot, after `keyrange run` has stopped the embedded broker)."""
         self._producer.flush(5.0)
         self._producer.close()
+        if self._writer is not None:
+            self._writer.flush(5.0)
+            self._writer = None
         self._consumer.close()
 
 

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from keyrange.errors import UserError
-from keyrange.ranges.control import ControlChannel, Prepare, Publication, describe_reports, now_ms
+from keyrange.ranges.control import ControlChannel, ControllerFenced, Prepare, Publication, describe_reports, now_ms
 from keyrange.ranges.planner import Decision, Direction, Planner, ScalingLimits, SlotLag, range_lag, with_epoch
 from keyrange.ranges.rangemap import RangeMap
 
@@ -126,6 +126,8 @@ class Controller:
         self._lag: Mapping[int, SlotLag] = {}
         self._stuck_logged_at = 0.0
         self._wake = threading.Event()
+        self.stopped_by: ControllerFenced | None = None
+        """Set when another controller of the group took over and this one stopped (see `run`)."""
 
     @property
     def publication(self) -> Publication:
@@ -135,7 +137,9 @@ class Controller:
         return pub
 
     def start(self) -> Publication:
-        """Resume from the control topic, or publish the first map (workers.min even ranges)."""
+        """Claim the group's controller role (fencing any other controller at the broker), then
+        resume from the control topic, or publish the first map (workers.min even ranges)."""
+        self.channel.claim_writer()
         self.channel.catch_up()
         pub = self.channel.state.publication
         if pub is not None and pub.map.slot_count != self.slot_count:
@@ -277,6 +281,10 @@ class Controller:
         while not stop.is_set():
             try:
                 self.step_and_wait(stop, interval_seconds, busy_interval_seconds)
+            except ControllerFenced as exc:
+                log.error("%s", exc)
+                self.stopped_by = exc
+                return
             except Exception:
                 log.exception("controller step failed; retrying")
                 stop.wait(1.0)

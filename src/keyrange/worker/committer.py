@@ -1,17 +1,19 @@
-"""The worker's commits: every interval, one transaction with what finished since the last one.
+"""The worker's commits: every interval, one transaction per slot with what finished since.
 
-A transaction carries every held partition's staged outputs (processed records, dead letters,
-state changes), each partition's committable offset (the lowest unfinished one: commits.py) and,
-with it, the partition's totals over the offsets below it. Counters count what a transaction
-committed, never what was merely staged: staged outputs of a slot released without committing are
-discarded, and its next owner produces (and counts) them again. The lock is shared with release,
-so a release can wait out a commit in flight and know that no later one sees its slots.
+A slot's transaction carries its staged outputs (processed records, dead letters, state changes),
+its committable offset (the lowest unfinished one: commits.py) and, with it, the slot's totals
+over the offsets below it; the slots of a worker commit in parallel, each through its own
+producer (transactions.py). Counters count what a transaction committed, never what was merely
+staged: staged outputs of a slot released without committing are discarded, and its next owner
+produces (and counts) them again. The lock is shared with release, so a release can wait out a
+commit in flight and know that no later one sees its slots.
 """
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 
 from confluent_kafka import TopicPartition
 
@@ -20,16 +22,28 @@ from keyrange.worker.commits import Totals
 from keyrange.worker.partition import PartitionState
 from keyrange.worker.settings import WorkerSettings
 from keyrange.worker.stats import WorkerStats
-from keyrange.worker.transactions import OutputRecord, TransactionalOutput
+from keyrange.worker.transactions import OutputRecord
+
+
+@dataclass(slots=True)
+class _Batch:
+    """What one slot's transaction carries, and what to count once it committed."""
+
+    ps: PartitionState
+    records: list[OutputRecord]
+    offsets: list[TopicPartition]
+    committable: int
+    processed: int
+    dead_letters: list[str]
+    totals: Totals | None
 
 
 class Committer:
     """Commits the held partitions' finished work (module docstring)."""
 
-    def __init__(self, settings: WorkerSettings, output: TransactionalOutput,
-                 partitions: Callable[[], Iterable[PartitionState]], stats: WorkerStats) -> None:
+    def __init__(self, settings: WorkerSettings, partitions: Callable[[], Iterable[PartitionState]],
+                 stats: WorkerStats) -> None:
         self._settings = settings
-        self._output = output
         self._partitions = partitions
         self._stats = stats
         self._transactions = metric_defs.TRANSACTIONS.labels(settings.metrics_consumer, settings.worker_id)
@@ -44,31 +58,38 @@ class Committer:
             await self.commit_now()
 
     async def commit_now(self) -> None:
-        """Commit one transaction with every finished output, state change and committable offset."""
+        """Commit, for every held slot with something to commit, its finished outputs, state
+        changes and committable offset in one transaction; the slots' transactions run in parallel."""
         s = self._settings
         async with self.lock:
-            records: list[OutputRecord] = []
-            offsets: list[TopicPartition] = []
-            advanced: list[tuple[PartitionState, int, int, list[str], Totals | None]] = []
+            batches: list[_Batch] = []
             for ps in list(self._partitions()):
-                taken, processed, dead_letters = ps.take_outputs(s.state)
-                records.extend(taken)
+                records, processed, dead_letters = ps.take_outputs(s.state)
                 committable = ps.window.committable
+                offsets: list[TopicPartition] = []
                 totals = None
                 if committable > ps.committed_offset:
                     offsets.append(TopicPartition(s.topic, ps.partition, committable))
                     record, totals = ps.totals_record(s.state, committable)
                     records.append(record)
-                if totals is not None or processed or dead_letters:
-                    advanced.append((ps, committable, processed, dead_letters, totals))
-            if not records and not offsets:
+                if records:
+                    batches.append(_Batch(ps, records, offsets, committable, processed, dead_letters, totals))
+            if not batches:
                 return
-            await self._output.commit(records, offsets)
-            self._transactions.inc()
-            for ps, committable, processed, dead_letters, totals in advanced:
-                self._count(ps, processed, dead_letters, totals)
-                if totals is not None:
-                    ps.committed_offset, ps.committed_totals = committable, totals
+            results = await asyncio.gather(*(b.ps.transactions.commit(b.records, b.offsets) for b in batches),
+                                           return_exceptions=True)
+            failure: BaseException | None = None
+            for batch, result in zip(batches, results, strict=True):
+                if isinstance(result, BaseException):
+                    failure = failure or result
+                    continue
+                self._transactions.inc()
+                ps = batch.ps
+                self._count(ps, batch.processed, batch.dead_letters, batch.totals)
+                if batch.totals is not None:
+                    ps.committed_offset, ps.committed_totals = batch.committable, batch.totals
+            if failure is not None:
+                raise failure
 
     def _count(self, ps: PartitionState, processed: int, dead_letters: list[str], totals: Totals | None) -> None:
         stats = self._stats

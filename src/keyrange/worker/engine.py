@@ -6,7 +6,7 @@ execution (scheduler.py) -> attempts (attempts.py: retries, staging outputs) -> 
 (partition.py).
 
 One asyncio loop owns all the bookkeeping. The Kafka consumer runs on one thread of its own
-(ThreadedConsumer), the transactional producer on another (TransactionalOutput), sync handlers on
+(ThreadedConsumer), each held slot's transactional producer on another (SlotTransactions), sync handlers on
 a pool sized to the concurrency; async handlers are awaited on the loop. Slots (partitions) are
 acquired and released explicitly (`acquire`, `release`) by whoever owns the range map: the
 static `keyrange worker --partitions`, the local supervisor or the operator's control topic.
@@ -38,7 +38,7 @@ from keyrange.worker.restorer import Prefetched, Restorer
 from keyrange.worker.scheduler import ClientScheduler
 from keyrange.worker.settings import WorkerSettings
 from keyrange.worker.stats import WorkerStats
-from keyrange.worker.transactions import TransactionalOutput
+from keyrange.worker.transactions import SlotTransactions
 
 log = logging.getLogger(__name__)
 
@@ -65,7 +65,10 @@ class Worker:
         self._partitions: dict[int, PartitionState] = {}
         self._acquiring: dict[int, _AcquireTicket] = {}
         self._consumer = ThreadedConsumer(settings)
-        self._output: TransactionalOutput | None = None
+        self._group_metadata: Any = None
+        """The consumer's group metadata, for each slot's send_offsets_to_transaction."""
+        self._warm_transactions: dict[int, SlotTransactions] = {}
+        """Producers created for slots read ahead, not initialised (that would fence their owner)."""
         self._restorer: Restorer | None = None
         self._prefetch: tuple[frozenset[int], asyncio.Future[Prefetched]] | None = None
         """The newest read-ahead: for which slots, and its result."""
@@ -109,14 +112,12 @@ class Worker:
         self._counts = {s.topic: count, **outputs}
         self._restorer = Restorer(s, self._counts)
         self._restorer.connect_next_reader()
-        group_metadata = await self._consumer.open()
-        self._output = TransactionalOutput(s, group_metadata)
-        await self._output.open()
+        self._group_metadata = await self._consumer.open()
         self._outputs = OutputStage(s, self._counts)
         self._intake = Intake(count, s.restore_clock_slack_seconds, self._outputs)
         attempts = AttemptRunner(s, self.handler, self._outputs, self._pool, self.stats, self.handoff_pauses)
         self._scheduler = ClientScheduler(attempts.run, s.concurrency, skip=lambda job: job.ps.revoked)
-        self._committer = Committer(s, self._output, self._partitions.values, self.stats)
+        self._committer = Committer(s, self._partitions.values, self.stats)
         for coro in (self._fetch_loop(), self._committer.run(), self._gauge_loop()):
             self._tasks.append(loop.create_task(self._guard(coro)))
 
@@ -140,8 +141,8 @@ class Worker:
         await self._consumer.close()
         if self._restorer is not None:
             await asyncio.get_running_loop().run_in_executor(None, self._restorer.close)
-        if self._output is not None:
-            await self._output.close()
+        warm, self._warm_transactions = self._warm_transactions, {}
+        await asyncio.gather(*(t.close() for t in warm.values()))
         self._pool.shutdown(wait=False, cancel_futures=True)
         if self._failure is not None and not self._failure.done():
             self._failure.set_result(None)
@@ -173,14 +174,22 @@ class Worker:
         self._acquiring.update(tickets)
         began = time.monotonic()
         assert self._restorer is not None, "worker not started"
+        transactions = {s: self._slot_transactions(s) for s in new}
         try:
             prefetched = await self._take_prefetch(new)
+            # First fence every earlier owner of the slots (a zombie, a worker that followed a stale
+            # map): from here on only this worker can commit them, and the transaction an earlier
+            # owner left open is resolved before the restore reads the outputs.
+            await asyncio.gather(*(t.open() for t in transactions.values()))
             restore_began = time.monotonic()
             # Committed offsets are looked up by the restore's own consumer too: the worker's consumer
             # is busy fetching the slots that keep flowing.
             restored = await asyncio.get_running_loop().run_in_executor(
                 None, self._restorer.restore_slots, new, prefetched)
             restore_ms = (time.monotonic() - restore_began) * 1000
+        except BaseException:
+            await asyncio.gather(*(t.close() for t in transactions.values()), return_exceptions=True)
+            raise
         finally:
             for s, ticket in tickets.items():
                 if self._acquiring.get(s) is ticket:
@@ -188,9 +197,10 @@ class Worker:
         assign: dict[int, int] = {}
         for s, ticket in tickets.items():
             if ticket.cancelled or self._stopping:
+                await transactions[s].close()
                 continue
             pm = PartitionMetrics(self.settings.metrics_consumer, self.settings.worker_id, s)
-            ps = PartitionState(s, restored[s], self.settings.ttl_seconds, time.time, pm)
+            ps = PartitionState(s, restored[s], self.settings.ttl_seconds, time.time, pm, transactions[s])
             assert self._outputs is not None
             ps.output_partition = self._outputs.output_partition(self.settings.sink, s)
             self._partitions[s] = ps
@@ -211,6 +221,8 @@ class Worker:
         wanted = frozenset(slots) - self.held_slots
         if not wanted:
             return True
+        for slot in wanted - self._warm_transactions.keys():
+            self._warm_transactions[slot] = SlotTransactions(self.settings, slot, self._group_metadata)
         future = asyncio.get_running_loop().run_in_executor(None, self._restorer.prefetch, wanted)
         self._prefetch = (wanted, future)
         try:
@@ -219,6 +231,11 @@ class Worker:
             log.warning("read-ahead of slots %s failed (%s); their acquire will read everything", sorted(wanted), exc)
             return False
         return True
+
+    def _slot_transactions(self, slot: int) -> SlotTransactions:
+        """The slot's producer: the one created by its read-ahead, or a new one."""
+        warm = self._warm_transactions.pop(slot, None)
+        return warm if warm is not None else SlotTransactions(self.settings, slot, self._group_metadata)
 
     async def _take_prefetch(self, slots: list[int]) -> Prefetched | None:
         """The read-ahead of exactly `slots` (waiting for it if it still runs), or None; either way
@@ -264,6 +281,7 @@ class Worker:
                 if self._partitions.get(ps.partition) is ps:
                     del self._partitions[ps.partition]
                 ps.metrics.remove()
+        await asyncio.gather(*(ps.transactions.close() for ps in states))
         self._held_gauge.set(len(self.held_slots))
         log.info("released slots %s in %.0f ms", [ps.partition for ps in states], (time.monotonic() - began) * 1000)
 

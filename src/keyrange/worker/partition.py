@@ -13,7 +13,7 @@ from keyrange.events import SOURCE_OFFSET_HEADER, TOTALS_KEY, encode_totals
 from keyrange.worker.commits import CommitWindow, Totals
 from keyrange.worker.dedup import TtlSet
 from keyrange.worker.restore import RestoredPartition
-from keyrange.worker.transactions import OutputRecord
+from keyrange.worker.transactions import OutputRecord, SlotTransactions
 
 
 class PartitionMetrics:
@@ -55,8 +55,11 @@ class PartitionState:
     """A held partition: commit window, dedup window, keyed state and outputs not yet committed."""
 
     def __init__(self, partition: int, restored: RestoredPartition, ttl_seconds: float,
-                 wall_clock: Callable[[], float], partition_metrics: PartitionMetrics) -> None:
+                 wall_clock: Callable[[], float], partition_metrics: PartitionMetrics,
+                 transactions: SlotTransactions) -> None:
         self.partition = partition
+        self.transactions = transactions
+        """The slot's transactional producer, initialised (this worker fenced earlier owners)."""
         self.window = CommitWindow(restored.start_offset)
         self.committed_offset = restored.start_offset
         """The offset last committed for this partition (or where it started)."""

@@ -20,7 +20,7 @@ class WorkerSettings:
     group_id: str
     """Consumer group whose committed offsets the worker reads and commits (no group membership)."""
     worker_id: str = "0"
-    """This worker's identity; part of the transactional.id, so keep it stable across restarts."""
+    """This worker's identity (its ordinal in the range map, in reports, logs and metrics)."""
     consumer_name: str | None = None
     """The `consumer` metric label; defaults to group_id."""
     sink_topic: str | None = None
@@ -99,10 +99,9 @@ class WorkerSettings:
         """The keyed-state changelog topic after defaults."""
         return self.state_topic or f"{self.group_id}.state"
 
-    @property
-    def transactional_id(self) -> str:
-        """One transactional producer per worker; a restart with the same id fences the old one."""
-        return f"keyrange-{self.group_id}-{self.worker_id}"
+    def slot_transactional_id(self, slot: int) -> str:
+        """One transactional producer per slot: whoever acquires the slot fences its earlier owners."""
+        return f"keyrange-{self.group_id}-slot-{slot}"
 
     @property
     def metrics_consumer(self) -> str:

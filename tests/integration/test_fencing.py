@@ -1,0 +1,107 @@
+"""Fencing by the broker: a stale writer's outputs and offset commits are rejected by Kafka itself.
+
+A slot's transactional id is derived from the group and the slot, so whoever acquires the slot
+fences every earlier owner; the controller's control records go through one transactional id per
+group, so a second controller fences the first. The epoch protocol alone could not stop a worker
+that was paused (GC, a frozen VM, SIGSTOP) through a handoff from committing when it wakes up.
+"""
+
+from __future__ import annotations
+
+import signal
+from pathlib import Path
+
+import pytest
+from confluent_kafka import Consumer, TopicPartition
+
+from keyrange.errors import UserError
+from keyrange.local.broker import free_port
+from keyrange.ranges.control import ControlChannel, Publication, now_ms
+from keyrange.ranges.controller import Controller, ControllerFenced
+from keyrange.ranges.planner import ScalingLimits
+from keyrange.ranges.rangemap import RangeMap
+from tests.checkers import check_all, first_occurrences
+from tests.integration.test_worker_cli import PARTITIONS, metric_sum, start, wait, worker_command
+from tests.integration.worker_helpers import produce_stream
+from tests.kafkatools import read_counts, read_input_log, read_processed
+
+
+def committed(bootstrap: str, topic: str) -> dict[int, int]:
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"{topic}-g", "log_level": 3})
+    try:
+        found = consumer.committed([TopicPartition(topic, p) for p in range(PARTITIONS)], timeout=10)
+        return {tp.partition: tp.offset for tp in found}
+    finally:
+        consumer.close()
+
+
+@pytest.mark.slow
+def test_a_zombie_worker_that_wakes_up_after_its_replacement_took_over_commits_nothing(
+        any_bootstrap: str, topic_name: str, tmp_path: Path) -> None:
+    bootstrap = any_bootstrap
+    sent = produce_stream(bootstrap, topic_name, 3000, PARTITIONS, clients=120, duplicate_ratio=0.03, ledger=True)
+    log = read_input_log(bootstrap, topic_name, sent)
+    distinct = len(first_occurrences(log))
+    zombie_port, zombie_log = free_port(), tmp_path / "zombie.log"
+    # A slow handler, so the zombie is frozen with events in flight and outputs staged.
+    slow = ("--handler-config", '{"delayMs": 20}', "--concurrency", "4")
+    zombie = start([*worker_command(bootstrap, topic_name, zombie_port, *slow), "--worker-id", "zombie"], zombie_log)
+    replacement = None
+    try:
+        wait(lambda: metric_sum(zombie_port, "keyrange_events_processed_total") >= 300, "the first worker to run",
+             proc=zombie, log_path=zombie_log)
+        zombie.send_signal(signal.SIGSTOP)
+        frozen_at = committed(bootstrap, topic_name)
+        # Its replacement (another worker id: the epoch protocol did not stop the zombie) takes the
+        # same slots and handles everything.
+        port, log_path = free_port(), tmp_path / "replacement.log"
+        replacement = start([*worker_command(bootstrap, topic_name, port), "--worker-id", "replacement"], log_path)
+        ends = {p: max([e.offset + 1 for e in log if e.partition == p], default=0) for p in range(PARTITIONS)}
+        wait(lambda: all(o >= ends[p] for p, o in committed(bootstrap, topic_name).items()),
+             "the replacement to commit everything", proc=replacement, log_path=log_path)
+        done = committed(bootstrap, topic_name)
+        zombie.send_signal(signal.SIGCONT)
+        # The zombie's next commit is rejected by the broker: it stops instead of writing.
+        assert zombie.wait(60) != 0, zombie_log.read_text()[-3000:]
+    finally:
+        for proc in (zombie, replacement):
+            if proc is not None and proc.poll() is None:
+                proc.send_signal(signal.SIGCONT)
+                proc.terminate()
+                proc.wait(60)
+    text = zombie_log.read_text()
+    assert "was acquired by another worker (its transactional id fenced this one)" in text, text[-3000:]
+    assert committed(bootstrap, topic_name) == done  # its offset commits were rejected too
+    assert all(done[p] >= frozen_at[p] for p in done)
+    # read_committed readers never see what the zombie wrote after it was fenced: every event is
+    # handled once, the ledger equals the oracle, the totals add up.
+    processed = read_processed(bootstrap, f"{topic_name}.processed", distinct)
+    check_all(log, processed, read_counts(bootstrap, topic_name, f"{topic_name}-g", covering=sent), ledger=True)
+
+
+def test_a_second_controller_fences_the_first(any_bootstrap: str, topic_name: str) -> None:
+    bootstrap = any_bootstrap
+    ControlChannel.ensure_topic(bootstrap, topic_name)
+    limits = ScalingLimits(max_workers=4, cooldown_seconds=0)
+    first = Controller(ControlChannel(bootstrap, topic_name, "c1"), 12, limits, _NoLag())
+    second = Controller(ControlChannel(bootstrap, topic_name, "c2"), 12, limits, _NoLag())
+    reader = ControlChannel(bootstrap, topic_name, "reader")
+    try:
+        assert first.start().epoch == 1
+        assert second.start().epoch == 1  # took over: the first is fenced from now on
+        stale = Publication(RangeMap.even(12, 3, epoch=2), reason="stale controller", published_ms=now_ms())
+        with pytest.raises(ControllerFenced, match="another controller"):
+            first.channel.publish(stale)
+        assert isinstance(ControllerFenced("x"), UserError)
+        reader.catch_up()
+        assert reader.state.publication is not None
+        assert reader.state.publication.reason != "stale controller"
+        assert reader.state.publication.epoch == 1
+    finally:
+        for channel in (first.channel, second.channel, reader):
+            channel.close()
+
+
+class _NoLag:
+    def slot_lag(self) -> dict[int, object]:
+        return {}
