@@ -89,7 +89,8 @@ def test_run_rescales_and_survives_a_sigkill_mid_handoff(any_bootstrap: str, top
                 fleet.kill(victim, signal.SIGKILL)
                 kills += 1
                 assert controller.publication.transit, "the handoff completed before the kill"
-            wait_for(lambda: not controller.publication.transit and not controller.status().starting, 120,
+            # One snapshot: reading the publication and `starting` apart can catch a rescale between them.
+            wait_for(lambda: not (s := controller.status()).handoff_awaiting and not s.starting, 120,
                      f"rescale {i} to complete: {controller.status()}", interval=0.1)
             time.sleep(1.0)
         load.join(timeout=120)

@@ -234,13 +234,15 @@ class Controller:
         if cold:
             log.warning("worker(s) %s did not read ahead within %.0f s; handing over anyway (their acquire "
                         "finishes the read-ahead, or restores in full if it failed)", cold, self.warm_timeout_seconds)
-        self._pending = None
         new_map = with_epoch(decision.next_map, pub.epoch + 1)
         moved = decision.moved_slots
         awaiting = frozenset(pub.map.owner_of(s) for s in moved)
         nxt = Publication(new_map, moved, awaiting, decision.reason, now_ms())
         self.channel.publish(nxt)
+        # The rescale stays pending until its publication is the current one, so a status read
+        # in between never sees "nothing in progress" (and a failed publish is retried).
         self.channel.state.publication = nxt
+        self._pending = None
         self.rescales.append(Rescale(decision.action, decision.reason, new_map.epoch, pub.map.workers,
                                      new_map.workers, moved, decided_ms, nxt.published_ms, requested=requested))
         log.info("published %s: %s; waiting for w%s to release %d slots", new_map.describe(), decision.reason,
@@ -270,11 +272,13 @@ class Controller:
         return grant
 
     def status(self) -> ControllerStatus:
-        """A snapshot for tables, the operator's status and reports."""
-        pub = self.publication
-        lags = tuple(range_lag(a, self._lag) for a in pub.map.assignments)
-        return ControllerStatus(pub.epoch, pub.map, lags, pub.awaiting if pub.transit else frozenset(),
-                                self._pending is not None, self.last_decision, tuple(self.rescales))
+        """A consistent snapshot for tables, the operator's status, reports and tests (taken
+        between steps: never half of a publication)."""
+        with self._lock:
+            pub = self.publication
+            lags = tuple(range_lag(a, self._lag) for a in pub.map.assignments)
+            return ControllerStatus(pub.epoch, pub.map, lags, pub.awaiting if pub.transit else frozenset(),
+                                    self._pending is not None, self.last_decision, tuple(self.rescales))
 
     def run(self, stop: threading.Event, interval_seconds: float = 0.2, busy_interval_seconds: float = 0.02) -> None:
         """Step until `stop` is set (run it in a thread); see `step_and_wait`."""
