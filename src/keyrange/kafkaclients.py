@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from keyrange.errors import UserError
+from keyrange.kafkalog import librdkafka_logger
 
 RESERVED_PROPERTIES: Mapping[str, str] = {
     "bootstrap.servers": "give spec.kafka.bootstrapServers (or --bootstrap) instead",
@@ -50,7 +51,14 @@ class KafkaClients:
         check_client_properties(self.properties)
 
     def _build(self, tuning: Mapping[str, Any] | None, fixed: Mapping[str, Any]) -> dict[str, Any]:
-        return {"bootstrap.servers": self.bootstrap, "log_level": 3, **(tuning or {}), **self.properties, **fixed}
+        # librdkafka's log goes through Python logging, where repeats are summarised (kafkalog.py).
+        # No re-bootstrap when every broker is away: librdkafka 2.16 then decommissions the brokers
+        # it knew, and a transactional producer's next send_offsets_to_transaction, after the
+        # brokers are back, waits forever on a decommissioned handle whatever its timeout
+        # (reproduced with a single-node Kafka restarted under a worker). The brokers' advertised
+        # addresses stay valid across a restart, so nothing is lost; a user may still set it.
+        return {"bootstrap.servers": self.bootstrap, "log_level": 3, "logger": librdkafka_logger(),
+                "metadata.recovery.strategy": "none", **(tuning or {}), **self.properties, **fixed}
 
     def admin(self) -> dict[str, Any]:
         """An AdminClient's configuration."""

@@ -8,9 +8,13 @@ as it is by default, with `num.partitions`. Explicit creation is right on both.)
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 from confluent_kafka import KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient, ConfigResource  # type: ignore[attr-defined]
@@ -20,12 +24,47 @@ from confluent_kafka.cimpl import NewTopic
 from keyrange.errors import UserError
 from keyrange.kafkaclients import KafkaClients
 
+log = logging.getLogger(__name__)
+
 USE_BROKER_DEFAULT = -1
 """CreateTopics' replication factor meaning "the broker's default.replication.factor"."""
 
 
 class KafkaSetupError(UserError, RuntimeError):
     """Kafka is unreachable or a topic does not have the shape keyrange needs."""
+
+
+class KafkaUnreachable(KafkaSetupError):
+    """The cluster did not answer in time (it may be restarting: worth waiting for)."""
+
+
+class StopRequested(Exception):
+    """Raised by `until_reachable` when asked to stop while Kafka was still away."""
+
+
+T = TypeVar("T")
+
+REACH_BACKOFF_MAX_SECONDS = 30.0
+
+
+async def until_reachable(call: Callable[[], T], stop: asyncio.Event | None = None) -> T:
+    """`call()` (blocking, run on a thread), retried with a backoff while Kafka does not answer,
+    one log line per try: a worker started before its brokers, or during their restart, waits for
+    them instead of exiting. Any other setup error (a missing topic, a bad config) is raised at once."""
+    delay = 1.0
+    while True:
+        try:
+            return await asyncio.to_thread(call)
+        except KafkaUnreachable as exc:
+            log.warning("%s; trying again in %.0f s", exc, delay)
+            if stop is None:
+                await asyncio.sleep(delay)
+            else:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(stop.wait(), delay)
+                if stop.is_set():
+                    raise StopRequested(str(exc)) from None
+            delay = min(delay * 2, REACH_BACKOFF_MAX_SECONDS)
 
 
 @dataclass(frozen=True)
@@ -50,7 +89,7 @@ def partition_counts(bootstrap: str, timeout_seconds: float = 10.0,
     try:
         metadata = admin_client(bootstrap, client_properties).list_topics(timeout=timeout_seconds)
     except KafkaException as exc:
-        raise KafkaSetupError(
+        raise KafkaUnreachable(
             f"cannot reach Kafka at {bootstrap} within {timeout_seconds:g} s ({exc.args[0]}); "
             "check kafka.bootstrapServers and that the brokers are up"
         ) from None
@@ -91,7 +130,8 @@ def ensure_topics(bootstrap: str, topics: list[TopicSpec], timeout_seconds: floa
     for t in topics:
         count = existing.get(t.name)
         if count is None:
-            raise KafkaSetupError(f"topic {t.name!r} was created but does not appear in metadata yet")
+            raise KafkaSetupError(f"topic {t.name!r} was created but does not appear in metadata within "
+                                  f"{timeout_seconds:g} s; check the brokers' health")
         if t.exact_partitions and count != t.partitions:
             raise KafkaSetupError(
                 f"topic {t.name!r} has {count} partitions but keyrange expects {t.partitions}; "
@@ -122,6 +162,27 @@ def _check_compacted(admin: AdminClient, topics: list[TopicSpec], timeout_second
                 f"--entity-type topics --entity-name {resource.name} --add-config cleanup.policy=compact) "
                 "or delete the topic"
             )
+
+
+KAFKA_DEFAULT_MAX_MESSAGE_BYTES = 1_048_588
+"""Kafka's default `max.message.bytes` (topic) / `message.max.bytes` (broker)."""
+
+
+def max_message_bytes(bootstrap: str, topics: list[str], timeout_seconds: float = 10.0,
+                      client_properties: Mapping[str, str] | None = None) -> dict[str, int]:
+    """Each topic's `max.message.bytes`: the largest record batch the broker accepts for it.
+    tansu does not report topic configs it was not given: Kafka's default stands in there."""
+    admin = admin_client(bootstrap, client_properties)
+    resources = [ConfigResource(ConfigResource.Type.TOPIC, name) for name in topics]
+    out = dict.fromkeys(topics, KAFKA_DEFAULT_MAX_MESSAGE_BYTES)
+    for resource, future in admin.describe_configs(resources, request_timeout=timeout_seconds).items():
+        try:
+            entry = future.result().get("max.message.bytes")
+        except KafkaException as exc:
+            raise KafkaSetupError(f"cannot read the configuration of topic {resource.name!r}: {exc.args[0]}") from None
+        if entry is not None and str(entry.value).isdigit():
+            out[resource.name] = int(entry.value)
+    return out
 
 
 def require_topic(bootstrap: str, topic: str, timeout_seconds: float = 10.0,

@@ -128,6 +128,15 @@ EVENT_LATENCY = LoopHistogram(
     "keyrange_event_latency_seconds", "Time from the event's `created` to its handler's start.",
     ("consumer", "worker"), buckets=_LATENCY_BUCKETS,
 )
+HANDLER_TIMEOUTS = Counter(
+    "keyrange_handler_timeouts", "Handler calls that did not return within handlerTimeoutSeconds.",
+    ("consumer", "worker"),
+)
+HANDLER_CALLS_ABANDONED = Gauge(
+    "keyrange_handler_calls_abandoned",
+    "Sync handler calls that timed out and still hold a thread (Python cannot stop a thread).",
+    ("consumer", "worker"),
+)
 HANDLER_SECONDS = LoopHistogram(
     "keyrange_handler_seconds", "Duration of one handler call (each attempt).",
     ("consumer", "worker"), buckets=_LATENCY_BUCKETS,

@@ -226,6 +226,10 @@ class StreamConsumerSpec(_Model):
     """Unfinished events per partition before that partition pauses."""
     max_retries: int = Field(default=3, ge=0, le=100, alias="maxRetries")
     """Handler attempts beyond the first before an event is dead-lettered."""
+    max_pending_bytes: int = Field(default=16 * 1024 * 1024, ge=1024, le=1 << 40, alias="maxPendingBytes")
+    """Bytes of unfinished events per partition before that partition pauses."""
+    handler_timeout_seconds: float = Field(default=60.0, gt=0, le=86_400, alias="handlerTimeoutSeconds")
+    """A handler call still running after this long fails (retried, then dead-lettered)."""
     workers: WorkersSpec = Field(default_factory=WorkersSpec)
     scaling: ScalingSpec = Field(default_factory=ScalingSpec)
     sink: SinkSpec = Field(default_factory=SinkSpec)

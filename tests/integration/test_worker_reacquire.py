@@ -10,11 +10,13 @@ watermark made the lag read 0, so the planner merged on.
 from __future__ import annotations
 
 import asyncio
+import time
 from typing import Any
 
+import orjson
 import pytest
 
-from keyrange.handlers import Handler
+from keyrange.handlers import Handler, load_handler
 from keyrange.worker import Worker
 from tests.checkers import check_all, first_occurrences
 from tests.integration.worker_helpers import produce_stream, run_worker_until, settings_for, wait_for
@@ -78,3 +80,54 @@ async def test_a_failed_attempt_that_mutated_its_state_leaves_no_trace(bootstrap
         by_client.setdefault(r["clientId"], []).append(r["result"]["count"])
     assert all(counts == list(range(1, len(counts) + 1)) for counts in by_client.values()), by_client
     assert {r["result"]["attempt"] for r in processed} == {2}
+
+
+async def test_a_duplicate_after_the_committed_offset_is_judged_at_its_place_in_the_log(
+        any_bootstrap: str, topic_name: str) -> None:
+    """The old owner finished events far past its committed offset (a slow client held the offset
+    back) and dropped a duplicate in between. The new owner must judge that duplicate by the
+    stream time at its place in the log, not by the newest event the old owner finished: replaying
+    the finished outputs into the window up front moved the window's clock past the original and
+    let the duplicate through."""
+    from keyrange.events import encode_input
+    from keyrange.kafkaio import TopicSpec, ensure_topics
+    from keyrange.loadgen import make_producer
+    from tests.integration import worker_handlers
+
+    bootstrap = any_bootstrap
+    ensure_topics(bootstrap, [TopicSpec(topic_name, 1)])
+    producer = make_producer(bootstrap)
+    t0 = int(time.time() * 1000) - 60_000
+    records = []
+    for i in range(200):  # 10 events of event time per second, 20 s in all
+        client = worker_handlers.BLOCK_CLIENT if i == 60 else 1000 + i % 30
+        records.append(encode_input(client, f"e{i}", t0 + i * 100))
+        if i == 70:  # a duplicate of e50, 2 s of event time after it: well within the 10 s TTL
+            records.append(encode_input(1000 + 50 % 30, "e50", t0 + 50 * 100))
+    for key, value in records:
+        producer.produce(topic_name, value, key, partition=0, timestamp=int(orjson.loads(value)["created"]))
+    assert producer.flush(30) == 0
+    log = read_input_log(bootstrap, topic_name, len(records))
+    worker_handlers.release_blocked.clear()
+    first = Worker(settings_for(bootstrap, topic_name, worker_id="a", concurrency=4, max_retries=0),
+                   load_handler("tests.integration.worker_handlers:blocks_one_client"))
+    await first.start()
+    try:
+        await first.acquire([0])
+        window = first._partitions[0].window
+        await wait_for(lambda: window.next_offset == len(records) and window.committable == 60
+                       and len(window._done) == len(records) - 61,
+                       what="everything past offset 60 finished while e60's client is held up")
+        await first.commit_now()
+        releasing = asyncio.ensure_future(first.release([0]))
+        await wait_for(lambda: first._partitions.get(0) is None or first._partitions[0].revoked, what="revoked")
+        worker_handlers.release_blocked.set()
+        await releasing
+    finally:
+        worker_handlers.release_blocked.set()
+        await first.stop()
+    second = await run_worker_until(settings_for(bootstrap, topic_name, worker_id="b"), "noop", [0],
+                                    lambda w: w.stats.processed >= 1)
+    processed = read_processed(bootstrap, f"{topic_name}.processed", 200)
+    check_all(log, processed, read_counts(bootstrap, topic_name, f"{topic_name}-g", covering=len(records)))
+    assert second.stats.processed == 1  # e60 only: everything else was finished by the first owner

@@ -42,3 +42,51 @@ async def mutating_counter(event: dict[str, Any], ctx: Any) -> dict[str, Any]:
         raise RuntimeError("first attempts fail after mutating the state they were given")
     ctx.state.set({"count": state["count"], "scribbles": 0})
     return {"count": state["count"], "attempt": ctx.attempt}
+
+
+async def hangs_on_mark(event: dict[str, Any], ctx: Any) -> dict[str, Any]:
+    """Never returns for events marked `"mode": "hang"`; counts the others."""
+    if event.get("mode") == "hang":
+        await asyncio.Event().wait()
+    count = ctx.state.get(0) + 1
+    ctx.state.set(count)
+    return {"count": count}
+
+
+def sleeps_on_mark(event: dict[str, Any], ctx: Any) -> dict[str, Any]:
+    """A sync handler that sleeps `sleepS` for events marked `"mode": "slow"` (its thread is stuck)."""
+    if event.get("mode") == "slow":
+        time.sleep(float(event["sleepS"]))
+    return {"ok": True}
+
+
+async def huge_on_mark(event: dict[str, Any], ctx: Any) -> Any:
+    """Returns a result too large for a Kafka record for events marked `"mode": "huge"`."""
+    if event.get("mode") == "huge":
+        return "x" * 2_000_000
+    if event.get("mode") == "huge-state":
+        ctx.state.set("y" * 2_000_000)
+        return {"stored": True}
+    return {"ok": True}
+
+
+async def blocks_the_loop(event: dict[str, Any], ctx: Any) -> dict[str, Any]:
+    """An async handler that (wrongly) blocks the event loop for `blockS` on marked events."""
+    if event.get("mode") == "block":
+        time.sleep(float(event["blockS"]))
+    return {"ok": True}
+
+
+BLOCK_CLIENT = 4242
+"""The client `blocks_one_client` holds up until `release_blocked` is set."""
+release_blocked = threading.Event()
+
+
+async def blocks_one_client(event: dict[str, Any], ctx: Any) -> dict[str, Any]:
+    """Holds BLOCK_CLIENT's events until `release_blocked`, then fails them (a released slot's
+    failed attempt is not retried here: its offset stays unfinished for the next owner)."""
+    if event["clientId"] == BLOCK_CLIENT:
+        while not release_blocked.is_set():
+            await asyncio.sleep(0.01)
+        raise RuntimeError("released while blocked")
+    return {"ok": True}

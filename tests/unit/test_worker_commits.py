@@ -80,3 +80,16 @@ def test_totals_add_counts_by_outcome() -> None:
     from keyrange.worker.commits import Totals
 
     assert Totals(1, 2, 3).plus([10, 20, 30]) == Totals(11, 22, 33)
+
+
+def test_pending_bytes_follow_what_is_not_yet_committable() -> None:
+    w = CommitWindow(0)
+    for offset, size in enumerate((100, 200, 300)):
+        w.add(offset, size_bytes=size)
+    assert w.pending_bytes == 600
+    w.finish(1, DONE)
+    assert w.pending_bytes == 600  # offset 0 still holds the front
+    w.finish(0, DONE)
+    assert w.pending_bytes == 300
+    w.finish(2, DONE)
+    assert w.pending_bytes == 0

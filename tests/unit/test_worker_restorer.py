@@ -6,7 +6,7 @@ from typing import Any
 
 from keyrange.worker.commits import Outcome
 from keyrange.worker.logreader import Span
-from keyrange.worker.restore import InputEntry, OutputEntry, ParsedLogs, StateEntry
+from keyrange.worker.restore import Finished, InputEntry, OutputEntry, ParsedLogs, StateEntry
 from keyrange.worker.restorer import Prefetched, _catch_up
 from keyrange.worker.settings import WorkerSettings
 
@@ -39,9 +39,11 @@ def test_a_read_ahead_is_finished_from_where_it_stopped() -> None:
     assert restored is not None
     r = restored[0]
     assert r.start_offset == 11
-    assert r.finished_offsets == {11: Outcome.HANDLED}  # its processed record is there: not run again
+    # Its processed record is there: not run again.
+    assert r.finished_offsets == {11: Finished(Outcome.HANDLED, "u11", 51.0)}
     assert r.state == {7: {"n": 2}}  # changelog < 11, then the state the processed record carries
-    assert [u for u, _ in r.seen] == [f"u{o}" for o in range(4, 11)] + ["u11"]
+    # The input below the committed offset; u11 joins the window when the fetch passes offset 11.
+    assert [u for u, _ in r.seen] == [f"u{o}" for o in range(4, 11)]
     starts, stops = reader.asked[0]
     assert starts == {(SETTINGS.topic, 0): 14, (SETTINGS.sink, 0): 1, (SETTINGS.state, 0): 2}
     assert stops == {(SETTINGS.topic, 0): 14}  # the record at the committed offset was read ahead

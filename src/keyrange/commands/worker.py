@@ -24,9 +24,12 @@ import orjson
 from keyrange.commands.kafkaargs import add_kafka_arguments, kafka_properties
 from keyrange.errors import UserError
 from keyrange.handlers import Handler, load_handler
+from keyrange.kafkaio import StopRequested
 from keyrange.ranges.slots import format_slot_list, parse_slot_list
 from keyrange.spec import load_file
 from keyrange.worker import Worker, WorkerSettings
+from keyrange.worker.health import Health
+from keyrange.worker.health import serve as serve_probes
 from keyrange.worker.stats import percentile
 
 log = logging.getLogger(__name__)
@@ -43,11 +46,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--handler-config", help='handler settings as JSON, e.g. \'{"meanMs": 10}\'')
     parser.add_argument("--worker-id", help="stable worker identity (default: derived from the slots, or the "
                                             "StatefulSet ordinal in controlled mode)")
-    parser.add_argument("--metrics-port", type=int, help="serve Prometheus metrics on this port")
+    parser.add_argument("--metrics-port", type=int,
+                        help="serve Prometheus metrics (/metrics) and the probes (/healthz, /readyz) on this port")
     parser.add_argument("--concurrency", type=int, help="handler calls in flight (default 64)")
     parser.add_argument("--max-pending", type=int, help="unfinished events per partition before pausing (default 1000)")
     parser.add_argument("--ttl-seconds", type=float, help="dedup window (default 10)")
     parser.add_argument("--max-retries", type=int, help="handler retries before dead-lettering (default 3)")
+    parser.add_argument("--max-pending-bytes", type=int,
+                        help="bytes of unfinished events per partition before pausing (default 16 MiB)")
+    parser.add_argument("--handler-timeout-seconds", type=float,
+                        help="a handler call running this long fails: retried, then dead-lettered (default 60)")
     parser.add_argument("--sink-topic", help="processed-record topic (default <topic>.processed)")
     parser.add_argument("--dlq-topic", help="dead-letter topic (default <topic>.dlq)")
     parser.add_argument("--commit-interval-ms", type=int, help="transaction interval (default 100)")
@@ -76,6 +84,7 @@ def _spec_values(path: str | None) -> dict[str, Any]:
         "bootstrap": spec.kafka.bootstrap_servers, "topic": spec.kafka.topic, "group": doc.group_id,
         "handler": spec.handler, "handler_config": spec.handler_config, "concurrency": spec.concurrency,
         "max_pending": spec.max_pending, "ttl_seconds": spec.dedup.ttl_seconds, "max_retries": spec.max_retries,
+        "max_pending_bytes": spec.max_pending_bytes, "handler_timeout_seconds": spec.handler_timeout_seconds,
         "sink_topic": spec.sink_topic, "dlq_topic": spec.dlq_topic, "consumer_name": doc.name,
         "client_properties": spec.kafka.resolved_client_properties(os.environ),
         "replication_factor": spec.kafka.replication_factor,
@@ -86,7 +95,7 @@ def plan(args: argparse.Namespace) -> WorkerPlan:
     """Merge `--spec-file` and flags into settings; raise UserError naming the problem."""
     values = _spec_values(args.spec_file)
     for name in ("bootstrap", "topic", "group", "handler", "concurrency", "max_pending", "ttl_seconds",
-                 "max_retries", "sink_topic", "dlq_topic"):
+                 "max_retries", "sink_topic", "dlq_topic", "max_pending_bytes", "handler_timeout_seconds"):
         flag = getattr(args, name)
         if flag is not None:
             values[name] = flag
@@ -124,7 +133,8 @@ def plan(args: argparse.Namespace) -> WorkerPlan:
             consumer_name=values.get("consumer_name"), sink_topic=values.get("sink_topic"),
             dlq_topic=values.get("dlq_topic"), handler_config=handler_config,
             client_properties=client_properties, replication_factor=values.get("replication_factor"),
-            **{k: values[k] for k in ("concurrency", "max_pending", "ttl_seconds", "max_retries") if k in values},
+            **{k: values[k] for k in ("concurrency", "max_pending", "ttl_seconds", "max_retries", "max_pending_bytes",
+                                      "handler_timeout_seconds") if k in values},
             **({"commit_interval_ms": args.commit_interval_ms} if args.commit_interval_ms is not None else {}),
         )
     except ValueError as exc:
@@ -136,19 +146,18 @@ def run(args: argparse.Namespace) -> int:
     """Run the worker until SIGTERM/SIGINT or a fatal error."""
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     p = plan(args)
+    health = Health()
     if args.metrics_port is not None:
-        from prometheus_client import start_http_server
-
         try:
-            start_http_server(args.metrics_port)
+            serve_probes(args.metrics_port, health)
         except OSError as exc:
             raise UserError(f"cannot serve metrics on port {args.metrics_port}: {exc.strerror}") from None
-    asyncio.run(_serve(p, args.summary_seconds))
+    asyncio.run(_serve(p, args.summary_seconds, health))
     return 0
 
 
-async def _serve(p: WorkerPlan, summary_seconds: float) -> None:
-    worker = Worker(p.settings, p.handler)
+async def _serve(p: WorkerPlan, summary_seconds: float, health: Health) -> None:
+    worker = Worker(p.settings, p.handler, health=health)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -164,6 +173,8 @@ async def _serve(p: WorkerPlan, summary_seconds: float) -> None:
                                  replication_factor=p.settings.replication_factor)
         else:
             await _run_static(worker, p.slots, stop)
+    except StopRequested:
+        pass  # stopped while waiting for Kafka: nothing was held, nothing to commit
     finally:
         if summary_task is not None:
             summary_task.cancel()
@@ -172,7 +183,7 @@ async def _serve(p: WorkerPlan, summary_seconds: float) -> None:
 
 async def _run_static(worker: Worker, slots: list[int], stop: asyncio.Event) -> None:
     """Hold `slots` until `stop` is set or the worker fails; then stop gracefully."""
-    await worker.start()
+    await worker.start(stop)
     try:
         if slots and max(slots) >= worker.partition_count:
             raise UserError(

@@ -128,7 +128,9 @@ def render_service_account(name: str, namespace: str, owner: dict[str, Any]) -> 
 
 
 def _container(spec: StreamConsumerSpec, settings: OperatorSettings) -> dict[str, Any]:
-    probe = {"httpGet": {"path": "/metrics", "port": "metrics"}, "periodSeconds": 10, "timeoutSeconds": 5}
+    def probe(path: str) -> dict[str, Any]:
+        return {"httpGet": {"path": path, "port": "metrics"}, "periodSeconds": 10, "timeoutSeconds": 5}
+
     env = [{"name": "POD_NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
            *kafka_secret_env(spec)]
     env += workerpod.user_env(spec, [e["name"] for e in env])
@@ -140,9 +142,10 @@ def _container(spec: StreamConsumerSpec, settings: OperatorSettings) -> dict[str
                     "--metrics-port", str(settings.metrics_port)],
         "env": env,
         "ports": [{"name": "metrics", "containerPort": settings.metrics_port, "protocol": "TCP"}],
-        # Ready once metrics serve; restoring a range's state happens after, under the handoff protocol.
-        "readinessProbe": {**probe, "initialDelaySeconds": 2, "failureThreshold": 3},
-        "livenessProbe": {**probe, "initialDelaySeconds": 30, "failureThreshold": 6},
+        # Ready once the worker started; restoring a range's state happens after, under the handoff
+        # protocol. Alive while its event loop runs and its handler threads are not stuck (health.py).
+        "readinessProbe": {**probe("/readyz"), "initialDelaySeconds": 2, "failureThreshold": 3},
+        "livenessProbe": {**probe("/healthz"), "initialDelaySeconds": 30, "failureThreshold": 6},
         "resources": workerpod.resources(spec, settings.worker_defaults),
         "securityContext": {"allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True,
                             "runAsNonRoot": True, "capabilities": {"drop": ["ALL"]}},

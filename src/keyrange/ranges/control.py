@@ -289,7 +289,7 @@ class ControlChannel:
         """Become the group's one controller: fences any other controller of the group (its later
         writes are rejected by the broker) and resolves a transaction it left open."""
         producer = Producer(self._clients.transactional_producer(
-            controller_transactional_id(self.group_id), transaction_timeout_ms=10_000,
+            controller_transactional_id(self.group_id), transaction_timeout_ms=60_000,
             tuning={"linger.ms": 0, "client.id": f"{self._client_name}-controller"}))
         producer.init_transactions(timeout_seconds)
         self._writer = producer

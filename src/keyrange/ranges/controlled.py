@@ -14,6 +14,7 @@ import os
 from collections.abc import Mapping
 from typing import Protocol
 
+from keyrange.kafkaio import until_reachable
 from keyrange.ranges.control import ControlChannel
 from keyrange.ranges.member import RangeMember, SlotOwner, ordinal_from_hostname
 from keyrange.ranges.pauses import HandoffPauses
@@ -27,7 +28,7 @@ class Engine(SlotOwner, Protocol):
     handoff_pauses: HandoffPauses
     """Where the engine reports each event's start, for the member's handoff pauses."""
 
-    async def start(self) -> None:
+    async def start(self, stop: asyncio.Event | None = None) -> None:
         """Connect and get ready to acquire."""
 
     async def wait(self) -> None:
@@ -52,10 +53,15 @@ async def run_controlled(engine: Engine, bootstrap: str, group_id: str, ordinal:
                          replication_factor: int | None = None) -> None:
     """Run `engine` under the control topic of `group_id` as worker `ordinal` until `stop` is set
     or the engine fails (its error is raised after the final report)."""
-    await asyncio.to_thread(ControlChannel.ensure_topic, bootstrap, group_id, client_properties, replication_factor)
+    await until_reachable(lambda: ControlChannel.ensure_topic(bootstrap, group_id, client_properties,
+                                                              replication_factor), stop)
     channel = await asyncio.to_thread(ControlChannel, bootstrap, group_id, f"worker-{ordinal}", client_properties)
     member = RangeMember(engine, channel, ordinal, heartbeat_seconds=heartbeat_seconds, pauses=engine.handoff_pauses)
-    await engine.start()
+    try:
+        await engine.start(stop)
+    except BaseException:
+        await asyncio.to_thread(channel.close)
+        raise
     member_task = asyncio.create_task(member.run(stop))
     engine_task = asyncio.create_task(engine.wait())
     stop_task = asyncio.create_task(stop.wait())

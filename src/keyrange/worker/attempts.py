@@ -2,6 +2,11 @@
 
 A failed attempt is retried after a backoff (doubling, capped) up to `max_retries` times, then the
 event is dead-lettered; the client's later events wait meanwhile (order), other clients do not.
+An attempt that has not returned after `handler_timeout_seconds` fails like an error, so a hung
+call cannot block its client, its partition's commits and every handoff of its slot forever. An
+async call is cancelled; a sync call cannot be (Python cannot stop a thread), so its thread is
+left to finish on its own and counted (`keyrange_handler_calls_abandoned`): the worker reports
+itself unhealthy when half its threads are stuck that way (health.py).
 Each attempt gets a fresh context whose state is the client's committed state, so a failed
 attempt leaves no trace (context.py). A slot released while an attempt runs is not retried here:
 its new owner runs the event.
@@ -11,7 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 
 import orjson
 
@@ -29,6 +34,10 @@ from keyrange.worker.stats import WorkerStats
 MAX_RETRY_BACKOFF_SECONDS = 2.0
 
 
+class HandlerTimeout(Exception):
+    """A handler call did not return within handler_timeout_seconds."""
+
+
 class AttemptRunner:
     """Runs jobs for the client scheduler (module docstring)."""
 
@@ -43,6 +52,10 @@ class AttemptRunner:
         labels = (settings.metrics_consumer, settings.worker_id)
         self._latency = metric_defs.EVENT_LATENCY.labels(*labels)
         self._handler_seconds = metric_defs.HANDLER_SECONDS.labels(*labels)
+        self._timeouts = metric_defs.HANDLER_TIMEOUTS.labels(*labels)
+        self._abandoned_gauge = metric_defs.HANDLER_CALLS_ABANDONED.labels(*labels)
+        self.abandoned = 0
+        """Sync calls that timed out and whose thread still runs."""
 
     async def run(self, job: Job) -> None:
         """Handle `job` to an outcome (processed or dead-lettered), unless its slot is released first."""
@@ -90,13 +103,44 @@ class AttemptRunner:
                                           f"{type(exc).__name__}: {exc}", attempt)
                 ps.window.finish(job.offset, Outcome.DEAD_LETTERED)
                 return
+            too_large = self._outputs.too_large(key, value, state_json)
+            if too_large is not None:
+                # Deterministic: a retry would produce the same output. The state change is dropped.
+                self._outputs.dead_letter(ps, job.offset, job.key, job.value, "output-too-large", too_large, attempt)
+                ps.window.finish(job.offset, Outcome.DEAD_LETTERED)
+                return
             deleted = state.changed and state.staged is None
             self._outputs.processed(ps, job.offset, event.client_id, key, value, state_json, deleted)
             ps.window.finish(job.offset, Outcome.HANDLED)
             return
 
     async def _call(self, body: dict[str, object], ctx: HandlerContext) -> object:
-        function = self._handler.function
+        function, timeout = self._handler.function, self._settings.handler_timeout_seconds
         if self._handler.is_async:
-            return await function(body, ctx)
-        return await asyncio.get_running_loop().run_in_executor(self._pool, function, body, ctx)
+            try:
+                return await asyncio.wait_for(function(body, ctx), timeout)
+            except TimeoutError:
+                self._timeouts.inc()
+                raise HandlerTimeout(f"the handler did not return within {timeout:g} s (cancelled)") from None
+        future = self._pool.submit(function, body, ctx)
+        try:
+            return await asyncio.wait_for(asyncio.wrap_future(future), timeout)
+        except TimeoutError:
+            self._timeouts.inc()
+            self._abandon(future)
+            raise HandlerTimeout(f"the handler did not return within {timeout:g} s (its thread is left to "
+                                 "finish; its result is ignored)") from None
+
+    def _abandon(self, future: Future[object]) -> None:
+        loop = asyncio.get_running_loop()
+        self.abandoned += 1
+        self._abandoned_gauge.set(self.abandoned)
+
+        def returned(_: Future[object]) -> None:
+            loop.call_soon_threadsafe(self._returned_late)
+
+        future.add_done_callback(returned)
+
+    def _returned_late(self) -> None:
+        self.abandoned -= 1
+        self._abandoned_gauge.set(self.abandoned)

@@ -47,22 +47,27 @@ class Totals:
 class CommitWindow:
     """Tracks fetched offsets of one partition and which of them are finished."""
 
-    __slots__ = ("_done", "_next_offset", "_offsets", "_timestamps", "passed")
+    __slots__ = ("_done", "_next_offset", "_offsets", "_sizes", "_timestamps", "passed", "pending_bytes")
 
     def __init__(self, start_offset: int) -> None:
         self._offsets: deque[int] = deque()
         self._timestamps: deque[int] = deque()
+        self._sizes: deque[int] = deque()
+        self.pending_bytes = 0
+        """Bytes (record values) of the pending offsets: what the window holds in memory."""
         self._done: dict[int, Outcome] = {}
         self._next_offset = start_offset
         self.passed = [0, 0, 0]
         """Outcomes of the offsets the committable offset has passed, indexed by Outcome."""
 
-    def add(self, offset: int, timestamp_ms: int = 0) -> None:
+    def add(self, offset: int, timestamp_ms: int = 0, size_bytes: int = 0) -> None:
         """Record a fetched offset (strictly increasing; gaps such as transaction markers are fine)."""
         if offset < self._next_offset:
             raise ValueError(f"offset {offset} was added out of order (next expected >= {self._next_offset})")
         self._offsets.append(offset)
         self._timestamps.append(timestamp_ms)
+        self._sizes.append(size_bytes)
+        self.pending_bytes += size_bytes
         self._next_offset = offset + 1
 
     def finish(self, offset: int, outcome: Outcome) -> None:
@@ -71,12 +76,14 @@ class CommitWindow:
         if offsets and offsets[0] == offset:
             offsets.popleft()
             self._timestamps.popleft()
+            self.pending_bytes -= self._sizes.popleft()
             passed = self.passed
             passed[outcome] += 1
             done = self._done
             while offsets and offsets[0] in done:
                 passed[done.pop(offsets.popleft())] += 1
                 self._timestamps.popleft()
+                self.pending_bytes -= self._sizes.popleft()
         else:
             self._done[offset] = outcome
 

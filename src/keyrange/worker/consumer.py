@@ -38,8 +38,13 @@ LIST_OFFSETS_TIMEOUT_SECONDS = 5.0
 def consumer_config(settings: WorkerSettings, **overrides: Any) -> dict[str, Any]:
     """The consumer configuration of the worker and its restore reader (read_committed: outputs of
     aborted transactions never count as handled)."""
-    # Low fetch wait keeps created -> start latency small at modest rates.
-    return settings.clients.consumer(settings.group_id, {"fetch.wait.max.ms": 20, **overrides})
+    # Low fetch wait keeps created -> start latency small at modest rates. librdkafka's prefetch
+    # queue (64 MiB by default) is bounded like a partition's pending events, so memory stays
+    # bounded in bytes however large the events are.
+    prefetch_kbytes = min(65_536, max(1_024, settings.max_pending_bytes // 1024))
+    return settings.clients.consumer(settings.group_id, {"fetch.wait.max.ms": 20,
+                                                         "queued.max.messages.kbytes": prefetch_kbytes,
+                                                         **overrides})
 
 
 class ThreadedConsumer:

@@ -26,11 +26,13 @@ from confluent_kafka import Message
 
 from keyrange import metrics as metric_defs
 from keyrange.handlers import Handler
-from keyrange.kafkaio import TopicSpec, ensure_topics, require_topic
+from keyrange.kafkaio import TopicSpec, ensure_topics, max_message_bytes, require_topic, until_reachable
+from keyrange.kafkalog import RepeatSummary
 from keyrange.ranges.pauses import HandoffPauses
 from keyrange.worker.attempts import AttemptRunner
 from keyrange.worker.committer import Committer
 from keyrange.worker.consumer import ThreadedConsumer
+from keyrange.worker.health import Health
 from keyrange.worker.intake import Intake, Job
 from keyrange.worker.outputs import OutputStage
 from keyrange.worker.partition import PartitionMetrics, PartitionState
@@ -41,6 +43,9 @@ from keyrange.worker.stats import WorkerStats
 from keyrange.worker.transactions import SlotTransactions
 
 log = logging.getLogger(__name__)
+fetch_log = logging.getLogger("keyrange.worker.fetch")
+"""Fetch errors come once per partition per fetch while a broker is away: summarised (kafkalog.py)."""
+fetch_log.addFilter(RepeatSummary())
 
 GAUGE_INTERVAL_SECONDS = 1.0
 
@@ -55,13 +60,17 @@ class _AcquireTicket:
 class Worker:
     """One worker: handles the events of the slots it holds, keeping the guarantees of docs/design.md."""
 
-    def __init__(self, settings: WorkerSettings, handler: Handler, metrics: WorkerStats | None = None) -> None:
+    def __init__(self, settings: WorkerSettings, handler: Handler, metrics: WorkerStats | None = None,
+                 health: Health | None = None) -> None:
         self.settings = settings
         self.handler = handler
         self.stats = metrics or WorkerStats()
         """Totals and recent latencies, for the CLI summary and tests (Prometheus is separate)."""
         self.handoff_pauses = HandoffPauses(settings.metrics_consumer, settings.worker_id)
         """Told of every event's start: measures the pause of slots acquired after a handoff."""
+        self.health = health or Health()
+        """What the liveness and readiness probes answer (health.py)."""
+        self.health.max_abandoned = max(1, settings.concurrency // 2)
         self._partitions: dict[int, PartitionState] = {}
         self._acquiring: dict[int, _AcquireTicket] = {}
         self._consumer = ThreadedConsumer(settings)
@@ -95,31 +104,36 @@ class Worker:
         """Partitions of the input topic (known after `start`)."""
         return self._counts[self.settings.topic]
 
-    async def start(self) -> None:
-        """Check the input topic, create the output topics, connect, and init transactions."""
+    async def start(self, stop: asyncio.Event | None = None) -> None:
+        """Check the input topic, create the output topics, and connect. While Kafka does not
+        answer this waits for it (one log line per try) until `stop` is set (StopRequested)."""
         s = self.settings
         loop = asyncio.get_running_loop()
         self._failure = loop.create_future()
-        count = await loop.run_in_executor(None, lambda: require_topic(
-            s.bootstrap, s.topic, s.kafka_timeout_seconds, s.client_properties))
+        count = await until_reachable(lambda: require_topic(
+            s.bootstrap, s.topic, s.kafka_timeout_seconds, s.client_properties), stop)
         specs = [
             TopicSpec(s.sink, count),
             TopicSpec(s.dlq, count),
             TopicSpec(s.state, count, {"cleanup.policy": "compact"}, exact_partitions=True),
         ]
-        outputs = await loop.run_in_executor(None, lambda: ensure_topics(
-            s.bootstrap, specs, s.kafka_timeout_seconds, s.client_properties, s.replication_factor))
+        outputs = await until_reachable(lambda: ensure_topics(
+            s.bootstrap, specs, s.kafka_timeout_seconds, s.client_properties, s.replication_factor), stop)
         self._counts = {s.topic: count, **outputs}
         self._restorer = Restorer(s, self._counts)
         self._restorer.connect_next_reader()
         self._group_metadata = await self._consumer.open()
-        self._outputs = OutputStage(s, self._counts)
+        limits = await until_reachable(lambda: max_message_bytes(
+            s.bootstrap, [s.sink, s.dlq, s.state], s.kafka_timeout_seconds, s.client_properties), stop)
+        self._outputs = OutputStage(s, self._counts, limits)
         self._intake = Intake(count, s.restore_clock_slack_seconds, self._outputs)
         attempts = AttemptRunner(s, self.handler, self._outputs, self._pool, self.stats, self.handoff_pauses)
+        self.health.set_abandoned_source(lambda: attempts.abandoned)
         self._scheduler = ClientScheduler(attempts.run, s.concurrency, skip=lambda job: job.ps.revoked)
         self._committer = Committer(s, self._partitions.values, self.stats)
-        for coro in (self._fetch_loop(), self._committer.run(), self._gauge_loop()):
+        for coro in (self._fetch_loop(), self._committer.run(), self._gauge_loop(), self.health.beat_forever()):
             self._tasks.append(loop.create_task(self._guard(coro)))
+        self.health.started = True
 
     async def wait(self) -> None:
         """Return when the worker has stopped; raise the error that killed it, if any."""
@@ -301,7 +315,7 @@ class Worker:
         consumed: dict[int, int] = {}
         for m in messages:
             if m.error() is not None:
-                log.warning("consumer error: %s", m.error())
+                fetch_log.warning("fetch error: %s", m.error())
                 continue
             # A fetched record always has a partition and an offset (the stubs say Optional).
             ps = partitions.get(m.partition())  # type: ignore[arg-type]
@@ -319,9 +333,9 @@ class Worker:
             self.stats.consumed += n
 
     async def _apply_backpressure(self) -> None:
-        limit = self.settings.max_pending
-        to_pause = [ps for ps in self._partitions.values() if ps.wants_pause(limit)]
-        to_resume = [ps for ps in self._partitions.values() if ps.wants_resume(limit)]
+        limits = self.settings.max_pending, self.settings.max_pending_bytes
+        to_pause = [ps for ps in self._partitions.values() if ps.wants_pause(*limits)]
+        to_resume = [ps for ps in self._partitions.values() if ps.wants_resume(*limits)]
         if to_pause:
             await self._consumer.pause([ps.partition for ps in to_pause])
             for ps in to_pause:

@@ -62,12 +62,15 @@ class Intake:
         """The job for record `m` at `offset` (the next one of `ps`), or None when it finished here."""
         window = ps.window
         timestamp_ms = m.timestamp()[1]
-        window.add(offset, timestamp_ms)
+        value = m.value()
+        window.add(offset, timestamp_ms, len(value) if value is not None else 0)
         finished = ps.skip.pop(offset, None)
         if finished is not None:
-            window.finish(offset, finished)
+            # Finished by an earlier owner: its uuid joins the window here, at its place in the log.
+            if finished.uuid is not None:
+                ps.dedup.add_if_new(finished.uuid, finished.created_s)
+            window.finish(offset, finished.outcome)
             return None
-        value = m.value()
         try:
             event = parse_input(value)
         except BadEvent as exc:

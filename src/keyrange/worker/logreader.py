@@ -95,13 +95,19 @@ class LogReader:
         try:
             last: dict[Span, int] = {}
             timeout = self._settings.kafka_timeout_seconds
-            deadline = time.monotonic() + timeout
+            # The deadline is for a read that stopped moving, not for the whole read: a large
+            # changelog or backlog takes as long as it takes, as long as every `timeout` brings
+            # records or moves a position.
+            progress_at, progress_mark = time.monotonic(), -1
             while wanted:
-                if time.monotonic() > deadline:
+                mark = sum(last.values()) + sum(ends.values())
+                if mark != progress_mark:
+                    progress_at, progress_mark = time.monotonic(), mark
+                elif time.monotonic() - progress_at > timeout:
                     raise RestoreError(
-                        f"could not read {sorted(wanted)} (topic, partition) to the end within {timeout:g} s "
-                        "(an open transaction of a crashed worker holds it back until it times out); "
-                        "retry, or raise the Kafka timeout"
+                        f"reading {sorted(wanted)} (topic, partition) to the end made no progress for {timeout:g} s "
+                        "(an open transaction holds it back, or the broker does not answer); retry, or raise the "
+                        "Kafka timeout"
                     )
                 # Take what is buffered; wait briefly only when nothing is (a batch consume waits
                 # for a full batch or the timeout, which would add the timeout to every read).

@@ -13,17 +13,44 @@ from keyrange.worker.partition import PartitionState
 from keyrange.worker.settings import WorkerSettings
 from keyrange.worker.transactions import OutputRecord
 
+RECORD_OVERHEAD_BYTES = 512
+"""What a record adds to its key, value and headers in a batch (framing, offsets, timestamps), rounded
+up generously: an output is refused a little early rather than failing its transaction."""
+
 
 class OutputStage:
     """Adds outputs to their partition's batch; the committer takes the batch into a transaction."""
 
-    __slots__ = ("_group_header", "_same_layout", "_settings")
+    __slots__ = ("_group_header", "_max_bytes", "_same_layout", "_settings")
 
-    def __init__(self, settings: WorkerSettings, partition_counts: dict[str, int]) -> None:
+    def __init__(self, settings: WorkerSettings, partition_counts: dict[str, int],
+                 max_message_bytes: dict[str, int]) -> None:
         self._settings = settings
         self._group_header = (GROUP_HEADER, settings.group_id.encode())
         inputs = partition_counts[settings.topic]
         self._same_layout = {topic: n == inputs for topic, n in partition_counts.items()}
+        self._max_bytes = max_message_bytes
+        """Per output topic, the largest record its broker accepts (`max.message.bytes`)."""
+
+    def too_large(self, key: bytes, value: bytes, state_json: bytes | None) -> str | None:
+        """Why a handled event's outputs cannot be written (one over its topic's limit), or None.
+
+        A record over the limit would fail its transaction on every retry and stop the worker,
+        which would then crash-loop on the same event; it goes to the dead-letter topic instead."""
+        s = self._settings
+        headers = len(GROUP_HEADER) + len(self._group_header[1])
+        if state_json is not None:
+            headers += len(STATE_HEADER) + len(state_json)
+        processed = len(key) + len(value) + headers + RECORD_OVERHEAD_BYTES
+        limit = self._max_bytes.get(s.sink)
+        if limit is not None and processed > limit:
+            return (f"the processed record would be {processed:,} bytes (result and state), over {s.sink!r}'s "
+                    f"max.message.bytes of {limit:,}")
+        limit = self._max_bytes.get(s.state)
+        if state_json is not None and limit is not None and len(key) + len(state_json) + RECORD_OVERHEAD_BYTES > limit:
+            return (f"the client's new state is {len(state_json):,} bytes, over {s.state!r}'s max.message.bytes "
+                    f"of {limit:,}")
+        return None
 
     def output_partition(self, topic: str, partition: int) -> int | None:
         """Where `partition`'s records go in `topic` (None: the producer picks by key)."""

@@ -98,14 +98,17 @@ class PartitionState:
         self.output_partition: int | None = partition
         """Sink partition of this partition's processed records (None: the producer picks by key)."""
 
-    def wants_pause(self, max_pending: int) -> bool:
-        """True when more than `max_pending` fetched events are not yet committable: stop fetching."""
-        return not self.paused and self.window.pending > max_pending
+    def wants_pause(self, max_pending: int, max_pending_bytes: int) -> bool:
+        """True when more than `max_pending` fetched events, or more than `max_pending_bytes` of
+        them, are not yet committable: stop fetching."""
+        window = self.window
+        return not self.paused and (window.pending > max_pending or window.pending_bytes > max_pending_bytes)
 
-    def wants_resume(self, max_pending: int) -> bool:
-        """True when a paused partition is down to half the limit: fetch again. Half, not just
-        below it, so a partition does not flap every fetch."""
-        return self.paused and self.window.pending <= max_pending // 2
+    def wants_resume(self, max_pending: int, max_pending_bytes: int) -> bool:
+        """True when a paused partition is down to half of both limits: fetch again. Half, not just
+        below them, so a partition does not flap every fetch."""
+        window = self.window
+        return self.paused and window.pending <= max_pending // 2 and window.pending_bytes <= max_pending_bytes // 2
 
     def take_outputs(self, state_topic: str) -> tuple[list[OutputRecord], int, list[str]]:
         """Hand over the outputs and state changes for a transaction; return them, the processed

@@ -7,7 +7,8 @@ committed offset:
   dedup.py), so it is rebuilt exactly;
 - the sink and dead-letter records of offsets >= C are events that finished after the last
   commit (outputs commit in the same transaction as offsets, and events finish out of order):
-  they are skipped, not run again, and their uuids join the window;
+  they are skipped, not run again, and their uuids join the window when the new owner's fetch
+  reaches them, so every event, finished or not, is judged at its own place in the log;
 - keyed state: the changelog entries (`<group>.state`) whose source offset (header
   `keyrange.source.offset`) is < C are folded in log order, entries >= C are ignored; then the
   state headers (`keyrange.state`) of the processed records of offsets >= C (exactly the events
@@ -65,18 +66,29 @@ from keyrange.worker.logreader import LogReader, Span
 from keyrange.worker.settings import WorkerSettings
 
 
+@dataclass(frozen=True, slots=True)
+class Finished:
+    """An offset at or past the committed one that an earlier owner already finished."""
+
+    outcome: Outcome
+    uuid: str | None
+    """Its event's uuid (None for bad input): it joins the dedup window when the fetch passes it."""
+    created_s: float
+
+
 @dataclass
 class RestoredPartition:
     """What a worker needs to take over one partition."""
 
     start_offset: int
     """Where fetching resumes: the committed offset, or the first offset when none is committed."""
-    finished_offsets: dict[int, Outcome] = field(default_factory=dict)
-    """Offsets >= start_offset already handled or dead-lettered (which of the two): skip them."""
+    finished_offsets: dict[int, Finished] = field(default_factory=dict)
+    """Offsets >= start_offset already handled or dead-lettered: skipped, not run again; their
+    uuids join the dedup window as the fetch passes them, in log order (see `fold_logs`)."""
     seen: list[tuple[str, float]] = field(default_factory=list)
-    """(uuid, event time in seconds) of the events the dedup window must hold, in log order (the
-    window remembers an event at the stream time it arrived at: dedup.py), inputs before the
-    committed offset first, then the finished events at or past it by offset."""
+    """(uuid, event time in seconds) of the input before the committed offset that the dedup
+    window must hold, in log order (the window remembers an event at the stream time it arrived
+    at: dedup.py)."""
     state: dict[int, Any] = field(default_factory=dict)
     """Keyed state per clientId."""
     totals: Totals = field(default_factory=Totals)
@@ -248,18 +260,19 @@ def fold_logs(start_offsets: dict[int, int], parsed: ParsedLogs) -> dict[int, Re
 
     # (offset, clientId, state or None) from the processed records of offsets >= C, per partition.
     states_after: dict[int, list[tuple[int, int, Any]]] = {p: [] for p in result}
-    finished_after: dict[int, list[tuple[int, str, float]]] = {p: [] for p in result}
     for out in parsed.outputs:
         # An output of an event at or past the committed offset: it must not run again, its uuid
         # joins the window, and the client's state after it (if its handler changed it) is noted.
         target = result.get(out.partition)
         if target is None or out.offset < target.start_offset:
             continue
-        target.finished_offsets[out.offset] = out.outcome
+        # Not added to the window here: the old owner saw these events in log order, each with the
+        # stream time at its place; an event finished far ahead (a slow client held the committed
+        # offset back) must not move the window's clock past a duplicate the new owner will fetch
+        # before it. The intake adds each when the fetch passes it.
+        target.finished_offsets[out.offset] = Finished(out.outcome, out.uuid, out.created_s)
         if out.state is not None:
             states_after[out.partition].append((out.offset, *out.state))
-        if out.uuid is not None:
-            finished_after[out.partition].append((out.offset, out.uuid, out.created_s))
 
     for p, restored in result.items():
         # The newest totals the committed offset covers; a newer record counting past it was
@@ -272,7 +285,6 @@ def fold_logs(start_offsets: dict[int, int], parsed: ParsedLogs) -> dict[int, Re
             if change.source_offset is not None and change.source_offset >= restored.start_offset:
                 continue  # possibly ahead of its processed record: that record carries the state
             _set_state(restored.state, change.client, change.state)
-        restored.seen.extend((uuid, created_s) for _, uuid, created_s in sorted(finished_after[p]))
         for _, client, state in sorted(states_after[p], key=lambda entry: entry[0]):
             _set_state(restored.state, client, state)
     return result

@@ -33,10 +33,17 @@ class WorkerSettings:
     """Handler calls in flight at once across all clients (also the sync handlers' thread pool)."""
     max_pending: int = 1000
     """Unfinished events per partition above which the partition is paused."""
+    max_pending_bytes: int = 16 * 1024 * 1024
+    """Bytes of unfinished events (their values) per partition above which the partition is paused:
+    bounds memory when events are large, where `max_pending` alone would not."""
     ttl_seconds: float = 10.0
     """A uuid seen within this many seconds of event time (`created`) is dropped as a duplicate."""
     max_retries: int = 3
     """Handler attempts beyond the first before an event is dead-lettered."""
+    handler_timeout_seconds: float = 60.0
+    """A handler call that has not returned after this long fails (and is retried, then
+    dead-lettered): one hung call must not block its client, its partition's commits and every
+    handoff of its slot forever."""
     retry_backoff_ms: int = 50
     """Wait before the first retry; doubles per attempt, capped at 2 s."""
     commit_interval_ms: int = 100
@@ -61,6 +68,10 @@ class WorkerSettings:
         checks = [
             (self.concurrency >= 1, f"concurrency must be at least 1, got {self.concurrency}"),
             (self.max_pending >= 1, f"max_pending must be at least 1, got {self.max_pending}"),
+            (self.max_pending_bytes >= 1024,
+             f"max_pending_bytes must be at least 1024, got {self.max_pending_bytes}"),
+            (self.handler_timeout_seconds > 0,
+             f"handler_timeout_seconds must be positive, got {self.handler_timeout_seconds}"),
             (self.ttl_seconds > 0, f"ttl_seconds must be positive, got {self.ttl_seconds}"),
             (self.max_retries >= 0, f"max_retries must be 0 or more, got {self.max_retries}"),
             (self.commit_interval_ms >= 1, f"commit_interval_ms must be at least 1, got {self.commit_interval_ms}"),

@@ -24,6 +24,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
@@ -35,8 +37,30 @@ from keyrange.worker.settings import WorkerSettings
 
 log = logging.getLogger(__name__)
 
-ABORT_RETRIES = 5
-"""Times a batch is re-sent in a fresh transaction after an abortable error before giving up."""
+TRANSACTION_TIMEOUT_MS = 60_000
+"""transaction.timeout.ms of every slot's producer (see `SlotTransactions._create`)."""
+RETRY_BACKOFF_MAX_SECONDS = 30.0
+"""The longest wait between two tries of a transaction while Kafka is unavailable."""
+
+
+class _Backoff:
+    """Waits between tries of one slot's transaction, doubling up to a cap, one log line each."""
+
+    def __init__(self, who: str) -> None:
+        self.who = who
+        self.tries = 0
+        self.delay = 0.5
+
+    def failed(self, why: str) -> None:
+        self.tries += 1
+        log.warning("%s: %s; Kafka may be unavailable: trying again in %.1f s (try %d)", self.who, why,
+                    self.delay, self.tries)
+        time.sleep(self.delay)
+        self.delay = min(self.delay * 2, RETRY_BACKOFF_MAX_SECONDS)
+
+    def recovered(self) -> None:
+        if self.tries:
+            log.warning("%s: the transaction committed after %d tries", self.who, self.tries + 1)
 
 
 class TransactionFailed(RuntimeError):
@@ -74,10 +98,12 @@ class SlotTransactions:
         s = self._settings
         self._producer = Producer(s.clients.transactional_producer(
             self.transactional_id,
-            # Short, so that a transaction a killed worker left open stops holding back
-            # read_committed readers soon even if nobody acquires the slot (the next owner's
-            # init_transactions aborts it at once).
-            transaction_timeout_ms=10_000,
+            # The broker aborts (and fences) a transaction open longer than this. An outage shorter
+            # than it is waited out in place (the same transaction commits once Kafka is back); a
+            # killed worker's open transaction is aborted at once by the slot's next owner anyway
+            # (its init_transactions), so this only bounds how long an orphaned one holds back
+            # read_committed readers (e.g. the aggregation) when nobody takes the slot over.
+            transaction_timeout_ms=TRANSACTION_TIMEOUT_MS,
             tuning={"linger.ms": 5,
                     # Dead letters carry the original value, which may be just over the input limit.
                     "message.max.bytes": 2 * MAX_EVENT_BYTES + 100_000},
@@ -107,8 +133,11 @@ class SlotTransactions:
         producer = self._producer
         if producer is None or not self._initialised:
             raise TransactionFailed(f"{self.transactional_id} is not open")
-        timeout = self._settings.kafka_timeout_seconds
-        for attempt in range(1, ABORT_RETRIES + 1):
+        # Transient trouble (the broker away, a coordinator moving, a transaction timed out by
+        # the broker) is waited out: aborted if it must be, then the same batch again, with a
+        # backoff and one log line per try. Only a fatal error (fenced) gives up.
+        retry = _Backoff(f"slot {self.slot}")
+        while True:
             try:
                 producer.begin_transaction()
                 for r in records:
@@ -120,42 +149,51 @@ class SlotTransactions:
                     # per-partition prefixes librdkafka had delivered. Flushing first means that
                     # if those offsets become visible, so did every output before them (no loss);
                     # restore.py copes with the torn prefixes of outputs and changelog.
-                    self._flush(producer, timeout)
-                    producer.send_offsets_to_transaction(offsets, self._group_metadata, timeout)
-                self._commit_transaction(producer, timeout)
+                    self._flush(producer, retry)
+                    self._retrying(retry, "sending its offsets",
+                                   lambda: producer.send_offsets_to_transaction(offsets, self._group_metadata,
+                                                                               self._timeout))
+                self._retrying(retry, "committing", lambda: producer.commit_transaction(self._timeout))
+                retry.recovered()
                 return
             except KafkaException as exc:
                 error: KafkaError = exc.args[0]
-                if error.fatal() or not error.txn_requires_abort():
+                if error.fatal():
                     fenced = error.code() in (KafkaError._FENCED, KafkaError.PRODUCER_FENCED,
                                               KafkaError.INVALID_PRODUCER_EPOCH)
-                    why = (f"slot {self.slot} was acquired by another worker (its transactional id fenced this "
-                           "one)" if fenced else f"transaction of {len(records)} records of slot {self.slot} failed")
+                    why = (f"slot {self.slot} was acquired by another worker (its transactional id fenced this one), "
+                           f"or Kafka was away longer than the transaction timeout "
+                           f"({TRANSACTION_TIMEOUT_MS // 1000} s) and aborted the transaction" if fenced
+                           else f"transaction of {len(records)} records of slot {self.slot} failed")
                     raise TransactionFailed(
                         f"{why}: {error}; the worker stops so that a restart (or the slot's owner) resumes from "
                         "the last committed offsets"
                     ) from exc
-                log.warning("transaction aborted (attempt %d/%d): %s", attempt, ABORT_RETRIES, error)
-                producer.abort_transaction(timeout)
-        raise TransactionFailed(f"transaction aborted {ABORT_RETRIES} times in a row; giving up")
+                retry.failed(f"the transaction was aborted ({error})")
+                self._retrying(retry, "aborting", lambda: producer.abort_transaction(self._timeout))
+
+    @property
+    def _timeout(self) -> float:
+        return self._settings.kafka_timeout_seconds
 
     @staticmethod
-    def _flush(producer: Producer, timeout: float) -> None:
-        if producer.flush(timeout) > 0:
-            raise TransactionFailed(
-                f"outputs not acknowledged within {timeout:g} s; the worker stops so that a restart "
-                "(or the new owner) resumes from the last committed offsets"
-            )
-
-    @staticmethod
-    def _commit_transaction(producer: Producer, timeout: float) -> None:
+    def _retrying(retry: _Backoff, what: str, call: Callable[[], object]) -> None:
+        """`call` until it succeeds, waiting out retriable errors; others are raised."""
         while True:
             try:
-                producer.commit_transaction(timeout)
+                call()
                 return
             except KafkaException as exc:
-                if not exc.args[0].retriable():
+                error: KafkaError = exc.args[0]
+                if error.fatal() or not error.retriable():
                     raise
+                retry.failed(f"{what} failed ({error})")
+
+    def _flush(self, producer: Producer, retry: _Backoff) -> None:
+        # Outputs not acknowledged in time keep being retried by librdkafka until their message
+        # timeout; then they fail, and the transaction needs an abort (raised by the next call).
+        while producer.flush(self._timeout) > 0:
+            retry.failed(f"outputs not acknowledged within {self._timeout:g} s")
 
     @staticmethod
     def _produce(producer: Producer, r: OutputRecord) -> None:

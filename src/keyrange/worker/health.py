@@ -1,0 +1,99 @@
+"""What a worker's probes answer, and the HTTP server that serves them beside its metrics.
+
+Liveness must reflect the worker itself, not the thread that answers HTTP: `/healthz` fails when
+the event loop has not beaten for `stale_after_seconds` (a handler blocking the loop, a deadlock)
+or when half the handler threads are stuck in calls that timed out (Python cannot stop a thread:
+attempts.py); a restart is the only cure for both. `/readyz` is ready once the worker started
+(connected, topics checked). `/metrics` is Prometheus' exposition, as before.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import Callable
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, generate_latest
+
+HEARTBEAT_SECONDS = 1.0
+"""How often the event loop beats."""
+
+
+class Health:
+    """The worker's liveness and readiness (module docstring). Thread-safe reads."""
+
+    def __init__(self, stale_after_seconds: float = 30.0, max_abandoned: int = 1,
+                 abandoned: Callable[[], int] = lambda: 0, clock: Callable[[], float] = time.monotonic) -> None:
+        self.stale_after_seconds = stale_after_seconds
+        self.max_abandoned = max(1, max_abandoned)
+        """Stuck sync calls (timed out, thread still running) at which the worker is not alive."""
+        self._abandoned = abandoned
+        self._clock = clock
+        self._last_beat: float | None = None
+        self.started = False
+        """Set once the worker has started (readiness)."""
+
+    def set_abandoned_source(self, abandoned: Callable[[], int]) -> None:
+        """Where to read the count of stuck sync calls (the worker's attempt runner)."""
+        self._abandoned = abandoned
+
+    def beat(self) -> None:
+        """Called from the event loop."""
+        self._last_beat = self._clock()
+
+    async def beat_forever(self) -> None:
+        """The loop's heartbeat: a coroutine that only gets to run when the loop is free."""
+        while True:
+            self.beat()
+            await asyncio.sleep(HEARTBEAT_SECONDS)
+
+    def liveness(self) -> tuple[bool, str]:
+        """(alive, why)."""
+        if self._last_beat is None:
+            return True, "starting"
+        silent = self._clock() - self._last_beat
+        if silent > self.stale_after_seconds:
+            return False, (f"the event loop has not run for {silent:.0f} s (a handler blocking it, or a deadlock)")
+        stuck = self._abandoned()
+        if stuck >= self.max_abandoned:
+            return False, (f"{stuck} handler calls timed out and still hold their threads (of "
+                           f"{self.max_abandoned * 2}): restart to get the threads back")
+        return True, "ok"
+
+    def readiness(self) -> tuple[bool, str]:
+        """(ready, why)."""
+        if not self.started:
+            return False, "starting"
+        return self.liveness()
+
+
+def serve(port: int, health: Health) -> ThreadingHTTPServer:
+    """Serve /metrics, /healthz and /readyz on `port` (all interfaces) in a daemon thread."""
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            path = self.path.split("?", 1)[0]
+            if path == "/metrics":
+                self._send(200, generate_latest(REGISTRY), CONTENT_TYPE_LATEST)
+            elif path in ("/healthz", "/readyz"):
+                ok, why = health.liveness() if path == "/healthz" else health.readiness()
+                self._send(200 if ok else 503, (why + "\n").encode(), "text/plain; charset=utf-8")
+            else:
+                self._send(404, b"try /metrics, /healthz or /readyz\n", "text/plain; charset=utf-8")
+
+        def _send(self, status: int, body: bytes, content_type: str) -> None:
+            self.send_response(status)
+            self.send_header("Content-Type", content_type)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, format: str, *args: object) -> None:
+            return  # a scrape every few seconds is not news
+
+    server = ThreadingHTTPServer(("", port), Handler)
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, name="keyrange-http", daemon=True).start()
+    return server

@@ -1,0 +1,113 @@
+"""A broker outage: the worker waits it out (backoff, a few summarised log lines) instead of
+exiting, and loses nothing, handles nothing twice, once the broker is back.
+
+Each test runs its own single-node Apache Kafka, stopped and started again under the worker.
+"""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from keyrange.local.kafka import QUICK_START_JVM_OPTIONS, KafkaCluster
+from tests.checkers import check_all, first_occurrences
+from tests.integration.test_worker_cli import PARTITIONS, metric_sum, start, wait, worker_command
+from tests.integration.worker_helpers import produce_stream
+from tests.kafkatools import read_counts, read_input_log, read_processed
+
+OUTAGE_SECONDS = 15
+
+
+@pytest.fixture
+def own_kafka() -> Iterator[KafkaCluster]:
+    with KafkaCluster(nodes=1, jvm_options=QUICK_START_JVM_OPTIONS) as cluster:
+        yield cluster
+
+
+def librdkafka_lines(text: str) -> int:
+    return sum(1 for line in text.splitlines() if "librdkafka" in line or line.startswith("%"))
+
+
+@pytest.mark.slow
+def test_a_worker_waits_out_a_broker_outage_and_loses_nothing(own_kafka: KafkaCluster, topic_name: str,
+                                                              tmp_path: Path) -> None:
+    bootstrap = own_kafka.bootstrap
+    first = produce_stream(bootstrap, topic_name, 2000, PARTITIONS, clients=80, duplicate_ratio=0.03, ledger=True)
+    port, log_path = free_port_and_log(tmp_path)
+    worker = start(worker_command(bootstrap, topic_name, port), log_path)
+    try:
+        wait(lambda: metric_sum(port, "keyrange_events_processed_total") >= 500, "the worker to run",
+             proc=worker, log_path=log_path)
+        node = own_kafka.node(1)
+        node.terminate()  # mid-stream: events in flight, a transaction about to commit
+        down_at = len(log_path.read_text())
+        time.sleep(OUTAGE_SECONDS)
+        assert worker.poll() is None, f"the worker exited during the outage:\n{log_path.read_text()[-3000:]}"
+        during = log_path.read_text()[down_at:]
+        own_kafka.restart(node)
+        second = produce_stream(bootstrap, topic_name, 500, PARTITIONS, clients=80, duplicate_ratio=0.03,
+                                ledger=True, seed=9)
+        log = read_input_log(bootstrap, topic_name, first + second)
+        distinct = len(first_occurrences(log))
+        wait(lambda: read_counts(bootstrap, topic_name, f"{topic_name}-g", timeout_seconds=0).handled >= distinct,
+             "every event handled after the broker came back", proc=worker, log_path=log_path)
+    finally:
+        worker.send_signal(signal.SIGTERM)
+        assert worker.wait(60) == 0, log_path.read_text()[-3000:]
+    # librdkafka's reconnect attempts are summarised: a handful of lines, not one per attempt.
+    assert librdkafka_lines(during) <= 30, during[-3000:]
+    check_all(log, read_processed(bootstrap, f"{topic_name}.processed", distinct),
+              read_counts(bootstrap, topic_name, f"{topic_name}-g", covering=len(log)), ledger=True)
+
+
+@pytest.mark.slow
+def test_a_worker_started_before_its_broker_waits_for_it(own_kafka: KafkaCluster, topic_name: str,
+                                                         tmp_path: Path) -> None:
+    bootstrap = own_kafka.bootstrap
+    sent = produce_stream(bootstrap, topic_name, 300, PARTITIONS, clients=40, duplicate_ratio=0.0, ledger=True)
+    node = own_kafka.node(1)
+    node.terminate()
+    port, log_path = free_port_and_log(tmp_path)
+    worker = start(worker_command(bootstrap, topic_name, port), log_path)
+    try:
+        wait(lambda: "trying again in" in log_path.read_text(), "a line saying the worker waits for Kafka",
+             timeout_seconds=90, proc=worker, log_path=log_path)
+        own_kafka.restart(node)
+        wait(lambda: metric_sum(port, "keyrange_events_processed_total") >= sent, "every event handled",
+             proc=worker, log_path=log_path)
+    finally:
+        worker.send_signal(signal.SIGTERM)
+        assert worker.wait(60) == 0, log_path.read_text()[-3000:]
+    text = log_path.read_text()
+    assert "cannot reach Kafka at" in text and "Traceback" not in text
+
+
+def test_sigterm_while_waiting_for_the_broker_exits_cleanly(tmp_path: Path) -> None:
+    from keyrange.local.broker import free_port
+
+    port, log_path = free_port_and_log(tmp_path)
+    worker = subprocess.Popen([sys.executable, "-m", "keyrange.cli", "worker", "--bootstrap",
+                               f"127.0.0.1:{free_port()}", "--topic", "t", "--group", "g", "--partitions", "0",
+                               "--metrics-port", str(port)],
+                              stdout=log_path.open("ab"), stderr=subprocess.STDOUT)
+    try:
+        wait(lambda: "trying again in" in log_path.read_text(), "the worker to wait for Kafka", timeout_seconds=90,
+             proc=worker, log_path=log_path)
+        worker.send_signal(signal.SIGTERM)
+        assert worker.wait(30) == 0, log_path.read_text()[-3000:]
+    finally:
+        if worker.poll() is None:
+            worker.kill()
+    assert "Traceback" not in log_path.read_text()
+
+
+def free_port_and_log(tmp_path: Path) -> tuple[int, Path]:
+    from keyrange.local.broker import free_port
+
+    return free_port(), tmp_path / "worker.log"
