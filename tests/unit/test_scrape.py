@@ -1,8 +1,11 @@
 """Reading worker /metrics for the supervisor: lag per slot, counters, histogram quantiles."""
 
+import socket
+import threading
+
 import pytest
 
-from keyrange.local.scrape import bucket_delta, histogram_quantile, merged_lag, parse_metrics
+from keyrange.local.scrape import bucket_delta, histogram_quantile, merged_lag, parse_metrics, scrape
 from keyrange.ranges.member import ordinal_from_hostname
 from keyrange.ranges.planner import SlotLag
 
@@ -60,3 +63,25 @@ def test_ordinal_from_statefulset_hostname(hostname: str, ordinal: int) -> None:
 def test_hostname_without_ordinal_says_what_to_do() -> None:
     with pytest.raises(ValueError, match="pass --worker-id"):
         ordinal_from_hostname("laptop")
+
+
+def test_a_worker_killed_mid_response_reads_as_not_answering() -> None:
+    """A worker SIGKILLed while it answers /metrics cuts the body short (IncompleteRead, an
+    HTTPException, not an OSError); the supervisor's tick must see "not answering", not crash."""
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(1)
+
+    def answer_half() -> None:
+        conn, _ = listener.accept()
+        with conn:
+            conn.recv(65536)
+            conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 30423\r\n\r\n# TYPE keyrange_events")
+
+    server = threading.Thread(target=answer_half, daemon=True)
+    server.start()
+    try:
+        assert scrape(f"http://127.0.0.1:{listener.getsockname()[1]}/metrics", 0.0) is None
+    finally:
+        server.join(5)
+        listener.close()

@@ -7,6 +7,7 @@ consumer's `high_watermarks`), so a slot that no worker holds right now has no m
 
 from __future__ import annotations
 
+import http.client
 import urllib.request
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -60,11 +61,12 @@ def parse_metrics(text: str, at: float) -> WorkerSample:
 
 
 def scrape(url: str, at: float, timeout_seconds: float = 1.0) -> WorkerSample | None:
-    """Scrape one /metrics URL; None when the worker does not answer (starting, restarting)."""
+    """Scrape one /metrics URL; None when the worker does not answer (starting, restarting, or
+    killed mid-answer: a body cut short raises http.client.IncompleteRead, not an OSError)."""
     try:
         with urllib.request.urlopen(url, timeout=timeout_seconds) as response:
             return parse_metrics(response.read().decode("utf-8"), at)
-    except (OSError, ValueError):
+    except (OSError, ValueError, http.client.HTTPException):
         return None
 
 
