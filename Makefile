@@ -46,8 +46,9 @@ pytest: install-dev tools spark-connector
 
 test: lint types pytest
 
-bench: install-dev spark-connector
-	$(PY) -m benchmarks
+# Every benchmark on Apache Kafka and on tansu; e.g. BENCH_ARGS="--only ledger --broker kafka".
+bench: install-dev tools spark-connector
+	$(PY) -m benchmarks $(BENCH_ARGS)
 
 # Many more random handoff schedules than CI runs (tests/integration/test_handoff_random.py);
 # SOAK_SEEDS picks them, e.g. `make soak SOAK_SEEDS=100-199`. Not part of `make test`.

@@ -27,10 +27,9 @@ from typing import Any
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
-from benchmarks.harness import row
+from benchmarks.harness import load_average, row, running_broker
 from keyrange.loadgen import LoadShape
 from keyrange.local.alerting import AlertingOptions
-from keyrange.local.broker import EmbeddedBroker
 from keyrange.local.load import Phase, produce_phases
 from keyrange.local.supervisor import Supervisor
 from keyrange.spec import load_file
@@ -79,15 +78,15 @@ def _first_event_of(bootstrap: str, topic: str, worker: str, deadline: float) ->
     raise TimeoutError(f"worker {worker} handled no event before the deadline")
 
 
-def measure(alerts: bool, workdir: Path) -> dict[str, float]:
+def measure(alerts: bool, workdir: Path, engine: str = "tansu") -> dict[str, float]:
     """One run: seconds from the crossing to the decision and to the new owner's first event."""
     from tests.integration.prometheus.stack import PrometheusStack
 
-    with EmbeddedBroker() as broker:
+    with running_broker(engine) as bootstrap:
         topic = f"reaction-{'alerts' if alerts else 'planner'}-{time.time_ns()}"
         spec_file = _spec(workdir / "consumer.yaml", topic)
         options = AlertingOptions(0, TOKEN) if alerts else None
-        sup = Supervisor(load_file(spec_file), spec_file, broker.bootstrap, workdir / "run", alerting=options)
+        sup = Supervisor(load_file(spec_file), spec_file, bootstrap, workdir / "run", alerting=options)
         stop = threading.Event()
         sup.start()
 
@@ -109,7 +108,7 @@ def measure(alerts: bool, workdir: Path) -> dict[str, float]:
             else:
                 _wait(lambda: _worker_lag(sup.fleet.urls()[0]) is not None, 60)  # type: ignore[union-attr]
             load = threading.Thread(target=produce_phases, daemon=True, args=(
-                broker.bootstrap, topic, LoadShape(rate=1000, duplicate_ratio=0.0, seed=1), [Phase(90, 1000)], stop))
+                bootstrap, topic, LoadShape(rate=1000, duplicate_ratio=0.0, seed=1), [Phase(90, 1000)], stop))
             load.start()
             url = sup.fleet.urls()[0]
             crossed_ms = 0
@@ -123,7 +122,7 @@ def measure(alerts: bool, workdir: Path) -> dict[str, float]:
             assert crossed_ms, "lag never crossed the threshold"
             _wait(lambda: bool(sup.controller.rescales), 90)  # type: ignore[union-attr]
             decided_ms = sup.controller.rescales[0].decided_ms
-            first_ms = _first_event_of(broker.bootstrap, sup.consumer.spec.sink_topic, "1", time.monotonic() + 90)
+            first_ms = _first_event_of(bootstrap, sup.consumer.spec.sink_topic, "1", time.monotonic() + 90)
             return {"decision_s": (decided_ms - crossed_ms) / 1000, "reaction_s": (first_ms - crossed_ms) / 1000}
         finally:
             stop.set()
@@ -141,14 +140,24 @@ def _wait(condition: Any, timeout_seconds: float) -> None:
         time.sleep(0.2)
 
 
-def run(quick: bool) -> list[dict[str, Any]]:
-    """Rows for BENCHMARKS.md: the alert path and the direct-planner baseline, medians of N runs."""
+def run(quick: bool, brokers: tuple[str, ...] = ("tansu",)) -> list[dict[str, Any]]:
+    """Rows for BENCHMARKS.md on each broker: the alert path and the direct-planner baseline, medians of N runs."""
+    rows: list[dict[str, Any]] = []
+    for engine in brokers:
+        rows += [{**r, "broker": engine} for r in run_on(quick, engine)]
+    return rows
+
+
+def run_on(quick: bool, engine: str) -> list[dict[str, Any]]:
+    """The rows on one broker (a fresh one per measured run)."""
     repeats = 1 if quick else 3
     results: dict[bool, list[dict[str, float]]] = {True: [], False: []}
+    loads = []
     for _ in range(repeats):
         for alerts in (True, False):
+            loads.append(load_average())
             with tempfile.TemporaryDirectory(prefix="keyrange-bench-") as tmp:
-                results[alerts].append(measure(alerts, Path(tmp)))
+                results[alerts].append(measure(alerts, Path(tmp), engine))
 
     def median(alerts: bool, key: str) -> float:
         return statistics.median(r[key] for r in results[alerts])
@@ -160,11 +169,13 @@ def run(quick: bool) -> list[dict[str, Any]]:
             round(via, 2), "s", f"<= {GOAL_SECONDS:g} s", round(direct, 2),
             "baseline: the planner reading lag directly (keyrange run without Alertmanager); "
             f"lag-high alert for: 5s, scrape/eval 1 s; {runs}; "
-            f"all runs via alerts: {[r['reaction_s'] for r in results[True]]}"),
+            f"all runs via alerts: {[r['reaction_s'] for r in results[True]]}; "
+            f"direct: {[r['reaction_s'] for r in results[False]]}; {loads}"),
         row("scale reaction: lag crossing -> split decision, via Prometheus + Alertmanager",
             round(median(True, "decision_s"), 2), "s", None, round(median(False, "decision_s"), 2),
             "the rest of the reaction is the new worker process starting, restoring and acquiring"),
     ]
+
 
 if __name__ == "__main__":
     for row in run(quick="--quick" in sys.argv):

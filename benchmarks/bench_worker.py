@@ -26,11 +26,10 @@ from typing import Any
 import orjson
 from confluent_kafka import Consumer, TopicPartition
 
-from benchmarks.harness import percentile, raw_consume_rate, row
+from benchmarks.harness import load_average, percentile, raw_consume_rate, row, running_broker
 from keyrange.handlers import load_handler
 from keyrange.kafkaio import TopicSpec, ensure_topics
 from keyrange.loadgen import LoadShape, generate, produce_all
-from keyrange.local.broker import EmbeddedBroker
 from keyrange.worker import Worker, WorkerSettings
 from keyrange.worker.dedup import TtlSet
 
@@ -38,20 +37,22 @@ PARTITIONS = 12
 REPO = Path(__file__).resolve().parents[1]
 
 
-def run(quick: bool) -> list[dict[str, Any]]:
-    """All worker benchmarks; `quick` shortens every run."""
+def run(quick: bool, brokers: tuple[str, ...] = ("tansu",)) -> list[dict[str, Any]]:
+    """All worker benchmarks on each broker; `quick` shortens every run."""
     rows: list[dict[str, Any]] = []
     rows += bench_dedup_memory()
-    with EmbeddedBroker() as broker:
-        rows += bench_kata(broker.bootstrap, seconds=10 if quick else 60)
-        rows += bench_backlog(broker.bootstrap, "noop", "noop", {}, events=30_000 if quick else 200_000,
-                              clients=1000, concurrency=64, goal=">= 50,000 events/s")
-        rows += bench_backlog(broker.bootstrap, "sleep-10ms", "sleep", {"meanMs": 10, "stddevMs": 1},
-                              events=20_000 if quick else 100_000, clients=1000, concurrency=1000,
-                              goal=">= 10,000 events/s")
-        rows += bench_backlog(broker.bootstrap, "io-50ms-1000-clients", "sleep", {"meanMs": 50, "stddevMs": 0},
-                              events=20_000 if quick else 100_000, clients=1000, concurrency=1000,
-                              goal=">= 15,000 events/s")
+    for engine in brokers:
+        with running_broker(engine) as bootstrap:
+            found = bench_kata(bootstrap, seconds=10 if quick else 60)
+            found += bench_backlog(bootstrap, "noop", "noop", {}, events=30_000 if quick else 200_000,
+                                   clients=1000, concurrency=64, goal=">= 50,000 events/s")
+            found += bench_backlog(bootstrap, "sleep-10ms", "sleep", {"meanMs": 10, "stddevMs": 1},
+                                   events=20_000 if quick else 100_000, clients=1000, concurrency=1000,
+                                   goal=">= 10,000 events/s")
+            found += bench_backlog(bootstrap, "io-50ms-1000-clients", "sleep", {"meanMs": 50, "stddevMs": 0},
+                                   events=20_000 if quick else 100_000, clients=1000, concurrency=1000,
+                                   goal=">= 15,000 events/s")
+        rows += [{**r, "broker": engine} for r in found]
     return rows
 
 
@@ -106,12 +107,13 @@ def bench_kata(bootstrap: str, seconds: int) -> list[dict[str, Any]]:
     latencies = [(r["created"], (r["startedAt"] - r["created"]) / 1000) for r in records]
     values = [lat for _, lat in latencies]
     raw_values = [lat for _, lat in raw]
+    load = load_average()
     rows = [
         row("kata p50 created->start", percentile(values, 0.5) * 1000, "ms",
             baseline=percentile(raw_values, 0.5) * 1000, notes=f"{len(values):,} events"),
         row("kata p99 created->start", percentile(values, 0.99) * 1000, "ms", "<= 25",
             baseline=percentile(raw_values, 0.99) * 1000,
-            notes="baseline: raw consume loop, created->receipt, same topic, same time"),
+            notes=f"baseline: raw consume loop, created->receipt, same topic, same time; {load} at the end"),
     ]
     if latencies:
         start = min(c for c, _ in latencies)
@@ -177,6 +179,7 @@ def bench_backlog(bootstrap: str, name: str, handler: str, config: dict[str, Any
     produce_all(bootstrap, topic, records)
     distinct = events
     raw_rate = raw_consume_rate(bootstrap, topic, PARTITIONS, len(records))
+    load = load_average()
     cpu_before = time.process_time()
     seconds, stats = asyncio.run(_drain(bootstrap, topic, handler, config, concurrency, distinct))
     cpu_us = (time.process_time() - cpu_before) / len(records) * 1e6
@@ -186,7 +189,7 @@ def bench_backlog(bootstrap: str, name: str, handler: str, config: dict[str, Any
     return [row(f"{name} events/s (one worker)", rate, "events/s", goal, baseline=raw_rate,
                 notes=f"{distinct:,} events, {clients} clients, concurrency {concurrency}; "
                       f"{stats.duplicates} duplicates dropped; 10-90 % of the backlog; baseline: raw consume loop; "
-                      f"{cpu_us:.0f} us CPU per record (all threads of the worker process)")]
+                      f"{cpu_us:.0f} us CPU per record (all threads of the worker process); {load} at the start")]
 
 
 async def _drain(bootstrap: str, topic: str, handler: str, config: dict[str, Any], concurrency: int,

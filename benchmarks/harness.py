@@ -6,22 +6,55 @@ Each benchmark module exposes `run(quick: bool) -> list[dict]`; a row is
 
 from __future__ import annotations
 
+import contextlib
+import os
+import subprocess
 import time
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 from confluent_kafka import Consumer, TopicPartition
 
+from keyrange.local.broker import EmbeddedBroker
+from keyrange.local.kafka import KafkaCluster
 from keyrange.worker.stats import percentile
 
-__all__ = ["percentile", "raw_consume_rate", "row"]
+__all__ = ["BROKERS", "load_average", "percentile", "process_cpu_seconds", "raw_consume_rate", "row", "running_broker"]
+
+BROKERS = ("kafka", "tansu")
+"""The brokers a benchmark can run on: Apache Kafka (the reference, one KRaft node) and tansu."""
+
+
+@contextlib.contextmanager
+def running_broker(engine: str) -> Iterator[str]:
+    """Start a broker for one benchmark and yield its bootstrap address: `kafka` (Apache Kafka 4,
+    one KRaft node with the full JIT, as `keyrange broker --engine kafka` runs it) or `tansu` (the
+    embedded broker)."""
+    if engine not in BROKERS:
+        raise ValueError(f"unknown broker {engine!r}; choose one of {BROKERS}")
+    broker: EmbeddedBroker | KafkaCluster = KafkaCluster(nodes=1) if engine == "kafka" else EmbeddedBroker()
+    with broker:
+        yield broker.bootstrap
+
+
+def load_average() -> str:
+    """The machine's 1/5/15-minute load averages, recorded beside every figure (the cores are shared)."""
+    return "load {:.1f}/{:.1f}/{:.1f}".format(*os.getloadavg())
+
+
+def process_cpu_seconds(process: subprocess.Popen[Any]) -> float:
+    """User + system CPU seconds a child process has used so far (all its threads), from /proc."""
+    fields = Path(f"/proc/{process.pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def row(name: str, value: float, unit: str, goal: str | None = None, baseline: float | None = None,
-        notes: str = "") -> dict[str, Any]:
+        notes: str = "", broker: str = "") -> dict[str, Any]:
     """One result row; `ratio` is value / baseline when there is a baseline."""
     ratio = value / baseline if baseline else None
     return {"name": name, "value": value, "unit": unit, "goal": goal, "baseline": baseline,
-            "ratio": ratio, "notes": notes}
+            "ratio": ratio, "notes": notes, "broker": broker}
 
 
 def raw_consume_rate(bootstrap: str, topic: str, partitions: int, expect: int, timeout_seconds: float = 120.0) -> float:
@@ -47,11 +80,11 @@ def raw_consume_rate(bootstrap: str, topic: str, partitions: int, expect: int, t
 
 def format_table(rows: list[dict[str, Any]]) -> str:
     """Rows as an aligned text table."""
-    header = ("benchmark", "value", "unit", "goal", "baseline", "ratio", "notes")
+    header = ("benchmark", "broker", "value", "unit", "goal", "baseline", "ratio", "notes")
     lines = [header]
     for r in rows:
         lines.append((
-            r["name"], _num(r["value"]), r["unit"], r.get("goal") or "", _num(r.get("baseline")),
+            r["name"], r.get("broker") or "", _num(r["value"]), r["unit"], r.get("goal") or "", _num(r.get("baseline")),
             _num(r.get("ratio")), r.get("notes") or "",
         ))
     widths = [max(len(str(line[i])) for line in lines) for i in range(len(header) - 1)]
