@@ -73,6 +73,16 @@ def _read_exactly(sock: socket.socket, count: int) -> bytes | None:
     return data
 
 
+
+def new_cluster_id() -> str:
+    """A random KRaft cluster id (a UUID in URL-safe base64), never starting with "-": the storage
+    tool's argument parser would take one such as "-Xk3..." for an option (1 start in 64 failed:
+    "argument --cluster-id/-t: expected one argument"). Kafka's own Uuid.randomUuid() rejects them too."""
+    while True:
+        cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+        if not cluster_id.startswith("-"):
+            return cluster_id
+
 @dataclass
 class KafkaNode:
     """One broker+controller JVM of a `KafkaCluster`; signals for fault tests."""
@@ -255,7 +265,7 @@ class KafkaCluster:
                         {name: free_port() for name in self.extra_listeners})
             for i in range(1, self.nodes + 1)
         ]
-        cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+        cluster_id = new_cluster_id()
         archive = class_archive(java, libs)
         formats = []
         for address in addresses:
