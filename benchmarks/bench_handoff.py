@@ -36,8 +36,8 @@ from keyrange.local.supervisor import Supervisor
 from keyrange.ranges.controller import Rescale
 from keyrange.spec import load_file
 from keyrange.worker import Worker, WorkerSettings
-from keyrange.worker.restore import restore
-from keyrange.worker.restorer import Restorer
+from keyrange.worker.readahead import Restorer
+from keyrange.worker.rebuild import restore
 
 SPEC = """apiVersion: keyrange.dev/v1alpha1
 kind: StreamConsumer

@@ -10,7 +10,7 @@ the stream time it arrived at (it gets the full TTL instead of none). An entry i
 the stream time has moved more than `ttl_seconds` past it. Event time, not the time of handling,
 makes dedup independent of lag, pauses, handoffs and restarts: a duplicate sent 5 s after its
 original is dropped even if the partition was stalled for a minute in between, and the window
-replayed from the log (in log order, restore.py) on another worker is the same window.
+replayed from the log (in log order, rebuild.py) on another worker is the same window.
 
 Entries sit in one `set` for membership and in time buckets (a deque of lists) for expiry, so
 expiring is popping whole buckets from the front rather than scanning: O(1) per event, memory

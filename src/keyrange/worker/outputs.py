@@ -61,7 +61,7 @@ class OutputStage:
         """Stage a handled event's processed record, and its client's new state if the handler
         changed it (`state_json`, or `state_deleted`). The state rides on the processed record too,
         so "handled" and "its state" are one record that no torn transaction can split
-        (restore.py); the store keeps the encoded value, what the changelog restores."""
+        (rebuild.py); the store keeps the encoded value, what the changelog restores."""
         headers = [self._group_header]
         if state_deleted:
             ps.store.pop(client_id, None)

@@ -12,7 +12,7 @@ from keyrange import metrics
 from keyrange.events import SOURCE_OFFSET_HEADER, TOTALS_KEY, encode_totals
 from keyrange.worker.commits import CommitWindow, Totals
 from keyrange.worker.dedup import TtlSet
-from keyrange.worker.restore import RestoredPartition
+from keyrange.worker.rebuild import RestoredPartition
 from keyrange.worker.transactions import OutputRecord, SlotTransactions
 
 
@@ -127,7 +127,7 @@ class PartitionState:
 
     def totals_record(self, state_topic: str, committable: int) -> tuple[OutputRecord, Totals]:
         """The totals of the offsets below `committable`, and the changelog record that commits
-        them with that offset (restore.py reads it back, so the counts survive handoffs and crashes)."""
+        them with that offset (rebuild.py reads it back, so the counts survive handoffs and crashes)."""
         totals = self.restored_totals.plus(self.window.passed)
         value = encode_totals(totals.handled, totals.dead_lettered, totals.duplicates_dropped)
         record = OutputRecord(state_topic, self.partition, TOTALS_KEY, value,

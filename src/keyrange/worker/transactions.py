@@ -15,7 +15,7 @@ transaction (processed records, dead letters, state changelog records, the total
 its committable offset; they commit atomically, so after a crash either all of them are visible
 (read_committed) and the offset is past the events, or none are and the events run again.
 (On tansu a fenced or crashed owner's open transaction is committed, torn, by the next
-`init_transactions` instead of aborted: see `_commit` and restore.py.) Each producer has its own
+`init_transactions` instead of aborted: see `_commit` and rebuild.py.) Each producer has its own
 thread because a commit blocks until the broker acknowledges; slots commit in parallel.
 """
 
@@ -148,7 +148,7 @@ class SlotTransactions:
                     # init_transactions COMMITS what a killed predecessor left open, i.e. the
                     # per-partition prefixes librdkafka had delivered. Flushing first means that
                     # if those offsets become visible, so did every output before them (no loss);
-                    # restore.py copes with the torn prefixes of outputs and changelog.
+                    # rebuild.py copes with the torn prefixes of outputs and changelog.
                     self._flush(producer, retry)
                     self._retrying(retry, "sending its offsets",
                                    lambda: producer.send_offsets_to_transaction(offsets, self._group_metadata,

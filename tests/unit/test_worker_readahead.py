@@ -1,4 +1,4 @@
-"""When an acquire may finish a read-ahead instead of restoring in full (restorer._catch_up)."""
+"""When an acquire may finish a read-ahead instead of restoring in full (readahead._catch_up)."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ from typing import Any
 
 from keyrange.worker.commits import Outcome
 from keyrange.worker.logreader import Span
-from keyrange.worker.restore import Finished, InputEntry, OutputEntry, ParsedLogs, StateEntry
-from keyrange.worker.restorer import Prefetched, _catch_up
+from keyrange.worker.readahead import Prefetched, _catch_up
+from keyrange.worker.rebuild import Finished, InputEntry, OutputEntry, ParsedLogs, StateEntry
 from keyrange.worker.settings import WorkerSettings
 
 SETTINGS = WorkerSettings(bootstrap="unused:9092", topic="events", group_id="g", worker_id="w0")
