@@ -73,7 +73,6 @@ def _read_exactly(sock: socket.socket, count: int) -> bytes | None:
     return data
 
 
-
 def new_cluster_id() -> str:
     """A random KRaft cluster id (a UUID in URL-safe base64), never starting with "-": the storage
     tool's argument parser would take one such as "-Xk3..." for an option (1 start in 64 failed:
@@ -82,6 +81,7 @@ def new_cluster_id() -> str:
         cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
         if not cluster_id.startswith("-"):
             return cluster_id
+
 
 @dataclass
 class KafkaNode:
