@@ -10,7 +10,9 @@ paths in args and env that start with a mountPath are rewritten), and every cont
 local port (an arg equal to the port, `--flag=PORT`, or `:PORT` in a URL is rewritten), since all
 pods share 127.0.0.1. Instead of a projected service-account token, a pod whose ServiceAccount
 token is mounted gets $KUBECONFIG pointing at a kubeconfig with a token from the TokenRequest API
-for that ServiceAccount (what the kubelet would project). The pod is reported Running, and Ready
+for that ServiceAccount (what the kubelet would project). Pod DNS names of headless Services
+(`<pod>.<service>.<namespace>.svc`) resolve, in the processes it runs, to 127.0.0.1 and the mapped
+port (tests/operator/pod_dns/sitecustomize.py). The pod is reported Running, and Ready
 once its readiness probe (httpGet) answers. On deletion it gets SIGTERM, SIGKILL after its grace
 period, then the pod object is removed (deleted pods stop in parallel, as a kubelet's do); a
 process that exits is restarted as restartPolicy says.
@@ -23,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
+import json
 import logging
 import os
 import re
@@ -38,6 +41,9 @@ from typing import Any
 import aiohttp
 
 from tests.operator.conftest import Api
+
+POD_DNS = Path(__file__).parent / "pod_dns"
+"""Holds the sitecustomize.py that gives the agent's processes pod DNS."""
 
 
 def _free_port() -> int:
@@ -85,6 +91,8 @@ class TestNodeAgent:
         self.crashes: list[str] = []
         """One line per process that exited on its own (restarted as restartPolicy says)."""
         self.errors: list[BaseException] = []
+        self.dns_file = workdir / "pod-dns.json"
+        """Pod DNS name -> {containerPort: local port}, read by pod_dns/sitecustomize.py."""
         self._tasks: list[asyncio.Task[None]] = []
         self._terminating: dict[tuple[str, str], asyncio.Task[None]] = {}
 
@@ -230,16 +238,31 @@ class TestNodeAgent:
 
         command = container.get("command") or ["keyrange"]  # the image's entrypoint
         argv = [mapped(a) for a in [*command, *(container.get("args") or [])]]
+        argv[0] = str(Path(sys.executable).with_name(argv[0]))
+        self._publish_dns(namespace, pod, ports)
+        # The agent's own additions, not the container's: never mapped through its mounts.
+        dns = {"KEYRANGE_TEST_POD_DNS": str(self.dns_file),
+               "PYTHONPATH": os.pathsep.join([str(POD_DNS), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)}
         if pod["spec"].get("automountServiceAccountToken", True) and self.token_kubeconfig is not None:
             account = pod["spec"].get("serviceAccountName") or "default"
-            env["KUBECONFIG"] = str(await self.token_kubeconfig(namespace, account, root))
-        argv[0] = str(Path(sys.executable).with_name(argv[0]))
+            dns["KUBECONFIG"] = str(await self.token_kubeconfig(namespace, account, root))
         log = open(root.with_suffix(".log"), "ab")  # noqa: SIM115 (lives with the process)
         running.proc = await asyncio.create_subprocess_exec(
-            *argv, env={**os.environ, **{k: local(v) for k, v in env.items()}}, stdout=log, stderr=log,
+            *argv, env={**os.environ, **{k: local(v) for k, v in env.items()}, **dns}, stdout=log, stderr=log,
             start_new_session=True)
         self.started_pods.append(pod["metadata"]["name"])
         return running
+
+    def _publish_dns(self, namespace: str, pod: dict[str, Any], ports: dict[int, int]) -> None:
+        spec = pod["spec"]
+        if not spec.get("subdomain"):
+            return
+        name = f"{spec.get('hostname') or pod['metadata']['name']}.{spec['subdomain']}.{namespace}.svc"
+        table = json.loads(self.dns_file.read_text()) if self.dns_file.exists() else {}
+        table[name] = {str(k): v for k, v in ports.items()}
+        tmp = self.dns_file.with_suffix(".tmp")
+        tmp.write_text(json.dumps(table))
+        os.replace(tmp, self.dns_file)  # atomic: a process never reads half a table
 
     async def _probe(self, container: dict[str, Any], running: PodProcess) -> bool:
         if not self.processes:
@@ -329,6 +352,7 @@ class TestNodeAgent:
             await asyncio.sleep(0.2)
 
     async def __aenter__(self) -> TestNodeAgent:
+        self.workdir.mkdir(parents=True, exist_ok=True)
         await self._register()
         self._tasks = [asyncio.create_task(self._heartbeat()), asyncio.create_task(self._loop())]
         return self

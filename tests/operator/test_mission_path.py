@@ -1,0 +1,226 @@
+"""The mission's path end to end, in one test (slow), on a control plane of its own:
+
+1. `helm install` the chart; its operator Deployment's pod runs (on the test node agent, as the
+   chart's ServiceAccount) and takes the Lease; `kubectl apply` a ledger StreamConsumer;
+2. the real StatefulSet controller creates the worker pods, the agent runs them, they consume
+   Apache Kafka;
+3. real Prometheus scrapes the pods (its targets are the pods the agent runs, labelled as the
+   chart's ServiceMonitor would), the lag alert fires and Alertmanager posts it to the operator's
+   webhook;
+4. the operator splits onto a new pod, hands off, and merges back when the lag-low alert fires;
+5. `kubectl delete`, and the garbage collector removes the StatefulSet and its pods.
+
+The oracle checkers hold over everything produced. It prints the two latencies it measures
+(`kubectl apply` -> first event handled, lag-high alert firing -> the new pod's first event), which
+BENCHMARKS.md records (`pytest tests/operator/test_mission_path.py -s`); nothing asserts on them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from keyrange.kafkaio import TopicSpec, ensure_topics
+from keyrange.loadgen import LoadShape
+from keyrange.local.load import LoadTotals, Phase, produce_phases
+from keyrange.operator.rules import RuleOptions, render_rule_groups
+from keyrange.spec import parse_spec
+from tests.checkers import check_all
+from tests.integration.prometheus.stack import PrometheusStack
+from tests.kafkatools import read_input_log, read_processed
+from tests.operator.conftest import CHART, RELEASE, RELEASE_NS, admin_api, eventually, helm
+from tests.operator.kubecluster import ControlPlane
+from tests.operator.node_agent import TestNodeAgent
+
+NS = "mission"
+NAME = "ledger"
+WEBHOOK_PORT, METRICS_PORT = 8081, 9100
+ALERT_SCALING = {"lagHighRecords": 800, "lagHighSeconds": 4, "lagLowRecords": 50, "cooldownSeconds": 8}
+"""The alerts' thresholds (as the chart's static PrometheusRule values set them)."""
+SPEC_SCALING = {**ALERT_SCALING, "lagHighRecords": 10_000_000, "lagHighSeconds": 3600}
+"""The consumer's own: its planner never splits by itself, so the split is the alert's doing."""
+
+
+@dataclass
+class Timings:
+    """What the test measured (epoch seconds)."""
+
+    applied: float = 0.0
+    alerts: list[float] = field(default_factory=list)
+
+    def report(self, processed: list[Any]) -> dict[str, float]:
+        """apply -> first event handled, and first split alert -> the new pod's first event."""
+        first = min(r["startedAt"] for r in processed) / 1000
+        new_pod = [r["startedAt"] / 1000 for r in processed if str(r["worker"]) != "0"]  # worker ids are strings
+        alert = self.alerts[0] if self.alerts else float("nan")
+        return {"apply_to_first_event_s": round(first - self.applied, 2),
+                "alert_to_new_pod_first_event_s": round(min(new_pod) - alert, 2) if new_pod else float("nan")}
+
+
+@pytest.fixture
+def plane(tmp_path: Path) -> Iterator[ControlPlane]:
+    """A control plane of this test's own: the chart's operator acts on every namespace."""
+    started = ControlPlane.up(tmp_path / "kube")
+    try:
+        yield started
+    finally:
+        started.down()
+
+
+def _consumer(bootstrap: str, topic: str, scaling: dict[str, Any]) -> dict[str, Any]:
+    return {"apiVersion": "keyrange.dev/v1alpha1", "kind": "StreamConsumer",
+            "metadata": {"name": NAME, "namespace": NS},
+            "spec": {"kafka": {"bootstrapServers": bootstrap, "topic": topic, "partitions": 8},
+                     "handler": "ledger", "handlerConfig": {"delayMs": 5}, "concurrency": 2,
+                     "maxPending": 5000, "workers": {"min": 1, "max": 3}, "scaling": scaling}}
+
+
+@pytest.mark.slow
+async def test_helm_install_apply_alerts_rescale_and_delete(plane: ControlPlane, tmp_path: Path,
+                                                            kafka_broker: Any, topic_name: str) -> None:
+    bootstrap = kafka_broker.bootstrap
+    helm(plane, tmp_path / "helm", "install", RELEASE, str(CHART), "-n", RELEASE_NS, "--create-namespace",
+         "--set", "operator.refreshSeconds=1")
+    plane.kubectl("create", "namespace", NS)
+    token = base64.b64decode(json.loads(plane.kubectl(
+        "get", "secret", f"{RELEASE}-webhook", "-n", RELEASE_NS, "-o", "json").stdout)["data"]["token"]).decode()
+
+    async def pod_kubeconfig(namespace: str, account: str, folder: Path) -> Path:
+        folder.mkdir(parents=True, exist_ok=True)
+        issued = await asyncio.to_thread(plane.token, namespace, account)
+        return plane.token_kubeconfig(folder / "kubeconfig", issued)
+
+    timings = Timings()
+    async with admin_api(plane, bootstrap, topic_name) as api, \
+            TestNodeAgent(api, [RELEASE_NS, NS], tmp_path / "node", token_kubeconfig=pod_kubeconfig) as node:
+        operator_pod = await eventually(lambda: _ready_pod(api, RELEASE_NS, "app.kubernetes.io/component=operator"),
+                                        "the operator pod to run and be ready", timeout=120)
+        webhook = f"http://127.0.0.1:{node.local_port(RELEASE_NS, operator_pod, WEBHOOK_PORT)}/alertmanager/webhook"
+        spec = parse_spec(_consumer(bootstrap, topic_name, SPEC_SCALING)["spec"])
+        alert_spec = parse_spec(_consumer(bootstrap, topic_name, ALERT_SCALING)["spec"])
+        rules = render_rule_groups(NAME, NS, alert_spec, RuleOptions(lag_high_for_seconds=2))
+        with PrometheusStack(tmp_path / "prom", rules, webhook, token, repeat_interval="5s") as stack:
+            scraping = asyncio.create_task(_follow_pods(api, node, stack, timings))
+            # The topic as the operator creates it, so the load can start with the apply: the first
+            # events wait for the first worker, which measures apply -> first event handled.
+            await asyncio.to_thread(ensure_topics, bootstrap, [TopicSpec(topic_name, 8)])
+            stop, totals = threading.Event(), LoadTotals()
+            shape = LoadShape(rate=700, clients=100, ledger=True, duplicate_ratio=0.02, seed=11)
+            phases = [Phase(20, 30), Phase(12, 700), Phase(50, 30)]  # quiet, a burst, quiet again
+            load = threading.Thread(target=produce_phases, args=(bootstrap, topic_name, shape, phases, stop, totals))
+            timings.applied = time.time()
+            plane.apply(_consumer(bootstrap, topic_name, SPEC_SCALING))
+            load.start()
+            try:
+                await eventually(lambda: _scraped(stack, 1), "worker 0 running and scraped", timeout=180)
+                await eventually(lambda: _last_scaling(api, "up"), "a split caused by an alert", timeout=150)
+                await eventually(lambda: _workers(api, 2), "two workers after the handoff", timeout=150)
+                # The merge: the lag-low alert's or the planner's own (both use lagLowRecords), whichever
+                # comes first after the cooldown.
+                await eventually(lambda: _workers(api, 1), "back to one worker", timeout=180)
+            finally:
+                stop.set()
+                await asyncio.to_thread(load.join, 60)
+                scraping.cancel()
+
+        log = await asyncio.to_thread(read_input_log, bootstrap, topic_name, totals.sent)
+        distinct = len({e.uuid for e in log})
+        processed = await asyncio.to_thread(read_processed, bootstrap, spec.sink_topic, distinct, 180)
+        print(f"\nmission path timings: {json.dumps(timings.report(processed))}")
+        try:
+            check_all(log, processed, ledger=True)
+        except AssertionError:
+            print(_describe_duplicates(log, processed))
+            raise
+        assert any(str(r["worker"]) != "0" for r in processed), "no event was handled by the split's new worker"
+
+        plane.kubectl("delete", "strc", NAME, "-n", NS, "--wait=true", "--timeout=120s")
+        await eventually(lambda: _gone(api, f"/apis/apps/v1/namespaces/{NS}/statefulsets/{NAME}-worker"),
+                         "the garbage collector to delete the StatefulSet", timeout=120)
+        await eventually(lambda: _no_pods(api), "the worker pods to go", timeout=120)
+        assert node.errors == []
+
+
+async def _ready_pod(api: Any, namespace: str, selector: str) -> str | None:
+    pods = await api.get(f"/api/v1/namespaces/{namespace}/pods?labelSelector={selector}")
+    for pod in (pods or {}).get("items") or []:
+        conditions = {c["type"]: c["status"] for c in (pod.get("status") or {}).get("conditions") or []}
+        if conditions.get("Ready") == "True":
+            return str(pod["metadata"]["name"])
+    return None
+
+
+async def _follow_pods(api: Any, node: TestNodeAgent, stack: PrometheusStack, timings: Timings) -> None:
+    """Keep Prometheus's targets equal to the consumer's running worker pods, labelled as the
+    chart's ServiceMonitor labels them (`consumer`, and the pod's `namespace`); note when a
+    lag-high alert is first seen firing."""
+    while True:
+        if not timings.alerts:
+            firing = [a for a in await asyncio.to_thread(stack.alerts)
+                      if a["state"] == "firing" and a["labels"].get("keyrange_scale") == "up"]
+            if firing:
+                timings.alerts.append(time.time())
+        found = await api.get(f"/api/v1/namespaces/{NS}/pods?labelSelector=keyrange.dev/streamconsumer={NAME}")
+        targets = []
+        for pod in (found or {}).get("items") or []:
+            pod_name = pod["metadata"]["name"]
+            if (NS, pod_name) in node.pods:
+                address = f"127.0.0.1:{node.local_port(NS, pod_name, METRICS_PORT)}"
+                targets.append((address, {"consumer": NAME, "namespace": NS, "pod": pod_name}))
+        stack.set_targets(targets)
+        await asyncio.sleep(0.5)
+
+
+async def _scraped(stack: PrometheusStack, count: int) -> bool:
+    found = await asyncio.to_thread(stack.query, f'up{{consumer="{NAME}"}} == 1')
+    return len(found) >= count
+
+
+async def _status(api: Any) -> dict[str, Any]:
+    found = await api.get(f"/apis/keyrange.dev/v1alpha1/namespaces/{NS}/streamconsumers/{NAME}")
+    return dict((found or {}).get("status") or {})
+
+
+async def _last_scaling(api: Any, direction: str) -> dict[str, Any] | None:
+    last = (await _status(api)).get("lastScaling") or {}
+    moved = int(last.get("toWorkers") or 0) - int(last.get("fromWorkers") or 0)
+    wanted = moved > 0 if direction == "up" else moved < 0
+    return last if wanted and str(last.get("reason", "")).startswith("alert ") else None
+
+
+async def _workers(api: Any, count: int) -> bool:
+    status = await _status(api)
+    return status.get("workers") == count and status.get("phase") == "Running"
+
+
+async def _gone(api: Any, path: str) -> bool:
+    return await api.get(path) is None
+
+
+async def _no_pods(api: Any) -> bool:
+    found = await api.get(f"/api/v1/namespaces/{NS}/pods")
+    return not (found or {}).get("items")
+
+
+
+def _describe_duplicates(log: list[Any], processed: list[Any]) -> str:
+    """Where each twice-handled uuid sits in the input and who handled it when (for diagnosis)."""
+    where: dict[str, list[tuple[int, int]]] = {}
+    for e in log:
+        where.setdefault(e.uuid, []).append((e.partition, e.offset))
+    handled: dict[str, list[Any]] = {}
+    for r in processed:
+        handled.setdefault(r["uuid"], []).append(r)
+    lines = [f"{uuid} input at {where.get(uuid)}: " + "; ".join(
+        f"worker {r['worker']} p{r['partition']}@{r['offset']} started {r['startedAt']}" for r in records)
+        for uuid, records in handled.items() if len(records) > 1]
+    return "\n".join(lines[:30])
