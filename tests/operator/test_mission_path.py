@@ -36,7 +36,7 @@ from keyrange.operator.rules import RuleOptions, render_rule_groups
 from keyrange.spec import parse_spec
 from tests.checkers import check_all
 from tests.integration.prometheus.stack import PrometheusStack
-from tests.kafkatools import read_input_log, read_processed
+from tests.kafkatools import read_counts, read_input_log, read_processed
 from tests.operator.conftest import CHART, RELEASE, RELEASE_NS, admin_api, eventually, helm
 from tests.operator.kubecluster import ControlPlane
 from tests.operator.node_agent import TestNodeAgent
@@ -136,8 +136,9 @@ async def test_helm_install_apply_alerts_rescale_and_delete(plane: ControlPlane,
         distinct = len({e.uuid for e in log})
         processed = await asyncio.to_thread(read_processed, bootstrap, spec.sink_topic, distinct, 180)
         print(f"\nmission path timings: {json.dumps(timings.report(processed))}")
+        counts = await asyncio.to_thread(read_counts, bootstrap, topic_name, f"{NS}.{NAME}", len(log))
         try:
-            check_all(log, processed, ledger=True)
+            check_all(log, processed, counts, ledger=True)
         except AssertionError:
             print(_describe_duplicates(log, processed))
             raise
