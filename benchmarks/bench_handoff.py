@@ -33,7 +33,7 @@ from keyrange.loadgen import LoadShape, generate, produce_all
 from keyrange.local.demo import read_values
 from keyrange.local.load import LoadTotals, Phase, produce_phases
 from keyrange.local.supervisor import Supervisor
-from keyrange.ranges.controller import Rescale
+from keyrange.ranges.assigner import Rescale
 from keyrange.spec import load_file
 from keyrange.worker import Worker, WorkerSettings
 from keyrange.worker.readahead import Restorer

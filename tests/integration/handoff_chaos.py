@@ -29,7 +29,7 @@ from keyrange.events import encode_input
 from keyrange.kafkaio import TopicSpec, ensure_topics
 from keyrange.loadgen import make_producer
 from keyrange.local.fleet import ProcessFleet
-from keyrange.ranges.control import ControlChannel
+from keyrange.ranges.channel import ControlChannel
 
 PARTITIONS = 12
 CLIENTS = 150

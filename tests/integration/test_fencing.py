@@ -16,8 +16,8 @@ from confluent_kafka import Consumer, TopicPartition
 
 from keyrange.errors import UserError
 from keyrange.local.broker import free_port
-from keyrange.ranges.control import ControlChannel, Publication, now_ms
-from keyrange.ranges.controller import Controller, ControllerFenced
+from keyrange.ranges.assigner import Controller, ControllerFenced
+from keyrange.ranges.channel import ControlChannel, Publication, now_ms
 from keyrange.ranges.planner import ScalingLimits
 from keyrange.ranges.rangemap import RangeMap
 from tests.checkers import check_all, first_occurrences

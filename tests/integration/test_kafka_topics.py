@@ -12,7 +12,7 @@ from confluent_kafka.admin import AdminClient, NewTopic
 
 from keyrange.kafkaio import KafkaSetupError, TopicSpec, ensure_topics
 from keyrange.local.kafka import KafkaCluster
-from keyrange.ranges.control import ControlChannel, control_topic
+from keyrange.ranges.channel import ControlChannel, control_topic
 
 
 def _replicas(bootstrap: str, topic: str) -> list[int]:

@@ -25,9 +25,9 @@ import pytest_asyncio
 import yaml
 
 from keyrange.local.broker import EmbeddedBroker
-from keyrange.operator.controls import RangeControlFactory, default_range_control
 from keyrange.operator.handlers import operator_memo, register_handlers
 from keyrange.operator.kube import Kube
+from keyrange.operator.registry import RangeControlFactory, default_range_control
 from keyrange.operator.settings import OperatorSettings
 from tests.operator.kubecluster import ROOT, ControlPlane, helm_binary
 from tests.timeouts import tier_timeout

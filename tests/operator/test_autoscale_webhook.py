@@ -16,7 +16,7 @@ import pytest
 import pytest_asyncio
 
 from keyrange.commands.operator import side_services
-from keyrange.operator.rangecontrol import PlannedRescale, RangeStatus, ScaleOutcome, ScaleRequest
+from keyrange.operator.assignments import PlannedRescale, RangeStatus, ScaleOutcome, ScaleRequest
 from keyrange.operator.webhook import TOKEN_FILE_ENV, WEBHOOK_PATH
 from keyrange.spec import StreamConsumerSpec
 from tests.integration.prometheus.stack import free_port

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from prometheus_client import REGISTRY
 
-from keyrange.ranges.control import WorkerReport
+from keyrange.ranges.channel import WorkerReport
 from keyrange.ranges.pauses import HandoffPause, HandoffPauses
 
 

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from keyrange.operator.controls import ControlRegistry
-from keyrange.operator.rangecontrol import RangeControl, ScaleRequest, StaticRangeControl
+from keyrange.operator.assignments import RangeControl, ScaleRequest, StaticRangeControl
+from keyrange.operator.registry import ControlRegistry
 from keyrange.spec import StreamConsumerSpec, parse_spec
 
 SPEC = parse_spec({"kafka": {"topic": "t", "bootstrapServers": "k:9092", "partitions": 6},

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from keyrange.local.scrape import WorkerSample
-from keyrange.operator.kafkacontrol import PodMetricsLag, StatefulSetFleet, planner_limits
+from keyrange.operator.clusterassigner import PodMetricsLag, StatefulSetFleet, planner_limits
 from keyrange.ranges.planner import SlotLag
 from keyrange.spec import parse_spec
 
@@ -38,8 +38,8 @@ def test_lag_is_scraped_from_every_pod_the_fleet_runs_and_merged() -> None:
 
 
 def test_the_newest_handoff_is_the_newest_grant_and_its_largest_pause() -> None:
-    from keyrange.operator.kafkacontrol import newest_handoff
-    from keyrange.ranges.control import WorkerReport
+    from keyrange.operator.clusterassigner import newest_handoff
+    from keyrange.ranges.channel import WorkerReport
     from keyrange.ranges.pauses import HandoffPause
 
     assert newest_handoff([WorkerReport(0, 3, frozenset(), 1)]) is None

@@ -1,7 +1,7 @@
 """`keyrange worker`: one worker process, on fixed partitions or under the range controller.
 
 With `--partitions` the worker holds exactly those slots (static mode). Without it the slots
-come from the consumer's control topic (controlled mode, `keyrange.ranges.controlled`), and
+come from the consumer's control topic (controlled mode, `keyrange.ranges.membership`), and
 `--worker-id` defaults to the StatefulSet ordinal in $HOSTNAME. Settings come from flags, from a
 StreamConsumer YAML (`--spec-file`), or both (flags win). SIGTERM/SIGINT stop fetching, finish
 in-flight events, commit and exit 0.
@@ -118,7 +118,7 @@ def plan(args: argparse.Namespace) -> WorkerPlan:
     if slots is not None:
         worker_id = args.worker_id or f"slots-{format_slot_list(slots)}"
     else:
-        from keyrange.ranges.controlled import default_worker_ordinal
+        from keyrange.ranges.membership import default_worker_ordinal
 
         try:
             worker_id = str(default_worker_ordinal(args.worker_id))
@@ -166,7 +166,7 @@ async def _serve(p: WorkerPlan, summary_seconds: float, health: Health) -> None:
     summary_task = loop.create_task(summary.every(summary_seconds)) if summary_seconds > 0 else None
     try:
         if p.slots is None:
-            from keyrange.ranges.controlled import run_controlled
+            from keyrange.ranges.membership import run_controlled
 
             await run_controlled(worker, p.settings.bootstrap, p.settings.group_id, int(p.settings.worker_id), stop,
                                  client_properties=p.settings.client_properties,

@@ -23,8 +23,8 @@ from keyrange.local.broker import EmbeddedBroker
 from keyrange.local.fleet import ProcessFleet
 from keyrange.local.scrape import WorkerSample, bucket_delta, histogram_quantile, merged_lag, scrape
 from keyrange.local.table import Totals, WorkerRow, render
-from keyrange.ranges.control import ControlChannel, now_ms
-from keyrange.ranges.controller import Controller, ControllerStatus, ScaleResult
+from keyrange.ranges.assigner import Controller, ControllerStatus, ScaleResult
+from keyrange.ranges.channel import ControlChannel, now_ms
 from keyrange.ranges.planner import Direction, ScalingLimits, SlotLag
 from keyrange.ranges.slots import format_slot_list
 from keyrange.spec import StreamConsumer

@@ -15,8 +15,8 @@ import logging
 from typing import Any
 
 from keyrange.operator.alerts import AlertTracker, ConsumerRef, Direction
+from keyrange.operator.assignments import RangeControl, ScaleRequest
 from keyrange.operator.decisions import record_scaling_decision
-from keyrange.operator.rangecontrol import RangeControl, ScaleRequest
 from keyrange.operator.webhook import AlertReceiver, Resolved, ScaleOutcome, serve
 from keyrange.spec import API_VERSION, KIND, parse_spec
 

@@ -17,7 +17,7 @@ import os
 from collections.abc import Collection, Set
 from typing import Protocol
 
-from keyrange.ranges.control import ControlChannel, Prepare, Publication, WorkerReport, now_ms
+from keyrange.ranges.channel import ControlChannel, Prepare, Publication, WorkerReport, now_ms
 from keyrange.ranges.pauses import HandoffPauses
 from keyrange.ranges.slots import format_slot_list
 

@@ -25,10 +25,10 @@ from confluent_kafka import KafkaException
 from keyrange.errors import UserError
 from keyrange.kafkaio import TopicSpec, ensure_topics
 from keyrange.local.scrape import WorkerSample, merged_lag, scrape
+from keyrange.operator.assignments import HandoffSummary, PlannedRescale, RangeStatus, ScaleOutcome, ScaleRequest
 from keyrange.operator.kafkasecrets import SecretReader, operator_client_properties, read_secret_key
-from keyrange.operator.rangecontrol import HandoffSummary, PlannedRescale, RangeStatus, ScaleOutcome, ScaleRequest
-from keyrange.ranges.control import ControlChannel, ControllerFenced, WorkerReport
-from keyrange.ranges.controller import Controller
+from keyrange.ranges.assigner import Controller
+from keyrange.ranges.channel import ControlChannel, ControllerFenced, WorkerReport
 from keyrange.ranges.planner import ScalingLimits, SlotLag
 from keyrange.spec import StreamConsumerSpec
 
@@ -87,7 +87,7 @@ def newest_handoff(reports: list[WorkerReport]) -> HandoffSummary | None:
 
 
 class KafkaRangeControl:
-    """RangeControl backed by keyrange.ranges.controller.Controller (see the module docstring)."""
+    """RangeControl backed by keyrange.ranges.assigner.Controller (see the module docstring)."""
 
     def __init__(self, namespace: str, name: str, spec: StreamConsumerSpec, metrics_port: int = 9100,
                  step_seconds: float = 0.5, retry_seconds: float = 5.0,

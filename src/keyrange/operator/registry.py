@@ -9,7 +9,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 
-from keyrange.operator.rangecontrol import RangeControl
+from keyrange.operator.assignments import RangeControl
 from keyrange.spec import StreamConsumerSpec
 
 RangeControlFactory = Callable[[str, str, StreamConsumerSpec], RangeControl]
@@ -18,7 +18,7 @@ RangeControlFactory = Callable[[str, str, StreamConsumerSpec], RangeControl]
 
 def default_range_control(namespace: str, name: str, spec: StreamConsumerSpec) -> RangeControl:
     """The range control used in a cluster: keyrange's Controller over the Kafka control topic."""
-    from keyrange.operator.kafkacontrol import KafkaRangeControl
+    from keyrange.operator.clusterassigner import KafkaRangeControl
 
     return KafkaRangeControl(namespace, name, spec)
 

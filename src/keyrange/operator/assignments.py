@@ -116,7 +116,7 @@ class RangeControl(Protocol):
 class StaticRangeControl:
     """An even range map over a fixed worker count, with no Kafka and no lag-driven planning.
 
-    The cluster uses `kafkacontrol.KafkaRangeControl`; this one stands in where the operator runs
+    The cluster uses `clusterassigner.KafkaRangeControl`; this one stands in where the operator runs
     without Kafka (tests of the operator and of the alert webhook, via `operator_memo`'s factory).
     It follows `workers.replicas` (or `workers.min`) and refuses scale requests with a clear message.
     """

@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from typing import Protocol
 
 from keyrange.kafkaio import until_reachable
-from keyrange.ranges.control import ControlChannel
+from keyrange.ranges.channel import ControlChannel
 from keyrange.ranges.member import RangeMember, SlotOwner, ordinal_from_hostname
 from keyrange.ranges.pauses import HandoffPauses
 

@@ -3,7 +3,7 @@
 It runs in the local supervisor (`keyrange run`) and in the Kubernetes operator alike. It is
 given the bootstrap servers, the group, the slot count, the scaling limits, a lag source and a
 fleet (who starts and stops worker processes or pods); it measures lag, asks the pure planner,
-and drives the two-phase handoff over the control topic (see `control.py`):
+and drives the two-phase handoff over the control topic (see `channel.py`):
 
     decide -> fleet.scale_to(max(old, new)) -> announce the moves (prepare record)
            -> [split: the new worker reports it runs] -> the new owners report the moved slots
@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from keyrange.errors import UserError
-from keyrange.ranges.control import ControlChannel, ControllerFenced, Prepare, Publication, describe_reports, now_ms
+from keyrange.ranges.channel import ControlChannel, ControllerFenced, Prepare, Publication, describe_reports, now_ms
 from keyrange.ranges.planner import Decision, Direction, Planner, ScalingLimits, SlotLag, range_lag, with_epoch
 from keyrange.ranges.rangemap import RangeMap
 
