@@ -1,5 +1,6 @@
 """A real Kubernetes control plane for the tests: `scripts/kube-control-plane.sh up/down`, kubectl,
-and credentials (the admin's client certificate, or a ServiceAccount's token).
+and credentials (the admin's client certificate, a ServiceAccount's token, or a node's or the
+scheduler's client certificate from the certificates API).
 
 The binaries are built by `make tools` (never inside pytest); a missing build fails with the fix.
 """
@@ -7,6 +8,7 @@ The binaries are built by `make tools` (never inside pytest); a missing build fa
 from __future__ import annotations
 
 import base64
+import json
 import os
 import shutil
 import ssl
@@ -45,6 +47,21 @@ def helm_binary() -> str:
     if not os.access(found, os.X_OK):
         pytest.fail("helm is not installed: run `make tools` (scripts/install-tools.sh)")
     return found
+
+
+@dataclass(frozen=True)
+class ClientCertificate:
+    """A client certificate the cluster's CA signed, with its key and a kubeconfig that presents it."""
+
+    cert: Path
+    key: Path
+    kubeconfig: Path
+
+    def ssl_context(self, ca: Path) -> ssl.SSLContext:
+        """TLS for a test's own HTTP client: trust `ca` (the cluster's), present this certificate."""
+        context = ssl.create_default_context(cafile=str(ca))
+        context.load_cert_chain(str(self.cert), str(self.key))
+        return context
 
 
 @dataclass
@@ -131,3 +148,61 @@ class ControlPlane:
         context = ssl.create_default_context(cafile=str(pki / "ca.crt"))
         context.load_cert_chain(str(pki / "admin.crt"), str(pki / "admin.key"))
         return context
+
+    def node_credentials(self, node: str, folder: Path) -> ClientCertificate:
+        """The credentials a kubelet on Node `node` gets by TLS bootstrap: a client certificate for
+        user `system:node:<node>` in group `system:nodes`, which the Node authorizer and the
+        NodeRestriction admission plugin confine to that node and its pods."""
+        return self.client_certificate(f"system:node:{node}", "system:nodes", folder,
+                                       "kubernetes.io/kube-apiserver-client-kubelet")
+
+    def scheduler_credentials(self, folder: Path) -> ClientCertificate:
+        """A client certificate for user `system:kube-scheduler` (the built-in scheduler role: binds pods)."""
+        return self.client_certificate("system:kube-scheduler", None, folder, "kubernetes.io/kube-apiserver-client")
+
+    def client_certificate(self, user: str, group: str | None, folder: Path, signer: str) -> ClientCertificate:
+        """A client certificate for `user` (and `group`), as a real cluster issues one: a key and a
+        CertificateSigningRequest for `signer`, approved by the admin and signed by the controller
+        manager's signer with the cluster CA (the CA the API server trusts for clients)."""
+        folder.mkdir(parents=True, exist_ok=True)
+        name = user.replace(":", "-")
+        key, cert = folder / f"{name}.key", folder / f"{name}.crt"
+        subject = (f"/O={group}" if group else "") + f"/CN={user}"
+        request = subprocess.run(
+            ["openssl", "req", "-new", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
+             "-subj", subject, "-keyout", str(key)], capture_output=True, text=True, check=True, timeout=60).stdout
+        csr = f"keyrange-test-{name}-{os.urandom(3).hex()}"
+        self.apply({"apiVersion": "certificates.k8s.io/v1", "kind": "CertificateSigningRequest",
+                    "metadata": {"name": csr},
+                    "spec": {"request": base64.b64encode(request.encode()).decode(), "signerName": signer,
+                             "usages": ["digital signature", "client auth"]}})
+        self.kubectl("certificate", "approve", csr)
+        deadline = time.monotonic() + 120
+        while True:
+            status = json.loads(self.kubectl("get", "csr", csr, "-o", "json").stdout).get("status") or {}
+            issued = status.get("certificate")
+            if issued:
+                break
+            failed = [c for c in status.get("conditions") or [] if c["type"] in ("Denied", "Failed")]
+            if failed or time.monotonic() > deadline:
+                raise AssertionError(f"CSR {csr} for {user} was not signed: {status}")
+            time.sleep(0.2)
+        cert.write_bytes(base64.b64decode(issued))
+        kubeconfig = folder / f"{name}.kubeconfig"
+        ca = base64.b64encode((self.dir / "pki" / "ca.crt").read_bytes()).decode()
+        kubeconfig.write_text(yaml.safe_dump({
+            "apiVersion": "v1", "kind": "Config", "current-context": name,
+            "clusters": [{"name": "test", "cluster": {"server": self.server, "certificate-authority-data": ca}}],
+            "users": [{"name": name, "user": {
+                "client-certificate-data": base64.b64encode(cert.read_bytes()).decode(),
+                "client-key-data": base64.b64encode(key.read_bytes()).decode()}}],
+            "contexts": [{"name": name, "context": {"cluster": "test", "user": name}}],
+        }))
+        for secret in (key, kubeconfig):
+            secret.chmod(0o600)
+        return ClientCertificate(cert, key, kubeconfig)
+
+    @property
+    def ca(self) -> Path:
+        """The cluster CA's certificate (it signs the API server's and clients' certificates)."""
+        return self.dir / "pki" / "ca.crt"
