@@ -29,8 +29,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from benchmarks.harness import load_average, row, running_broker
 from keyrange.loadgen import LoadShape
-from keyrange.local.alerting import AlertingOptions
 from keyrange.local.load import Phase, produce_phases
+from keyrange.local.monitoring import AlertingOptions
 from keyrange.local.supervisor import Supervisor
 from keyrange.spec import load_file
 

@@ -20,8 +20,8 @@ import time
 from collections.abc import Mapping
 from pathlib import Path
 
+from keyrange.autoscale.scrape import merged_lag, scrape
 from keyrange.kafkaio import partition_counts
-from keyrange.local.scrape import merged_lag, scrape
 from keyrange.ranges.assigner import Controller
 from keyrange.ranges.channel import ControlChannel
 from keyrange.ranges.planner import ScalingLimits, SlotLag

@@ -18,10 +18,10 @@ from pathlib import Path
 import pytest
 from prometheus_client import CollectorRegistry, Gauge, start_http_server
 
-from keyrange.local.alerting import ReceiverServer
-from keyrange.operator.alerts import ConsumerRef, Direction
-from keyrange.operator.rules import RuleOptions, render_rule_groups
-from keyrange.operator.webhook import AlertReceiver, ScaleDecision, ScaleOutcome
+from keyrange.autoscale.receiver import AlertReceiver, ScaleDecision, ScaleOutcome
+from keyrange.autoscale.rules import RuleOptions, render_rule_groups
+from keyrange.autoscale.tracker import ConsumerRef, Direction
+from keyrange.local.monitoring import ReceiverServer
 from keyrange.spec import parse_spec
 from tests.integration.prometheus.stack import PrometheusStack, free_port
 

@@ -21,8 +21,8 @@ import pytest
 import yaml
 
 from keyrange.loadgen import LoadShape
-from keyrange.local.alerting import AlertingOptions
 from keyrange.local.load import LoadTotals, Phase, produce_phases
+from keyrange.local.monitoring import AlertingOptions
 from keyrange.local.supervisor import Supervisor
 from keyrange.spec import load_file
 from tests.checkers import check_all

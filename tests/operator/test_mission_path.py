@@ -29,10 +29,10 @@ from typing import Any
 
 import pytest
 
+from keyrange.autoscale.rules import RuleOptions, render_rule_groups
 from keyrange.kafkaio import TopicSpec, ensure_topics
 from keyrange.loadgen import LoadShape
 from keyrange.local.load import LoadTotals, Phase, produce_phases
-from keyrange.operator.rules import RuleOptions, render_rule_groups
 from keyrange.spec import parse_spec
 from tests.checkers import check_all
 from tests.integration.prometheus.stack import PrometheusStack

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from keyrange.operator.alerts import (
+from keyrange.autoscale.tracker import (
     AlertTracker,
     ConsumerRef,
     PayloadError,

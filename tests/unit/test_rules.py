@@ -16,7 +16,7 @@ import pytest
 import yaml
 
 from keyrange import __version__
-from keyrange.operator import rules
+from keyrange.autoscale import rules
 from keyrange.spec import parse_spec
 
 PROMTOOL_TESTS = Path(__file__).parents[1] / "integration" / "prometheus" / "keyrange_rules_test.yml"

@@ -5,7 +5,7 @@ import threading
 
 import pytest
 
-from keyrange.local.scrape import bucket_delta, histogram_quantile, merged_lag, parse_metrics, scrape
+from keyrange.autoscale.scrape import bucket_delta, histogram_quantile, merged_lag, parse_metrics, scrape
 from keyrange.ranges.member import ordinal_from_hostname
 from keyrange.ranges.planner import SlotLag
 

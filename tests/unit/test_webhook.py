@@ -14,10 +14,7 @@ from typing import Any
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
-from keyrange.errors import UserError
-from keyrange.local.alerting import ReceiverServer
-from keyrange.operator.alerts import ConsumerRef, Direction
-from keyrange.operator.webhook import (
+from keyrange.autoscale.receiver import (
     TOKEN_ENV,
     TOKEN_FILE_ENV,
     WEBHOOK_PATH,
@@ -28,6 +25,9 @@ from keyrange.operator.webhook import (
     describe,
     load_token,
 )
+from keyrange.autoscale.tracker import ConsumerRef, Direction
+from keyrange.errors import UserError
+from keyrange.local.monitoring import ReceiverServer
 from tests.unit.test_alerts import alert, payload
 
 PAYMENTS = ConsumerRef("shop", "payments")

@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from keyrange.local.alerting import AlertingOptions, LocalAlertPath, without_lag_thresholds
-from keyrange.operator.alerts import Direction
-from keyrange.operator.webhook import ScaleOutcome
+from keyrange.autoscale.receiver import ScaleOutcome
+from keyrange.autoscale.tracker import Direction
+from keyrange.local.monitoring import AlertingOptions, LocalAlertPath, without_lag_thresholds
 from keyrange.ranges.planner import Planner, ScalingLimits, SlotLag
 from keyrange.ranges.rangemap import RangeMap
 from keyrange.spec import parse_document

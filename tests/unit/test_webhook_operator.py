@@ -13,10 +13,10 @@ import kopf
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
-from keyrange.operator.alerting import operator_receiver
+from keyrange.autoscale.receiver import WEBHOOK_PATH
 from keyrange.operator.assignments import RangeStatus, ScaleOutcome, ScaleRequest, StaticRangeControl
 from keyrange.operator.registry import ControlRegistry
-from keyrange.operator.webhook import WEBHOOK_PATH
+from keyrange.operator.scalewebhook import operator_receiver
 from keyrange.spec import parse_spec
 from tests.unit.test_alerts import alert, payload
 

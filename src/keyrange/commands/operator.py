@@ -21,8 +21,8 @@ from collections.abc import Coroutine
 from typing import Any
 from urllib.parse import urlparse
 
+from keyrange.autoscale.rules import RUNBOOK
 from keyrange.errors import UserError
-from keyrange.operator.rules import RUNBOOK
 from keyrange.operator.settings import OperatorSettings
 from keyrange.operator.workerdefaults import WorkerDefaults, load_worker_defaults
 
@@ -112,14 +112,14 @@ def settings_from_args(args: argparse.Namespace) -> OperatorSettings:
 def side_services(args: argparse.Namespace, memo: Any) -> list[Coroutine[Any, Any, None]]:
     """Servers that run beside kopf in the same event loop and share its memo.
 
-    The Alertmanager webhook receiver (keyrange.operator.webhook) plugs in here: it finds a
+    The Alertmanager webhook receiver (keyrange.autoscale.receiver) plugs in here: it finds a
     consumer's range control in `memo.controls` (ControlRegistry), calls `request_scale`, and
     records the outcome with `keyrange.operator.decisions.record_scaling_decision(memo.kube, ...)`.
     """
     if not args.webhook_port:
         return []
-    from keyrange.operator.alerting import serve_alert_webhook
-    from keyrange.operator.webhook import load_token
+    from keyrange.autoscale.receiver import load_token
+    from keyrange.operator.scalewebhook import serve_alert_webhook
 
     return [serve_alert_webhook(memo, "0.0.0.0", args.webhook_port, load_token(args.webhook_token))]
 
@@ -151,7 +151,7 @@ async def serve_standby_webhook(port: int, lease: str) -> Any:
     and Alertmanager retries a 5xx (reaching the leader through the Service sooner or later)."""
     from aiohttp import web
 
-    from keyrange.operator.webhook import WEBHOOK_PATH
+    from keyrange.autoscale.receiver import WEBHOOK_PATH
 
     async def refuse(request: web.Request) -> web.Response:
         return web.json_response({"error": f"this keyrange operator replica is a standby (Lease {lease}); "

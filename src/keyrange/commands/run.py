@@ -52,8 +52,8 @@ def run(args: argparse.Namespace) -> int:
     previous = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGINT, signal.SIGTERM)}
     alerting = None
     if args.webhook_port is not None:
-        from keyrange.local.alerting import AlertingOptions
-        from keyrange.operator.webhook import load_token
+        from keyrange.autoscale.receiver import load_token
+        from keyrange.local.monitoring import AlertingOptions
 
         alerting = AlertingOptions(args.webhook_port, load_token(args.webhook_token))
     supervisor = Supervisor(consumer, args.file.resolve(), args.bootstrap, args.run_dir, alerting=alerting)

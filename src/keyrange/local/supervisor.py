@@ -17,11 +17,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from keyrange.autoscale.scrape import WorkerSample, bucket_delta, histogram_quantile, merged_lag, scrape
 from keyrange.kafkaio import TopicSpec, ensure_topics
-from keyrange.local.alerting import AlertingOptions, LocalAlertPath, without_lag_thresholds
 from keyrange.local.broker import EmbeddedBroker
 from keyrange.local.fleet import ProcessFleet
-from keyrange.local.scrape import WorkerSample, bucket_delta, histogram_quantile, merged_lag, scrape
+from keyrange.local.monitoring import AlertingOptions, LocalAlertPath, without_lag_thresholds
 from keyrange.local.table import Totals, WorkerRow, render
 from keyrange.ranges.assigner import Controller, ControllerStatus, ScaleResult
 from keyrange.ranges.channel import ControlChannel, now_ms

@@ -22,9 +22,9 @@ from collections.abc import Callable, Mapping
 
 from confluent_kafka import KafkaException
 
+from keyrange.autoscale.scrape import WorkerSample, merged_lag, scrape
 from keyrange.errors import UserError
 from keyrange.kafkaio import TopicSpec, ensure_topics
-from keyrange.local.scrape import WorkerSample, merged_lag, scrape
 from keyrange.operator.assignments import HandoffSummary, PlannedRescale, RangeStatus, ScaleOutcome, ScaleRequest
 from keyrange.operator.kafkasecrets import SecretReader, operator_client_properties, read_secret_key
 from keyrange.ranges.assigner import Controller

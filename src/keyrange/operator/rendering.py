@@ -234,7 +234,7 @@ def desired_replicas(spec: StreamConsumerSpec, planned: int | None) -> int:
 def render_optional(name: str, namespace: str, spec: StreamConsumerSpec, owner: dict[str, Any],
                     settings: OperatorSettings) -> list[dict[str, Any]]:
     """Objects of optional CRDs (ServiceMonitor, PrometheusRule): applied only where the CRD exists."""
-    from keyrange.operator.rules import RuleOptions, render_prometheus_rule
+    from keyrange.autoscale.rules import RuleOptions, render_prometheus_rule
 
     rule = render_prometheus_rule(name, namespace, spec, RuleOptions(runbook_url=settings.runbook_url),
                                   labels=dict(settings.monitoring_labels))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from keyrange.operator.rules import RUNBOOK
+from keyrange.autoscale.rules import RUNBOOK
 from keyrange.operator.workerdefaults import WorkerDefaults
 
 WORKER_SPEC_PATH = "/etc/keyrange/streamconsumer.yaml"

@@ -22,7 +22,7 @@ from typing import Any
 
 import yaml
 
-from keyrange.local.alerting import alertmanager_config, prometheus_config
+from keyrange.local.monitoring import alertmanager_config, prometheus_config
 
 
 def free_port() -> int:

@@ -1,12 +1,12 @@
 """The Alertmanager webhook receiver: `POST /alertmanager/webhook`, bearer-token authenticated.
 
 It runs inside the operator (one receiver for every StreamConsumer it manages, `serve` on kopf's
-event loop) and inside `keyrange run` (one consumer, `keyrange.local.alerting.ReceiverServer`).
+event loop) and inside `keyrange run` (one consumer, `keyrange.local.monitoring.ReceiverServer`).
 Consumers are registered with a `ScaleTarget` (their range controller) and their cooldown, or found
 by a resolver; each notification goes through `AlertTracker` (repeats, flapping, conflicts), then
 every resulting request is passed to the target, which enforces workers.min/max and its own
 cooldown. Every request and its outcome goes to `on_decision` (`keyrange run` keeps them; in the
-operator the target itself records status and a Kubernetes Event, see `alerting.py`).
+operator the target itself records status and a Kubernetes Event, see `operator/scalewebhook.py`).
 
 Responses: 200 with a JSON verdict per alert; 401 without the right token; 400 for a body that is
 not an Alertmanager v4 payload; 500 if a controller raised (Alertmanager retries, and the tracker
@@ -31,8 +31,8 @@ from typing import Any, Protocol
 from aiohttp import web
 
 from keyrange import metrics
+from keyrange.autoscale.tracker import AlertTracker, ConsumerRef, Direction, PayloadError, ScaleRequest, parse_payload
 from keyrange.errors import UserError
-from keyrange.operator.alerts import AlertTracker, ConsumerRef, Direction, PayloadError, ScaleRequest, parse_payload
 
 WEBHOOK_PATH = "/alertmanager/webhook"
 TOKEN_ENV = "KEYRANGE_WEBHOOK_TOKEN"

@@ -5,7 +5,7 @@ With it, the decisions come from alerts, exactly as in a cluster: the supervisor
 webhook receiver as the operator, turns off the planner's own lag thresholds (limits and cooldown
 stay), and writes into `<run-dir>/prometheus/` everything a local Prometheus and Alertmanager need:
 
-    rules.yml          the consumer's alerts (keyrange.operator.rules), namespace label "default"
+    rules.yml          the consumer's alerts (keyrange.autoscale.rules), namespace label "default"
     targets.json       file_sd targets: every worker's /metrics, rewritten as workers come and go
     prometheus.yml     scrape + rules + alerting to Alertmanager on 127.0.0.1:9093
     alertmanager.yml   one webhook receiver pointing at this process, with the bearer token
@@ -31,10 +31,10 @@ from typing import Any
 import yaml
 from aiohttp import web
 
+from keyrange.autoscale.receiver import WEBHOOK_PATH, AlertReceiver, ScaleDecision, ScaleTarget
+from keyrange.autoscale.rules import RuleOptions, render_rule_groups
+from keyrange.autoscale.tracker import DEFAULT_NAMESPACE, ConsumerRef
 from keyrange.errors import UserError
-from keyrange.operator.alerts import DEFAULT_NAMESPACE, ConsumerRef
-from keyrange.operator.rules import RuleOptions, render_rule_groups
-from keyrange.operator.webhook import WEBHOOK_PATH, AlertReceiver, ScaleDecision, ScaleTarget
 from keyrange.ranges.planner import ScalingLimits
 from keyrange.spec import StreamConsumer
 

@@ -5,7 +5,7 @@ writes it as a plain rule file; both come from `render_rule_groups`. Thresholds 
 `scaling` block, so changing the StreamConsumer changes its alerts.
 
 Every alert carries the `streamconsumer` and `namespace` labels the webhook receiver
-(`keyrange.operator.webhook`) uses to find the consumer, and the scaling alerts carry
+(`keyrange.autoscale.receiver`) uses to find the consumer, and the scaling alerts carry
 `keyrange_scale: up|down`, the only label the receiver acts on: the alert names are for humans.
 """
 

@@ -1,6 +1,6 @@
 """The alert webhook inside the operator: Alertmanager -> a consumer's range control -> status + Event.
 
-`keyrange operator --webhook-port P` serves `keyrange.operator.webhook.AlertReceiver` beside kopf,
+`keyrange operator --webhook-port P` serves `keyrange.autoscale.receiver.AlertReceiver` beside kopf,
 in kopf's event loop. Consumers are looked up per notification in the operator's live registry
 (`memo.controls`), so a StreamConsumer created a second ago is scalable and a deleted one is an
 `unknown-consumer`; its cooldown comes from its current spec. Every request that reaches a range
@@ -14,10 +14,10 @@ import asyncio
 import logging
 from typing import Any
 
-from keyrange.operator.alerts import AlertTracker, ConsumerRef, Direction
+from keyrange.autoscale.receiver import AlertReceiver, Resolved, ScaleOutcome, serve
+from keyrange.autoscale.tracker import AlertTracker, ConsumerRef, Direction
 from keyrange.operator.assignments import RangeControl, ScaleRequest
 from keyrange.operator.decisions import record_scaling_decision
-from keyrange.operator.webhook import AlertReceiver, Resolved, ScaleOutcome, serve
 from keyrange.spec import API_VERSION, KIND, parse_spec
 
 log = logging.getLogger(__name__)

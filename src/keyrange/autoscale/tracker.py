@@ -1,4 +1,4 @@
-"""Alertmanager notifications -> scale requests (pure; the receiver is `keyrange.operator.webhook`).
+"""Alertmanager notifications -> scale requests (pure; the receiver is `keyrange.autoscale.receiver`).
 
 Alertmanager re-sends an alert while it fires (on every change in its group and each
 `repeat_interval`), sends it again after a resolution if it comes back, and can retry a
@@ -26,7 +26,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from keyrange.operator.rules import CONSUMER_LABEL, NAMESPACE_LABEL, SCALE_LABEL
+from keyrange.autoscale.rules import CONSUMER_LABEL, NAMESPACE_LABEL, SCALE_LABEL
 
 Direction = Literal["up", "down"]
 DEFAULT_NAMESPACE = "default"

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from keyrange.local.scrape import WorkerSample
+from keyrange.autoscale.scrape import WorkerSample
 from keyrange.operator.clusterassigner import PodMetricsLag, StatefulSetFleet, planner_limits
 from keyrange.ranges.planner import SlotLag
 from keyrange.spec import parse_spec
