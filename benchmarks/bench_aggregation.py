@@ -118,6 +118,7 @@ def _throughput(spark: Any, bootstrap: str, records: int) -> list[dict[str, Any]
     topic = "bench-throughput.processed"
     ensure_topics(bootstrap, [TopicSpec(topic, PARTITIONS)])
     written = _Stream(bootstrap, topic, backlog=records).send(records)
+    base_load = os.getloadavg()[0]
     base_s, base_unique = _baseline(bootstrap, topic, written)
     assert base_unique == records, base_unique
     base_rate = written / base_s
@@ -130,6 +131,7 @@ def _throughput(spark: Any, bootstrap: str, records: int) -> list[dict[str, Any]
             run_once(bootstrap, f"{topic}-warm-up", out, spark=spark, source=source)
     rows = []
     for source, label in ((CONNECTOR, "Spark's Kafka connector"), (PYTHON_SOURCE, "keyrange-kafka (before)")):
+        load_before = os.getloadavg()[0]
         with tempfile.TemporaryDirectory() as out:
             summary = run_once(bootstrap, topic, out, spark=spark, source=source)
         assert summary.aggregated == records and summary.records_read == written, summary
@@ -138,7 +140,8 @@ def _throughput(spark: Any, bootstrap: str, records: int) -> list[dict[str, Any]
                         "records/s", ">= 100,000; >= 3x baseline" if source == CONNECTOR else None, base_rate,
                         f"{written:,} records ({written - records:,} re-deliveries) in {summary.seconds:.1f} s, "
                         f"{summary.batches} micro-batches ({batch_s} s); baseline: consume + plain-Python "
-                        f"aggregate in {base_s:.1f} s"))
+                        f"aggregate in {base_s:.1f} s (load average {base_load:.1f}); load average "
+                        f"{load_before:.1f} before, {os.getloadavg()[0]:.1f} after"))
     return rows
 
 
@@ -168,7 +171,8 @@ def _freshness(spark: Any, bootstrap: str, bursts: int) -> list[dict[str, Any]]:
             running.stop()
         batch_s = running.summary.batch_seconds
     note = (f"{bursts} bursts of 1,000 records, Spark's Kafka connector; trigger 1 s; per micro-batch "
-            f"p50 {percentile(batch_s, 0.5):.2f} s (max {max(batch_s):.2f} s)")
+            f"p50 {percentile(batch_s, 0.5):.2f} s (max {max(batch_s):.2f} s); load average "
+            f"{os.getloadavg()[0]:.1f} at the end")
     return [
         row("aggregation freshness p50, continuous (processed -> visible)", percentile(delays, 0.5), "s", "<= 5 s",
             None, note),

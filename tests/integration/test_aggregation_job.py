@@ -80,6 +80,24 @@ def test_every_aggregate_matches_plain_python_and_duplicates_count_once(spark, b
     assert any(c["ledger_value"] not in (None, 0) for c in expected["clients"])
 
 
+def test_results_of_other_shapes_have_no_ledger_value_and_do_not_fail_the_job(spark, bootstrap, topic_name,
+                                                                               tmp_path):
+    """Another handler's result, or a ledger value that is not a 64-bit integer, gives a null
+    ledger value, as in the reference; the rest of the record still counts."""
+    make_topic(bootstrap, topic_name, 2)
+    records = processed_records(60, clients=6, seed=15)
+    shapes: list[Any] = [{"value": 1.5}, {"value": "7"}, {"value": True}, {"value": 2**63}, 5, [1], None, "ok"]
+    for i, record in enumerate(records[::3]):
+        record["result"] = shapes[i % len(shapes)]
+    n = len(produce_processed(bootstrap, topic_name, records, 2))
+
+    summary = run_once(bootstrap, topic_name, str(tmp_path / "out"), spark=spark)
+
+    assert (summary.aggregated, summary.invalid) == (len(records), 0)
+    expected = _assert_matches(str(tmp_path / "out"), _deliveries(bootstrap, topic_name, n))
+    assert any(c["ledger_value"] is None for c in expected["clients"])
+
+
 def test_rerun_reads_only_new_records_and_dedups_against_earlier_runs(spark, bootstrap, topic_name, tmp_path):
     make_topic(bootstrap, topic_name, 3)
     output = str(tmp_path / "out")
@@ -140,6 +158,21 @@ def test_continuous_mode_makes_new_records_visible(spark, bootstrap, topic_name,
     deliveries = _deliveries(bootstrap, topic_name, None)
     _assert_matches(output, deliveries)
     assert running.summary.aggregated == expected_events
+
+
+def test_an_output_without_histograms_is_refused_not_extended_wrongly(spark, bootstrap, topic_name, tmp_path):
+    """An older keyrange kept the records' timings instead of histograms: extending its windows
+    from the new records alone would be wrong, so the job says what to do instead."""
+    import shutil
+
+    make_topic(bootstrap, topic_name, 1)
+    output = tmp_path / "out"
+    produce_processed(bootstrap, topic_name, processed_records(50, clients=3, seed=16), 1)
+    run_once(bootstrap, topic_name, str(output), spark=spark)
+    shutil.rmtree(output / "histograms")
+    produce_processed(bootstrap, topic_name, processed_records(50, clients=3, seed=17, first_offset=100), 1)
+    with pytest.raises(AggregationError, match=r"older keyrange .* aggregate into a new --output"):
+        run_once(bootstrap, topic_name, str(output), spark=spark)
 
 
 def test_missing_topic_is_a_clear_error_before_spark_starts(bootstrap, topic_name, tmp_path):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pyarrow as pa
 
-from keyrange.aggregation.dedup import duplicate_winners, status_counts
+from keyrange.aggregation.dedup import deduplicate, duplicate_winners, status_counts
 from keyrange.aggregation.reference import Delivery, aggregate
 
 
@@ -51,3 +51,10 @@ def test_the_kept_copies_are_the_references_first_deliveries():
                                                "finishedAt": o, "worker": "w"})) for u, p, o in rows]
     assert sorted(r[0] for r in kept) == ["u1", "u2", "u3"]
     assert aggregate(deliveries)["clients"][0]["events"] == len(kept)
+
+
+def test_the_count_of_new_records_skips_copies_and_uuids_stored_before():
+    keys = _keys([("a", 0, 5), ("b", 0, 6), ("a", 0, 3), ("c", 1, 1), ("c", 1, 2), ("d", 2, 9)])
+    assert deduplicate(keys, None)[1] == 4
+    assert deduplicate(keys, pa.chunked_array([["c", "zzz"], ["a"]]))[1] == 2
+    assert deduplicate(_keys([]), pa.array(["a"]))[1] == 0

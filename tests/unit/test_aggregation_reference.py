@@ -61,6 +61,12 @@ def test_ledger_value_follows_input_log_order_not_arrival():
     assert other["ledger_value"] is None  # not a ledger result
 
 
+@pytest.mark.parametrize("result", [{"value": 1.5}, {"value": "7"}, {"value": True}, {"value": 2**63}, 5, [1]])
+def test_a_ledger_value_is_a_64_bit_json_integer_or_none(result):
+    record = {**_record(1000, "a", 1_000, offset=1), "result": result}
+    assert aggregate([_d(0, 0, record)])["clients"][0]["ledger_value"] is None
+
+
 def test_windows_are_minutes_of_created_with_latency_and_handler_percentiles():
     records = [_record(1000 + i, f"u{i}", 59_000 + i * 500, i, started=59_000 + i * 500 + i, finished=0)
                for i in range(4)]

@@ -6,8 +6,9 @@ Spark jobs per micro-batch with new records:
 2. if earlier batches stored records in the minutes it touches: read their uuids (a scan, no
    shuffle); the driver finds the duplicates (`dedup`, vectorized) and the batch drops them with a
    broadcast join, so rows are never shuffled for deduplication;
-3. write the new records' uuid and timings, counting them as they are written;
-4. one job per table (clients, workers, windows).
+3. five writes from the cache, started together so that their small jobs overlap on the cores:
+   the new records' uuids, and new versions of the clients, workers, histograms and windows
+   tables (each merged with its stored version; a window's percentiles from its histograms).
 Stored Parquet is always read with a known schema: inferring one would cost a Spark job.
 """
 
@@ -15,13 +16,19 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from keyrange.aggregation import dedup, retention, store, tables
+from keyrange.errors import UserError
+
+SMALL_BATCH = 100_000
+"""New records below which a micro-batch writes its uuids in one task (one file per minute)."""
 
 
 @dataclass
@@ -75,7 +82,7 @@ class BatchAggregator:
         self.summary = AggregationSummary(self.root)
 
     def __call__(self, raw: Any, batch_id: int) -> None:
-        """Deduplicate, store the new records, merge the three tables, publish the manifest."""
+        """Deduplicate, store the new records, merge the tables, publish the manifest."""
         from pyspark.sql import functions as F
 
         began = time.monotonic()
@@ -91,7 +98,7 @@ class BatchAggregator:
             minutes = sorted(pc.unique(fresh_keys["minute"]).to_pylist())
             newest = pc.max(fresh_keys["created_ms"]).as_py()
             added = self._add(parsed.where(F.col("status") == tables.FRESH), fresh_keys, batch_id,
-                              minutes) if minutes else 0
+                              minutes, horizon) if minutes else 0
         finally:
             parsed.unpersist()
         if added:
@@ -109,38 +116,31 @@ class BatchAggregator:
         if self._progress:
             self._progress(batch_id, s)
 
-    def _add(self, valid: Any, keys: pa.Table, batch_id: int, minutes: list[int]) -> int:
+    def _add(self, valid: Any, keys: pa.Table, batch_id: int, minutes: list[int], horizon: int | None) -> int:
         """Store the batch's records not stored before and merge them into the tables; how many."""
-        from pyspark.sql import Observation
         from pyspark.sql import functions as F
 
-        earlier = self._earlier_records(batch_id, minutes)
-        earlier_uuids = None
-        if earlier is not None:
-            earlier = earlier.persist()  # read by the dedup and again by the window recomputation
-            earlier_uuids = earlier.select("uuid").toArrow()["uuid"]
-        try:
-            fresh = self._first_deliveries(valid, dedup.duplicate_winners(keys, earlier_uuids))
-            # Counted while written (no job of its own). One directory per minute and batch id,
-            # and only those directories are overwritten (dynamic partition overwrite): a replay
-            # replaces exactly its own files.
-            # One task per core rather than per Kafka partition: a few larger files per minute,
-            # cheaper to write now and to list and read back for later batches.
-            written = Observation()
-            (fresh.select("minute", F.lit(batch_id).alias("batch"), *tables.RECORD_COLUMNS)
-             .coalesce(self._spark.sparkContext.defaultParallelism)
-             .observe(written, F.count(F.lit(1)).alias("rows"))
-             .write.mode("overwrite").option("partitionOverwriteMode", "dynamic").partitionBy("minute", "batch")
-             .parquet(f"{self.root}/{store.RECORDS}"))
-            added = int(written.get["rows"])
-            if added:
-                touched = fresh.select("minute", *tables.WINDOW_INPUT)
-                if earlier is not None:
-                    touched = earlier.select("minute", *tables.WINDOW_INPUT).unionByName(touched)
-                self._merge(fresh, touched, batch_id, minutes)
-        finally:
-            if earlier is not None:
-                earlier.unpersist()
+        winners, added = dedup.deduplicate(keys, self._earlier_uuids(batch_id, minutes))
+        if not added:
+            return 0
+        fresh = self._first_deliveries(valid, winners)
+        # One directory per minute and batch id, and only those directories are overwritten
+        # (dynamic partition overwrite): a replay replaces exactly its own files. One task per
+        # core rather than per Kafka partition (one in all for a small batch): a few larger files
+        # per minute, cheaper to write now and to list and read back for later batches.
+        writers = 1 if added < SMALL_BATCH else self._spark.sparkContext.defaultParallelism
+        records = (fresh.select("minute", F.lit(batch_id).alias("batch"), "uuid").coalesce(writers)
+                   .write.mode("overwrite").option("partitionOverwriteMode", "dynamic")
+                   .partitionBy("minute", "batch"))
+        writes: list[Callable[[], None]] = [partial(records.parquet, f"{self.root}/{store.RECORDS}")]
+        for name, df in self._merged_tables(fresh, batch_id, minutes, horizon).items():
+            writes.append(partial(df.coalesce(1).write.mode("overwrite").parquet,
+                                  store.table_path(self.root, name, batch_id)))
+        # Each write is a small Spark job with fixed costs (planning, committing, renaming files)
+        # that leave the cores idle: run together, they overlap.
+        with ThreadPoolExecutor(len(writes)) as pool:
+            for future in [pool.submit(write) for write in writes]:
+                future.result()
         return added
 
     def _first_deliveries(self, valid: Any, winners: pa.Table) -> Any:
@@ -153,8 +153,8 @@ class BatchAggregator:
         first = (F.col("win_partition") == F.col("sink_partition")) & (F.col("win_offset") == F.col("sink_offset"))
         return kept.where(F.col("win_partition").isNull() | first).drop("win_partition", "win_offset")
 
-    def _earlier_records(self, batch_id: int, minutes: list[int]) -> Any:
-        """Records stored by earlier batches in `minutes` (None if there are none).
+    def _earlier_uuids(self, batch_id: int, minutes: list[int]) -> pa.ChunkedArray | None:
+        """The uuids stored by earlier batches in `minutes` (None if there are none).
 
         A re-delivery repeats its original's `created`, hence its minute, so only those minute
         directories are listed and read, never the whole history.
@@ -162,25 +162,29 @@ class BatchAggregator:
         paths = [path for batch, path in self._storage.record_partitions(minutes) if batch < batch_id]
         if not paths:
             return None
-        return (self._spark.read.schema(tables.STORED_RECORD_COLUMNS)
-                .option("basePath", f"{self.root}/{store.RECORDS}").parquet(*paths))
+        return (self._spark.read.schema(tables.STORED_UUIDS).option("basePath", f"{self.root}/{store.RECORDS}")
+                .parquet(*paths).select("uuid").toArrow()["uuid"])
 
-    def _merge(self, fresh: Any, touched: Any, batch_id: int, minutes: list[int]) -> None:
+    def _merged_tables(self, fresh: Any, batch_id: int, minutes: list[int], horizon: int | None) -> dict[str, Any]:
+        """The new version of each table: the stored one (before this batch) merged with `fresh`."""
         client_partials = tables.client_partials(fresh)
         worker_partials = tables.worker_partials(fresh)
-        recomputed = tables.window_stats(touched)
-        stored = {
-            "clients": self._stored("clients", batch_id, client_partials.schema),
-            "workers": self._stored("workers", batch_id, tables.merge_workers(None, worker_partials).schema),
-            "windows": self._stored("windows", batch_id, recomputed.schema),
+        stored_clients = self._stored("clients", batch_id, client_partials.schema)
+        stored_histograms = self._stored(store.HISTOGRAMS, batch_id, tables.HISTOGRAM_SCHEMA)
+        if stored_clients is not None and stored_histograms is None:
+            raise UserError(f"{self.root} was written by an older keyrange that kept no histograms, so its "
+                            "windows cannot be extended: aggregate into a new --output (and its checkpoint)")
+        histograms = tables.merge_histograms(stored_histograms, tables.histogram_partials(fresh), minutes, horizon)
+        recomputed = tables.window_stats(histograms, minutes)
+        return {
+            "clients": tables.merge_clients(stored_clients, client_partials),
+            "workers": tables.merge_workers(
+                self._stored("workers", batch_id, tables.merge_workers(None, worker_partials).schema),
+                worker_partials),
+            "windows": tables.merge_windows(self._stored("windows", batch_id, recomputed.schema), recomputed,
+                                            minutes),
+            store.HISTOGRAMS: histograms,
         }
-        new_tables = {
-            "clients": tables.merge_clients(stored["clients"], client_partials),
-            "workers": tables.merge_workers(stored["workers"], worker_partials),
-            "windows": tables.merge_windows(stored["windows"], recomputed, minutes),
-        }
-        for name, df in new_tables.items():
-            df.coalesce(1).write.mode("overwrite").parquet(store.table_path(self.root, name, batch_id))
 
     def _stored(self, table: str, batch_id: int, schema: Any) -> Any:
         """The newest version written before this batch (never this batch's own, on a replay)."""

@@ -26,8 +26,13 @@ def duplicate_winners(keys: pa.Table, earlier_uuids: pa.Array | pa.ChunkedArray 
     """For every uuid in `keys` (columns uuid, sink_partition, sink_offset) that appears more than
     once or in `earlier_uuids`: the position of its counted copy (LOSER_SCHEMA). Copies of the
     batch at any other position are duplicates."""
+    return deduplicate(keys, earlier_uuids)[0]
+
+
+def deduplicate(keys: pa.Table, earlier_uuids: pa.Array | pa.ChunkedArray | None) -> tuple[pa.Table, int]:
+    """`duplicate_winners`, and how many of the batch's records count (its uuids not stored before)."""
     if keys.num_rows == 0:
-        return LOSER_SCHEMA.empty_table()
+        return LOSER_SCHEMA.empty_table(), 0
     position = pc.add(pc.shift_left(pc.cast(keys["sink_partition"], pa.int64()), _OFFSET_BITS),
                       keys["sink_offset"])
     grouped = (pa.table({"uuid": keys["uuid"], "position": position})
@@ -41,8 +46,9 @@ def duplicate_winners(keys: pa.Table, earlier_uuids: pa.Array | pa.ChunkedArray 
     first = chosen["position_min"]
     partition = pc.if_else(stored, -1, pc.cast(pc.shift_right(first, _OFFSET_BITS), pa.int32()))
     offset = pc.if_else(stored, -1, pc.bit_wise_and(first, (1 << _OFFSET_BITS) - 1))
-    return pa.table({"uuid": chosen["uuid"], "win_partition": pc.cast(partition, pa.int32()),
-                     "win_offset": pc.cast(offset, pa.int64())}, schema=LOSER_SCHEMA)
+    winners = pa.table({"uuid": chosen["uuid"], "win_partition": pc.cast(partition, pa.int32()),
+                        "win_offset": pc.cast(offset, pa.int64())}, schema=LOSER_SCHEMA)
+    return winners, grouped.num_rows - int(pc.sum(pc.cast(in_store, pa.int64())).as_py() or 0)
 
 
 def status_counts(statuses: pa.Array | pa.ChunkedArray) -> dict[str, int]:

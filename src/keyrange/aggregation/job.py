@@ -25,6 +25,13 @@ from keyrange.kafkaio import partition_counts
 __all__ = ["AggregationError", "AggregationSummary", "BatchAggregator", "ContinuousAggregation", "ProgressCallback",
            "check_topic", "run_once", "start_continuous", "summary_dict"]
 
+ONCE_BATCH_CAP = 2_000_000
+"""Default micro-batch cap of `run_once`: every micro-batch pays fixed costs (its Spark jobs, and
+reading back the stored uuids of the minutes it touches, which for a backlog's re-deliveries is
+most of them), so a backlog is read in as few as memory allows: 2M records cache in ~300 MB of
+the executors' heap, and their keys take ~150 MB on the driver."""
+CONTINUOUS_BATCH_CAP = 200_000
+"""Default micro-batch cap of `start_continuous` (small batches keep a catching-up query fresh)."""
 CONNECT_BACK_ATTEMPTS = 3
 """Runs of `run_once` when Spark's Python worker fails to connect back in time (see there)."""
 
@@ -54,7 +61,7 @@ def _session(spark: Any, master: str, source: str) -> Any:
 
 def run_once(bootstrap: str, topic: str, output: str, checkpoint: str | None = None,
              master: str = "local[2]", spark: Any = None, progress: ProgressCallback | None = None,
-             max_records_per_batch: int | None = 500_000, source: str = CONNECTOR,
+             max_records_per_batch: int | None = ONCE_BATCH_CAP, source: str = CONNECTOR,
              starting_offsets: str = "earliest", client_properties: Mapping[str, str] | None = None,
              retention_minutes: int = retention.DEFAULT_MINUTES) -> AggregationSummary:
     """Aggregate every record not aggregated before (per the checkpoint), then return.
@@ -117,7 +124,7 @@ class ContinuousAggregation:
 
 def start_continuous(bootstrap: str, topic: str, output: str, checkpoint: str | None = None,
                      master: str = "local[2]", trigger_seconds: float = 5.0,
-                     max_records_per_batch: int | None = 200_000, spark: Any = None,
+                     max_records_per_batch: int | None = CONTINUOUS_BATCH_CAP, spark: Any = None,
                      progress: ProgressCallback | None = None, source: str = CONNECTOR,
                      starting_offsets: str = "earliest", client_properties: Mapping[str, str] | None = None,
                      retention_minutes: int = retention.DEFAULT_MINUTES) -> ContinuousAggregation:
@@ -148,7 +155,7 @@ def _await(query: Any, timeout_seconds: float | None = None) -> None:
 
 def _first_line(exc: BaseException) -> str:
     text = str(exc)
-    for marker in ("KafkaReadError: ", "AggregationError: "):
+    for marker in ("KafkaReadError: ", "AggregationError: ", "UserError: "):
         if marker in text:
             return text.split(marker, 1)[1].splitlines()[0]
     return text.splitlines()[0] if text else type(exc).__name__

@@ -36,9 +36,16 @@ def percentile(values: Sequence[float], q: float) -> float:
     return ordered[low] + (ordered[high] - ordered[low]) * (position - low)
 
 
+_LONG = (-(2**63), 2**63 - 1)
+
+
 def _ledger_value(result: Any) -> int | None:
-    if isinstance(result, dict) and isinstance(result.get("value"), int):
-        return int(result["value"])
+    """`result.value` if it is a JSON integer that fits the table's 64-bit column (not a float, a
+    string or a boolean, which Python would count as an int), else None."""
+    if isinstance(result, dict):
+        value = result.get("value")
+        if type(value) is int and _LONG[0] <= value <= _LONG[1]:
+            return value
     return None
 
 

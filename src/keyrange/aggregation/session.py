@@ -72,6 +72,10 @@ def spark_session(master: str | None = "local[2]", app_name: str = "keyrange-agg
         # Writing records partitioned by minute and batch would sort every task's rows by those
         # columns first; a few open writers per task (one per minute touched) need no sort.
         .config("spark.sql.maxConcurrentOutputFileWriters", "16")
+        # Each micro-batch is cached for the few passes over it (bounded by the micro-batch cap)
+        # and dropped after: compressing the cache doubled the CPU of the job's one Kafka read
+        # (measured: 9.8 against 6.0 CPU seconds for 1M records), to save memory it has.
+        .config("spark.sql.inMemoryColumnarStorage.compressed", "false")
     )
     if master is not None:
         builder = builder.master(master)
@@ -86,7 +90,7 @@ def spark_session(master: str | None = "local[2]", app_name: str = "keyrange-agg
             # is nothing to gain and the extra round trips cost seconds per micro-batch.
             .config("spark.sql.adaptive.enabled", "false")
             # In local mode the driver's JVM is the executor too: the default 1g heap spends a
-            # micro-batch of 500,000 cached records in garbage collection. Read before the JVM
+            # micro-batch of a million cached records in garbage collection. Read before the JVM
             # starts (PySpark passes it to spark-submit).
             .config("spark.driver.memory", LOCAL_DRIVER_MEMORY)
         )

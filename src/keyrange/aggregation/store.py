@@ -2,11 +2,13 @@
 
 Layout under the output directory (a local path or any Hadoop/pyarrow URL such as `s3a://`):
 
-    records/minute=<ms>/batch=<id>/   uuid and timings of the deduplicated records (the dedup and
-                                      percentile source), kept for the retention period (`retention`)
+    records/minute=<ms>/batch=<id>/   uuid of the deduplicated records (what deduplication checks
+                                      against), kept for the retention period (`retention`)
     clients/version=<id>/             one Parquet table per micro-batch that changed it
     windows/version=<id>/
     workers/version=<id>/
+    histograms/version=<id>/          per minute, how many records had each latency and handler
+                                      time (what a window's percentiles are recomputed from)
     _latest.json                      the newest complete version of each table, and the newest
                                       `created` aggregated (the retention's high-water mark)
 
@@ -28,6 +30,7 @@ from urllib.parse import urlparse
 TABLES = ("clients", "windows", "workers")
 MANIFEST = "_latest.json"
 RECORDS = "records"
+HISTOGRAMS = "histograms"
 _VERSION = re.compile(r"^version=(\d+)$")
 _BATCH = re.compile(r"^batch=(\d+)$")
 _MINUTE = re.compile(r"^minute=(-?\d+)$")

@@ -1,10 +1,12 @@
-"""The aggregates as Spark DataFrame transformations: parse, deduplicate, summarise, merge.
+"""The aggregates as Spark DataFrame transformations: parse, summarise, merge.
 
 Per client, per worker and per one-minute window (by the event's `created` time). Client and
 worker figures are sums, minima and maxima, so a micro-batch's partial figures merge into the
-stored ones. Percentiles do not merge, so a window touched by a micro-batch is recomputed from the
-stored deduplicated records of that minute (the records table is partitioned by minute, so that
-read is pruned to the minutes touched).
+stored ones. Percentiles do not merge, but histograms do: latency and handler times are whole
+milliseconds, so each minute keeps how many records had each value (`histogram_partials`), a
+micro-batch adds its counts to the stored ones of the minutes it touches, and those windows'
+percentiles are recomputed from the merged counts (Spark's `percentile` with a frequency column:
+exact, the same as over the values themselves, without re-reading a single stored record).
 
 Percentiles are Spark's exact `percentile` (linear interpolation between closest ranks).
 """
@@ -19,8 +21,9 @@ from pyspark.sql.types import IntegerType, LongType, StringType, StructField, St
 
 from keyrange.aggregation.reference import MINUTE_MS, PERCENTILES
 
-# `result` is declared a string: Spark's JSON reader then keeps any JSON value (the ledger's
-# object, another handler's number or list) as its JSON text instead of failing the row.
+# `result` is declared an object with an integer `value` (the ledger's): Spark's JSON reader gives
+# null for any other shape (a number, a list, a non-integer `value`) without failing the rest of
+# the row, the reference's rule, and with no second JSON parse of the result.
 PROCESSED_SCHEMA = StructType([
     StructField("clientId", LongType()),
     StructField("uuid", StringType()),
@@ -30,16 +33,16 @@ PROCESSED_SCHEMA = StructType([
     StructField("worker", StringType()),
     StructField("startedAt", LongType()),
     StructField("finishedAt", LongType()),
-    StructField("result", StringType()),
+    StructField("result", StructType([StructField("value", LongType())])),
 ])
 
-WINDOW_INPUT = ["created_ms", "started_ms", "finished_ms"]
-"""The record columns `window_stats` reads, besides `minute`."""
-RECORD_COLUMNS = ["uuid", *WINDOW_INPUT]
-"""What is stored of each new record: what deduplication and the window recomputation need."""
-STORED_RECORD_COLUMNS = "uuid string, created_ms long, started_ms long, finished_ms long, minute long, batch long"
-"""The stored records' schema (`minute` and `batch` are partition directories); reading with it
-skips Spark's schema inference job."""
+STORED_UUIDS = "uuid string"
+"""What is stored of each new record (partitioned by `minute` and `batch`): what deduplication
+needs. Reading with this schema skips Spark's schema inference job."""
+HISTOGRAM_SCHEMA = "minute long, metric string, value long, count long"
+"""The stored histograms: per minute and metric, how many records had each value (ms)."""
+LATENCY, HANDLER = "latency", "handler"
+"""`metric` of a histogram row: created -> startedAt, startedAt -> finishedAt."""
 KEY_COLUMNS = ["status", "minute", "created_ms", "uuid", "sink_partition", "sink_offset"]
 """What the driver gets back of every record of a micro-batch (counts, minutes, deduplication)."""
 FRESH, LATE, INVALID = "fresh", "late", "invalid"
@@ -71,7 +74,7 @@ def parse_processed(raw: DataFrame, horizon_ms: int | None = None) -> DataFrame:
         F.col("r.worker").alias("worker"),
         F.col("r.startedAt").alias("started_ms"),
         F.col("r.finishedAt").alias("finished_ms"),
-        F.get_json_object(F.col("r.result"), "$.value").cast("long").alias("ledger_value"),
+        F.col("r.result.value").alias("ledger_value"),
         (F.col("r.created") - F.col("r.created") % MINUTE_MS).alias("minute"),
         "sink_partition",
         "sink_offset",
@@ -136,20 +139,46 @@ def merge_workers(stored: DataFrame | None, partial: DataFrame) -> DataFrame:
     return merged.withColumn("handler_ms_mean", F.col("handler_ms_total") / F.col("events"))
 
 
-def _percentile_columns(value: Column, prefix: str) -> list[Column]:
-    p = F.percentile(value, F.array(*[F.lit(q) for q in PERCENTILES]))
+def histogram_partials(records: DataFrame) -> DataFrame:
+    """Per minute and metric (LATENCY, HANDLER): how many records have each value (HISTOGRAM_SCHEMA)."""
+    def metric(name: str, value: Column) -> Column:
+        return F.struct(F.lit(name).alias("metric"), value.alias("value"))
+
+    both = F.explode(F.array(metric(LATENCY, F.col("started_ms") - F.col("created_ms")),
+                             metric(HANDLER, F.col("finished_ms") - F.col("started_ms"))))
+    return (records.select("minute", both.alias("m")).select("minute", "m.metric", "m.value")
+            .groupBy("minute", "metric", "value").agg(F.count(F.lit(1)).alias("count")))
+
+
+def merge_histograms(stored: DataFrame | None, partial: DataFrame, minutes: list[Any],
+                     horizon_ms: int | None) -> DataFrame:
+    """The stored histograms with a micro-batch's counts added to the `minutes` it touches, without
+    the minutes wholly before the retention horizon (their windows are final; see `retention`)."""
+    if stored is None:
+        merged = partial
+    else:
+        touched = F.col("minute").isin(minutes)
+        added = (stored.where(touched).unionByName(partial).groupBy("minute", "metric", "value")
+                 .agg(F.sum("count").alias("count")))
+        merged = stored.where(~touched).unionByName(added)
+    if horizon_ms is not None:
+        merged = merged.where(F.col("minute") + MINUTE_MS > F.lit(horizon_ms))
+    return merged
+
+
+def _percentile_columns(metric: str, prefix: str) -> list[Column]:
+    value = F.when(F.col("metric") == metric, F.col("value").cast("double"))  # null rows are skipped
+    p = F.percentile(value, F.array(*[F.lit(q) for q in PERCENTILES]), F.col("count"))
     return [p[i].alias(f"{prefix}_p{round(q * 100)}_ms") for i, q in enumerate(PERCENTILES)]
 
 
-def window_stats(records: DataFrame) -> DataFrame:
-    """Per minute of `created`: events and p50/p95/p99 of latency (created -> started) and of
-    handler time (started -> finished), from every record of those minutes."""
-    latency = (F.col("started_ms") - F.col("created_ms")).cast("double")
-    handler = (F.col("finished_ms") - F.col("started_ms")).cast("double")
-    return records.groupBy("minute").agg(
-        F.count(F.lit(1)).alias("events"),
-        *_percentile_columns(latency, "latency"),
-        *_percentile_columns(handler, "handler"),
+def window_stats(histograms: DataFrame, minutes: list[Any]) -> DataFrame:
+    """The windows of `minutes` from their merged histograms: events and p50/p95/p99 of latency
+    (created -> started) and of handler time (started -> finished)."""
+    return histograms.where(F.col("minute").isin(minutes)).groupBy("minute").agg(
+        F.sum(F.when(F.col("metric") == LATENCY, F.col("count"))).alias("events"),
+        *_percentile_columns(LATENCY, "latency"),
+        *_percentile_columns(HANDLER, "handler"),
     ).select(
         F.col("minute").alias("window_start_ms"),
         (F.col("minute") + MINUTE_MS).alias("window_end_ms"),

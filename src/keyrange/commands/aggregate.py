@@ -40,7 +40,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--trigger-seconds", type=float, default=5.0,
                         help="with --continuous: seconds between micro-batches (default 5)")
     parser.add_argument("--max-records-per-batch", type=int, default=None,
-                        help="cap on the offsets one micro-batch reads (default: 500000 with --once, "
+                        help="cap on the offsets one micro-batch reads (default: 2000000 with --once, "
                              "200000 with --continuous)")
     parser.add_argument("--source", choices=SOURCES, default=CONNECTOR,
                         help="kafka: Spark's own Kafka connector (the default); keyrange-kafka: keyrange's "
