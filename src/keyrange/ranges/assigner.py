@@ -28,6 +28,7 @@ from typing import Protocol
 
 from keyrange.errors import UserError
 from keyrange.ranges.channel import ControlChannel, ControllerFenced, Prepare, Publication, describe_reports, now_ms
+from keyrange.ranges.ownership import grant, plan_handoff
 from keyrange.ranges.planner import Decision, Direction, Planner, ScalingLimits, SlotLag, range_lag, with_epoch
 from keyrange.ranges.rangemap import RangeMap
 
@@ -198,11 +199,7 @@ class Controller:
     def _begin(self, pub: Publication, decision: Decision, requested: str = "") -> Publication:
         assert decision.next_map is not None
         self._pending = (decision, now_ms(), requested)
-        moves: dict[int, frozenset[int]] = {}
-        for slot in decision.moved_slots:
-            owner = decision.next_map.owner_of(slot)
-            moves[owner] = moves.get(owner, frozenset()) | {slot}
-        prepare = Prepare(pub.epoch, moves, now_ms())
+        prepare = Prepare(pub.epoch, plan_handoff(pub.map, decision.next_map).moves, now_ms())
         self.channel.announce(prepare)
         self.channel.state.prepare = prepare
         if self.fleet is not None:
@@ -235,8 +232,8 @@ class Controller:
             log.warning("worker(s) %s did not read ahead within %.0f s; handing over anyway (their acquire "
                         "finishes the read-ahead, or restores in full if it failed)", cold, self.warm_timeout_seconds)
         new_map = with_epoch(decision.next_map, pub.epoch + 1)
-        moved = decision.moved_slots
-        awaiting = frozenset(pub.map.owner_of(s) for s in moved)
+        handoff = plan_handoff(pub.map, new_map)
+        moved, awaiting = handoff.moved, handoff.awaiting
         nxt = Publication(new_map, moved, awaiting, decision.reason, now_ms())
         self.channel.publish(nxt)
         # The rescale stays pending until its publication is the current one, so a status read
@@ -258,18 +255,17 @@ class Controller:
                 log.warning("handoff of epoch %d waits for %.0f s; reports: %s", pub.epoch, waited,
                             describe_reports(state.reports))
             return pub
-        grant = Publication(with_epoch(pub.map, pub.epoch + 1), reason=f"handoff of epoch {pub.epoch} complete",
-                            published_ms=now_ms())
-        self.channel.publish(grant)
-        state.publication = grant
+        granted = Publication(grant(pub.map), reason=f"handoff of epoch {pub.epoch} complete", published_ms=now_ms())
+        self.channel.publish(granted)
+        state.publication = granted
         for r in reversed(self.rescales):
             if r.epoch == pub.epoch:
-                r.settled_ms = grant.published_ms
+                r.settled_ms = granted.published_ms
                 break
         if self.fleet is not None:
-            self.fleet.scale_to(grant.map.workers)
-        log.info("published %s (handoff complete)", grant.map.describe())
-        return grant
+            self.fleet.scale_to(granted.map.workers)
+        log.info("published %s (handoff complete)", granted.map.describe())
+        return granted
 
     def status(self) -> ControllerStatus:
         """A consistent snapshot for tables, the operator's status, reports and tests (taken

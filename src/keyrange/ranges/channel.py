@@ -6,7 +6,8 @@ with and without Kubernetes. Three kinds of records, all JSON, keyed so compacti
 - key `assignment`, written only by the controller: a `Publication` = a range map (epoch,
   ranges, owners) plus the slots still `in transit` (their old owner may still hold them, so
   their new owner must not acquire them yet) and the workers whose release the controller
-  awaits. A worker may hold exactly `slots_of(itself) - transit` of the newest publication.
+  awaits. A worker may hold exactly `slots_of(itself) - transit` of the newest publication
+  (the rules of who may hold what are in ownership.py).
 - key `prepare`, written only by the controller before a handoff: a `Prepare` (which slots will
   move to whom), so the new owners read their logs ahead while the slots still flow at their old
   owners; it changes no ownership.
@@ -34,6 +35,7 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaExcepti
 from keyrange.errors import UserError
 from keyrange.kafkaclients import KafkaClients
 from keyrange.kafkaio import TopicSpec, ensure_topics
+from keyrange.ranges.ownership import allowed_slots, has_read_ahead, has_released, supersedes
 from keyrange.ranges.pauses import HandoffPause
 from keyrange.ranges.rangemap import RangeMap
 from keyrange.ranges.slots import format_slot_list, parse_slot_list
@@ -82,7 +84,7 @@ class Publication:
 
     def allowed_slots(self, worker: int) -> frozenset[int]:
         """The slots `worker` may hold under this publication."""
-        return self.map.slots_of(worker) - self.transit
+        return allowed_slots(self.map, self.transit, worker)
 
     def encode(self) -> bytes:
         """The record value."""
@@ -182,7 +184,7 @@ class ControlState:
         try:
             if key == ASSIGNMENT_KEY:
                 pub = Publication.decode(value)
-                if self.publication is None or pub.epoch >= self.publication.epoch:
+                if supersedes(pub.epoch, None if self.publication is None else self.publication.epoch):
                     self.publication = pub
             elif key == PREPARE_KEY:
                 self.prepare = Prepare.decode(value)
@@ -195,12 +197,12 @@ class ControlState:
     def released(self, worker: int, epoch: int, slots: frozenset[int]) -> bool:
         """True once `worker` reported applying `epoch` (or newer) without holding any of `slots`."""
         r = self.reports.get(worker)
-        return r is not None and r.epoch >= epoch and not (r.held & slots)
+        return r is not None and has_released(r.epoch, r.held, epoch, slots)
 
     def warm(self, worker: int, epoch: int, slots: frozenset[int]) -> bool:
         """True once `worker` reported having read `slots` ahead for the prepare of `epoch`."""
         r = self.reports.get(worker)
-        return r is not None and r.warm_epoch == epoch and slots <= r.warm
+        return r is not None and has_read_ahead(r.warm_epoch, r.warm, epoch, slots)
 
 
 class ControllerFenced(UserError):

@@ -18,6 +18,7 @@ from collections.abc import Collection, Set
 from typing import Protocol
 
 from keyrange.ranges.channel import ControlChannel, Prepare, Publication, WorkerReport, now_ms
+from keyrange.ranges.ownership import in_transit_towards, to_acquire, to_release
 from keyrange.ranges.pauses import HandoffPauses
 from keyrange.ranges.slots import format_slot_list
 
@@ -94,7 +95,7 @@ class RangeMember:
         loop = asyncio.get_running_loop()
         if pub.epoch != self.applied_epoch:
             allowed = pub.allowed_slots(self.worker)
-            revoked = set(self.engine.held_slots) - allowed
+            revoked = to_release(self.engine.held_slots, allowed)
             if revoked:
                 log.info("w%d epoch %d: releasing %s", self.worker, pub.epoch, format_slot_list(sorted(revoked)))
                 if self.pauses is not None:
@@ -105,7 +106,7 @@ class RangeMember:
             newest = self.channel.state.publication
             if newest is not None and newest.epoch != pub.epoch:
                 return  # a newer epoch arrived while releasing: apply that one first
-            granted = allowed - set(self.engine.held_slots)
+            granted = to_acquire(self.engine.held_slots, allowed)
             if granted:
                 log.info("w%d epoch %d: acquiring %s", self.worker, pub.epoch, format_slot_list(sorted(granted)))
                 self._expect_pauses(granted, pub.epoch)
@@ -119,7 +120,7 @@ class RangeMember:
         """Remember since when each slot has been in transit towards this worker (a pause starts there)."""
         if not pub.published_ms:
             return  # written by a controller that did not stamp publications: nothing to measure from
-        towards = pub.transit & pub.map.slots_of(self.worker)
+        towards = in_transit_towards(pub.map, pub.transit, self.worker)
         for slot in list(self._transit_since):
             if slot not in pub.map.slots_of(self.worker):
                 del self._transit_since[slot]  # the plan changed: the slot goes elsewhere
