@@ -212,6 +212,19 @@ def test_poll_returns_when_a_record_arrives_not_at_its_timeout(bootstrap: str, t
         writer.close()
 
 
+class IdleWaitWatch(threading.Event):
+    """The controller's wake event, telling when the run loop first waits on it: only its idle
+    wait does, so from then on the loop is in that wait (60 s here) unless woken."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.entered = threading.Event()
+
+    def wait(self, timeout: float | None = None) -> bool:
+        self.entered.set()
+        return super().wait(timeout)
+
+
 async def test_a_requested_rescale_is_followed_at_once_not_at_the_next_idle_step(bootstrap: str,
                                                                                  topic_name: str) -> None:
     """request_scale (the alert webhook's path) wakes the run loop, which then follows the handoff
@@ -231,8 +244,10 @@ async def test_a_requested_rescale_is_followed_at_once_not_at_the_next_idle_step
     try:
         while holdings.holder.get(0) != 0:
             await asyncio.sleep(0.02)
+        idle = IdleWaitWatch()
+        controller._wake = idle
         runner.start()
-        await asyncio.sleep(0.5)  # the run loop is now in its 60 s idle wait
+        assert await asyncio.to_thread(idle.entered.wait, 30), "the run loop never went idle"
         began = time.monotonic()
         assert (await asyncio.to_thread(controller.request_scale, "up", "test")).applied
         while controller.publication.transit or controller.publication.epoch < 3:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import threading
 import time
 from collections import Counter
 from typing import Any
@@ -18,6 +19,7 @@ from prometheus_client import REGISTRY
 
 from keyrange.events import DLQ_ATTEMPTS, DLQ_OFFSET, DLQ_PARTITION, DLQ_REASON, encode_input
 from keyrange.handlers import Handler, load_handler
+from keyrange.loadgen import make_producer
 from keyrange.worker import Worker
 from tests.checkers import check_all, check_order_per_client, first_occurrences
 from tests.integration.worker_handlers import FAIL_MARK
@@ -237,20 +239,41 @@ async def test_release_during_acquire_never_handles_the_slot(bootstrap: str, top
     log = read_input_log(bootstrap, topic_name, sent)
     worker = Worker(settings_for(bootstrap, topic_name), load_handler("noop"))
     await worker.start()
+    # The release must come while the acquire restores: hold the restore until it has.
+    restoring, released = threading.Event(), threading.Event()
+    restore_slots = worker._restorer.restore_slots
+
+    def restore_after_the_release(*args: Any, **kwargs: Any) -> Any:
+        restoring.set()
+        assert released.wait(60), "the release never came"
+        return restore_slots(*args, **kwargs)
+
+    worker._restorer.restore_slots = restore_after_the_release
     try:
         acquiring = asyncio.ensure_future(worker.acquire([0, 1]))
-        await asyncio.sleep(0)  # the acquire is restoring
+        assert await asyncio.to_thread(restoring.wait, 60), "the acquire never began restoring"
         await worker.release([1])
+        released.set()
         await acquiring
         assert worker.held_slots == frozenset({0})
         in_zero = sum(1 for e in log if e.partition == 0)
         await wait_for(lambda: worker.stats.processed >= in_zero, what="partition 0")
-        await asyncio.sleep(0.5)  # would reveal stray handling of partition 1
-        assert worker.stats.processed == in_zero
+        # Stray handling of partition 1 would show before this marker is handled: partition 1's
+        # records were all written before the acquire, so had it been assigned, the first fetches
+        # (which cover every assigned partition) would have brought them, and the marker, written
+        # to partition 0 only now, comes in a later one.
+        producer = make_producer(bootstrap)
+        key, value = encode_input(0, "marker", int(time.time() * 1000))
+        producer.produce(topic_name, value, key, partition=0)
+        assert producer.flush(30) == 0
+        await wait_for(lambda: worker.stats.processed >= in_zero + 1, what="the marker")
+        assert worker.stats.processed == in_zero + 1
     finally:
+        released.set()
         await worker.stop()
-    processed = read_processed(bootstrap, f"{topic_name}.processed", in_zero)
+    processed = read_processed(bootstrap, f"{topic_name}.processed", in_zero + 1)
     assert {r["partition"] for r in processed} == {0}
+    processed = [r for r in processed if r["uuid"] != "marker"]
     check_order_per_client(log, processed)
 
 
@@ -259,7 +282,6 @@ async def test_dedup_after_handoff_and_lag_is_by_event_time(bootstrap: str, topi
     originals are dropped by the new owner however late they are handled (the window is in event
     time and rebuilt from the log)."""
     from keyrange.kafkaio import TopicSpec, ensure_topics
-    from keyrange.loadgen import make_producer
 
     ensure_topics(bootstrap, [TopicSpec(topic_name, 2)])
     producer = make_producer(bootstrap)
@@ -335,7 +357,6 @@ async def test_a_worker_started_before_any_event_handles_what_comes_later(bootst
 
 async def test_events_without_created_are_deduplicated_by_record_time(bootstrap: str, topic_name: str) -> None:
     from keyrange.kafkaio import TopicSpec, ensure_topics
-    from keyrange.loadgen import make_producer
 
     ensure_topics(bootstrap, [TopicSpec(topic_name, 2)])
     producer = make_producer(bootstrap)
