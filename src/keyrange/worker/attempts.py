@@ -116,15 +116,19 @@ class AttemptRunner:
 
     async def _call(self, body: dict[str, object], ctx: HandlerContext) -> object:
         function, timeout = self._handler.function, self._settings.handler_timeout_seconds
+        # asyncio.timeout, not wait_for: on Python 3.11 wait_for runs every call in a Task of its own
+        # (a task, a done callback and a loop pass per event); the timeout cancels the call in place.
         if self._handler.is_async:
             try:
-                return await asyncio.wait_for(function(body, ctx), timeout)
+                async with asyncio.timeout(timeout):
+                    return await function(body, ctx)
             except TimeoutError:
                 self._timeouts.inc()
                 raise HandlerTimeout(f"the handler did not return within {timeout:g} s (cancelled)") from None
         future = self._pool.submit(function, body, ctx)
         try:
-            return await asyncio.wait_for(asyncio.wrap_future(future), timeout)
+            async with asyncio.timeout(timeout):
+                return await asyncio.wrap_future(future)
         except TimeoutError:
             self._timeouts.inc()
             self._abandon(future)
