@@ -9,6 +9,8 @@ from typing import Any
 from confluent_kafka import Consumer, TopicPartition
 
 from keyrange.events import decode_processed
+from keyrange.kafkaclients import KafkaClients
+from keyrange.logend import spans_behind
 from tests.checkers import Counts, LoggedEvent
 
 
@@ -16,8 +18,8 @@ def read_topic(bootstrap: str, topic: str, expect: int | None = None,
                timeout_seconds: float = 60.0) -> list[Any]:
     """Every record of `topic` from the beginning to its end (read_committed), as confluent Messages.
 
-    The end is each partition's high watermark as the broker's fetch responses report it (tansu's
-    ListOffsets can answer too low after a batched produce). `expect` is how many records to wait
+    The end is keyrange's one rule for reads to the end (keyrange/logend.py: the fetch responses'
+    high watermark, reached by the position). `expect` is how many records to wait
     for while the log is still being written, never a place to stop early: an event handled twice
     must not stay unread behind it. A read that has not reached the end after `timeout_seconds`
     returns what it read if the log was read to its end but is shorter (the caller's checks say
@@ -25,26 +27,20 @@ def read_topic(bootstrap: str, topic: str, expect: int | None = None,
     read_committed reads from the end (writers are still at work); otherwise it fails, naming the
     partitions held back.
     """
-    consumer = Consumer({
-        "bootstrap.servers": bootstrap,
-        "group.id": f"test-reader-{time.monotonic_ns()}",
-        "enable.auto.commit": False,
-        "isolation.level": "read_committed",
-        "log_level": 3,
-    })
+    consumer = Consumer(KafkaClients(bootstrap).consumer(f"test-reader-{time.monotonic_ns()}"))
     try:
         metadata = consumer.list_topics(topic, timeout=10)
         parts = sorted(metadata.topics[topic].partitions)
         consumer.assign([TopicPartition(topic, p, 0) for p in parts])
         out: list[Any] = []
-        next_offset = dict.fromkeys(parts, 0)
+        next_offset = {(topic, p): 0 for p in parts}
         deadline = time.monotonic() + timeout_seconds
         while True:
             for m in consumer.consume(1000, 0.1):
                 if m.error() is None:
                     out.append(m)
-                    next_offset[m.partition()] = m.offset() + 1
-            behind = _partitions_behind(consumer, topic, next_offset)
+                    next_offset[(topic, m.partition())] = m.offset() + 1
+            behind = {p: at_end for (_, p), at_end in spans_behind(consumer, next_offset).items()}
             if not behind and (expect is None or len(out) >= expect):
                 return out
             if time.monotonic() > deadline:
@@ -55,19 +51,6 @@ def read_topic(bootstrap: str, topic: str, expect: int | None = None,
                     f"{{partition: (read to, high watermark)}}: {behind} ({len(out)} records read)")
     finally:
         consumer.close()
-
-
-def _partitions_behind(consumer: Consumer, topic: str, next_offset: dict[int, int]) -> dict[int, tuple[int, int]]:
-    """Partitions whose position is below the high watermark of the last fetch response (-1001: none yet)."""
-    behind = {}
-    for p, after_last in next_offset.items():
-        tp = TopicPartition(topic, p)
-        # Under read_committed the position moves past transaction markers, which no record shows.
-        reached = max(consumer.position([tp])[0].offset, after_last)
-        high = consumer.get_watermark_offsets(tp, cached=True)[1]
-        if high < 0 or reached < high:
-            behind[p] = (reached, high)
-    return behind
 
 
 def read_input_log(bootstrap: str, topic: str, expect: int | None = None) -> list[LoggedEvent]:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from keyrange.logend import Span
 from keyrange.worker.commits import Outcome
-from keyrange.worker.logreader import Span
 from keyrange.worker.readahead import Prefetched, _catch_up
 from keyrange.worker.rebuild import Finished, InputEntry, OutputEntry, ParsedLogs, StateEntry
 from keyrange.worker.settings import WorkerSettings

@@ -27,6 +27,7 @@ from keyrange.loadgen import LoadShape
 from keyrange.local.demo_aggregation import AggregationSection, aggregate, render_section
 from keyrange.local.load import LoadTotals, Phase, produce_phases
 from keyrange.local.supervisor import HistoryPoint, Supervisor
+from keyrange.logend import spans_behind
 from keyrange.spec import load_file
 
 DEMO_SPEC = """\
@@ -79,18 +80,23 @@ class DemoReport:
 
 
 def read_values(bootstrap: str, topic: str, timeout_seconds: float = 60.0) -> list[dict[str, Any]]:
-    """Every JSON value of `topic` (read_committed), until 2 s pass with nothing new."""
+    """Every JSON value of `topic` (read_committed) from the beginning to its end (logend.py); what
+    was read so far once `timeout_seconds` pass (a transaction still open holds the end back)."""
     consumer = Consumer(KafkaClients(bootstrap).consumer(f"demo-report-{time.time_ns()}"))
     try:
         parts = consumer.list_topics(topic, timeout=10).topics[topic].partitions
         consumer.assign([TopicPartition(topic, p, 0) for p in parts])
+        next_offsets = {(topic, p): 0 for p in parts}
         out: list[dict[str, Any]] = []
-        deadline, idle_since = time.monotonic() + timeout_seconds, time.monotonic()
-        while time.monotonic() < deadline and time.monotonic() - idle_since < 2.0:
-            batch = [m for m in consumer.consume(5000, 0.2) if m.error() is None]
-            if batch:
-                idle_since = time.monotonic()
-                out.extend(orjson.loads(m.value() or b"{}") for m in batch)
+        deadline = time.monotonic() + timeout_seconds
+        while time.monotonic() < deadline:
+            for m in consumer.consume(5000, 0.2):
+                if m.error() is None:
+                    out.append(orjson.loads(m.value() or b"{}"))
+                    # A fetched record always has a partition and an offset (the stubs say Optional).
+                    next_offsets[(topic, m.partition())] = m.offset() + 1  # type: ignore[index, operator]
+            if not spans_behind(consumer, next_offsets):
+                break
         return out
     finally:
         consumer.close()

@@ -8,6 +8,7 @@ from collections.abc import Iterable
 from confluent_kafka import Consumer, Message, TopicPartition
 
 from keyrange.errors import UserError
+from keyrange.logend import Span, fetched_end, reached
 from keyrange.worker.consumer import consumer_config
 from keyrange.worker.settings import WorkerSettings
 
@@ -18,8 +19,6 @@ FETCH_WAIT_MS = 5
 READ_BATCH = 5000
 """Records taken from the consumer's buffer in one call."""
 
-Span = tuple[str, int]
-"""(topic, partition)."""
 
 
 class RestoreError(UserError, RuntimeError):
@@ -70,13 +69,10 @@ class LogReader:
         """Records from `starts` up to `stops` (exclusive; a span without a stop: to the end), per
         span in log order; and the offset each span was read to.
 
-        "The end" is the high watermark seen in fetch responses (tansu workaround: tansu's ListOffsets
-        answer can be far too low right after a batched produce; on Apache Kafka the fetch
-        responses' value is exact too, and a read to the end fetches anyway, so ListOffsets would
-        add a round trip and nothing else); positions move past transaction markers, so a span is
-        done when its position reaches it. The consumer keeps a partition's last high watermark
-        after it is unassigned, so a span read to the end must not have been read before by this
-        reader (a span with a stop may: the stop bounds it).
+        "The end" follows logend.py: the high watermark of the fetch responses, reached when the
+        position (which moves past transaction markers) is there. The consumer keeps a partition's
+        last high watermark after it is unassigned, so a span read to the end must not have been
+        read before by this reader (a span with a stop may: the stop bounds it).
         """
         stops = stops or {}
         out: dict[Span, list[Message]] = {span: [] for span in starts}
@@ -124,14 +120,11 @@ class LogReader:
                     out[span].append(m)
                 done = []
                 for span in wanted:
-                    tp = TopicPartition(*span)
-                    position = consumer.position([tp])[0].offset
-                    reached = max(position, last.get(span, -1) + 1, wanted[span])
-                    high = consumer.get_watermark_offsets(tp, cached=True)[1]
+                    high = fetched_end(consumer, span)
                     stop = stops.get(span)
                     end = high if stop is None else (min(stop, high) if high >= 0 else stop)
-                    if end >= 0 and reached >= end:
-                        done.append(tp)
+                    if end >= 0 and reached(consumer, span, max(last.get(span, -1) + 1, wanted[span])) >= end:
+                        done.append(TopicPartition(*span))
                         ends[span] = end
                 if done:
                     for tp in done:

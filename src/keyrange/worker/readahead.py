@@ -29,7 +29,8 @@ from dataclasses import dataclass
 
 from confluent_kafka import KafkaException
 
-from keyrange.worker.logreader import LogReader, Span
+from keyrange.logend import Span
+from keyrange.worker.logreader import LogReader
 from keyrange.worker.rebuild import ParsedLogs, RestoredPartition, fold_logs, plan_reads, restore_with
 from keyrange.worker.settings import WorkerSettings
 

@@ -61,8 +61,9 @@ from keyrange.events import (
     decode_totals,
     parse_input,
 )
+from keyrange.logend import Span
 from keyrange.worker.commits import Outcome, Totals
-from keyrange.worker.logreader import LogReader, Span
+from keyrange.worker.logreader import LogReader
 from keyrange.worker.settings import WorkerSettings
 
 
