@@ -17,6 +17,7 @@
 from __future__ import annotations
 
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -45,12 +46,12 @@ def run(quick: bool, brokers: tuple[str, ...] = ("tansu",)) -> list[dict[str, An
     rows: list[dict[str, Any]] = []
     for engine in brokers:
         with running_broker(engine) as bootstrap:
-            rows += bench_throughput(bootstrap, engine, events=50_000 if quick else 400_000, clients=1000,
+            rows += bench_throughput(bootstrap, engine, events=50_000 if quick else 200_000, clients=1000,
                                      rounds=1 if quick else 3, name="ledger")
-            rows += bench_throughput(bootstrap, engine, events=100_000 if quick else 300_000, clients=1,
+            rows += bench_throughput(bootstrap, engine, events=100_000 if quick else 200_000, clients=1,
                                      rounds=1 if quick else 3, name="hot counter backlog",
                                      modes=("keyrange", "raw transactional"))
-            rows += bench_hot_counter(bootstrap, engine, rate=17_000, seconds=10 if quick else 30)
+            rows += bench_hot_counter(bootstrap, engine, rate=17_000, seconds=10 if quick else 20)
     return rows
 
 
@@ -208,8 +209,10 @@ def hot_counter_run(bootstrap: str, mode: str, rate: int, seconds: int) -> dict[
             env=_env(), check=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
         summary = produced.stderr.strip().splitlines()[-1] if produced.stderr.strip() else ""
         # "produced N events (D duplicates) in S s, R/s": N counts the duplicates too.
-        words = summary.replace("(", "").replace(",", "").split()
-        sent, duplicates, offered = int(words[1]), int(words[3]), float(words[7].removesuffix("/s"))
+        found = re.fullmatch(r"produced ([\d,]+) events \(([\d,]+) duplicates\) in [\d.,]+ s, ([\d,]+)/s", summary)
+        if found is None:
+            raise RuntimeError(f"unexpected summary from keyrange produce: {summary!r}")
+        sent, duplicates, offered = (int(g.replace(",", "")) for g in found.groups())
         # Every command's result: the raw loop writes one per record, keyrange one per distinct command.
         receipts.wait_for(1 + sent - (duplicates if mode == "keyrange" else 0), 120)
     finally:
