@@ -94,7 +94,7 @@ def _committed_total(watcher: Consumer, tps: list[TopicPartition]) -> int:
 
 def drain(bootstrap: str, topic: str, mode: str, group: str, total: int) -> tuple[float, float]:
     """(records/s between 10 % and 90 % of `total` committed offsets, CPU us per record over that span)."""
-    ensure_topics(bootstrap, [TopicSpec(f"{topic}.{group}", PARTITIONS)])
+    ensure_topics(bootstrap, [TopicSpec(f"{topic}.{group}", PARTITIONS)], timeout_seconds=60)
     watcher = Consumer({"bootstrap.servers": bootstrap, "group.id": group, "log_level": 3})
     tps = [TopicPartition(topic, p) for p in range(PARTITIONS)]
     process = subprocess.Popen(_command(mode, bootstrap, topic, group, 100), env=_env(),
@@ -124,7 +124,7 @@ def bench_throughput(bootstrap: str, engine: str, events: int, clients: int, rou
                      modes: tuple[str, ...] = MODES) -> list[dict[str, Any]]:
     """Each mode drains the same backlog once per round, interleaved; medians and ranges."""
     topic = f"{name.replace(' ', '-')}-{time.monotonic_ns()}"
-    ensure_topics(bootstrap, [TopicSpec(topic, PARTITIONS)])
+    ensure_topics(bootstrap, [TopicSpec(topic, PARTITIONS)], timeout_seconds=60)
     records = list(generate(LoadShape(clients=clients, duplicate_ratio=0.01, ledger=True, seed=21), count=events))
     produce_all(bootstrap, topic, records)
     results: dict[str, list[tuple[float, float, str]]] = {m: [] for m in modes}
@@ -192,7 +192,8 @@ def hot_counter_run(bootstrap: str, mode: str, rate: int, seconds: int) -> dict[
     """One paced run into a fresh topic: offered and handled rate, created -> visible latencies."""
     topic = f"hot-{mode.replace(' ', '-')}-{time.monotonic_ns()}"
     group = "g"
-    ensure_topics(bootstrap, [TopicSpec(topic, PARTITIONS), TopicSpec(f"{topic}.{group}", PARTITIONS)])
+    ensure_topics(bootstrap, [TopicSpec(topic, PARTITIONS), TopicSpec(f"{topic}.{group}", PARTITIONS)],
+                  timeout_seconds=60)
     receipts = _Receipts(bootstrap, f"{topic}.{group}")
     process = subprocess.Popen(_command(mode, bootstrap, topic, group, HOT_COMMIT_INTERVAL_MS, max_pending=100_000),
                                env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
