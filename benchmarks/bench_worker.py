@@ -91,7 +91,8 @@ def bench_kata(bootstrap: str, seconds: int) -> list[dict[str, Any]]:
     raw_thread = threading.Thread(target=_raw_latency_loop, args=(bootstrap, topic, raw, stop_raw), daemon=True)
     raw_thread.start()
     try:
-        time.sleep(3)  # the worker restores and assigns before the load starts
+        _wait_until_handling(bootstrap, topic)  # the worker restored and assigned: the load may start
+        began_ms = time.time() * 1000
         subprocess.run(
             [sys.executable, "-m", "keyrange.cli", "produce", "--bootstrap", bootstrap, "--topic", topic,
              "--rate", "1000", "--duration", str(seconds), "--clients", "100"],
@@ -103,9 +104,10 @@ def bench_kata(bootstrap: str, seconds: int) -> list[dict[str, Any]]:
         worker.terminate()
         worker.wait(60)
         raw_thread.join(30)
-    records = _read_processed(bootstrap, f"{topic}.processed")
+    records = [r for r in _read_processed(bootstrap, f"{topic}.processed") if r["created"] >= began_ms]
     latencies = [(r["created"], (r["startedAt"] - r["created"]) / 1000) for r in records]
     values = [lat for _, lat in latencies]
+    raw = [(created, lat) for created, lat in raw if created >= began_ms]
     raw_values = [lat for _, lat in raw]
     load = load_average()
     rows = [
@@ -123,6 +125,22 @@ def bench_kata(bootstrap: str, seconds: int) -> list[dict[str, Any]]:
         rows.append(row("kata p99 last 10 s / first 10 s", growth, "x", "~1 (flat)",
                         notes=f"p50/p99 ms per 10 s: worker {_trend(ordered)}; raw loop {_trend(raw_ordered)}"))
     return rows
+
+
+def _wait_until_handling(bootstrap: str, topic: str, timeout_seconds: float = 120.0) -> None:
+    """Send one warm-up event and return once the worker's processed record of it is visible."""
+    produce_all(bootstrap, topic, list(generate(LoadShape(clients=1, duplicate_ratio=0.0, seed=1), count=1)))
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"ready-{time.monotonic_ns()}",
+                         "isolation.level": "read_committed", "log_level": 3})
+    try:
+        consumer.assign([TopicPartition(f"{topic}.processed", p, 0) for p in range(PARTITIONS)])
+        deadline = time.monotonic() + timeout_seconds
+        while time.monotonic() < deadline:
+            if any(m.error() is None for m in consumer.consume(10, 0.2)):
+                return
+        raise TimeoutError(f"the kata's worker handled no warm-up event in {timeout_seconds:g} s")
+    finally:
+        consumer.close()
 
 
 def _windows(latencies: list[tuple[int, float]], start_ms: int) -> list[list[float]]:
