@@ -21,6 +21,7 @@ import re
 import statistics
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -97,14 +98,16 @@ def drain(bootstrap: str, topic: str, mode: str, group: str, total: int) -> tupl
     ensure_topics(bootstrap, [TopicSpec(f"{topic}.{group}", PARTITIONS)], timeout_seconds=60)
     watcher = Consumer({"bootstrap.servers": bootstrap, "group.id": group, "log_level": 3})
     tps = [TopicPartition(topic, p) for p in range(PARTITIONS)]
+    errors = tempfile.TemporaryFile()  # noqa: SIM115 - closed in the finally below, after the process
     process = subprocess.Popen(_command(mode, bootstrap, topic, group, 100), env=_env(),
-                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                               stdout=subprocess.DEVNULL, stderr=errors)
     marks: dict[float, tuple[float, float]] = {}
     try:
         deadline = time.monotonic() + 600
         while len(marks) < 2 and time.monotonic() < deadline:
             if process.poll() is not None:
-                raise RuntimeError(f"{mode} exited with {process.returncode}")
+                errors.seek(0)
+                raise RuntimeError(f"{mode} exited with {process.returncode}: {errors.read()[-2000:].decode()}")
             done = _committed_total(watcher, tps)
             for share in (0.1, 0.9):
                 if share not in marks and done >= share * total:
@@ -113,6 +116,7 @@ def drain(bootstrap: str, topic: str, mode: str, group: str, total: int) -> tupl
     finally:
         _stop(process)
         watcher.close()
+        errors.close()
     if len(marks) < 2:
         raise TimeoutError(f"{mode} did not drain {total:,} records in time")
     (t10, cpu10), (t90, cpu90) = marks[0.1], marks[0.9]
