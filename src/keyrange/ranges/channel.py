@@ -43,6 +43,13 @@ from keyrange.ranges.slots import format_slot_list, parse_slot_list
 ASSIGNMENT_KEY = b"assignment"
 PREPARE_KEY = b"prepare"
 WORKER_KEY_PREFIX = "worker."
+WRITE_TIMEOUT_SECONDS = 10.0
+"""How long a control write waits for the broker's acknowledgement before `ControlWriteFailed`."""
+
+
+class ControlWriteFailed(RuntimeError):
+    """A control record was not acknowledged in time, e.g. while the topic's partition is between
+    leaders; it may still be delivered later (every record is keyed: the newest one wins)."""
 
 
 def control_topic(group_id: str) -> str:
@@ -331,9 +338,10 @@ class ControlChannel:
     def _write(self, key: bytes, value: bytes) -> None:
         errors: list[Any] = []
         self._producer.produce(self.topic, value, key, on_delivery=lambda err, _m: errors.append(err))
-        remaining = self._producer.flush(10.0)
+        remaining = self._producer.flush(WRITE_TIMEOUT_SECONDS)
         if remaining or (errors and errors[0] is not None):
-            raise RuntimeError(f"control record to {self.topic} not delivered: {errors[:1] or 'timeout'}")
+            raise ControlWriteFailed(f"control record to {self.topic} not delivered within "
+                                     f"{WRITE_TIMEOUT_SECONDS:g} s: {errors[:1] or 'timeout'}")
 
     def close(self) -> None:
         """Flush and close the clients (a producer left open keeps reconnecting, and logging that it

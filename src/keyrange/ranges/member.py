@@ -17,7 +17,7 @@ import os
 from collections.abc import Collection, Set
 from typing import Protocol
 
-from keyrange.ranges.channel import ControlChannel, Prepare, Publication, WorkerReport, now_ms
+from keyrange.ranges.channel import ControlChannel, ControlWriteFailed, Prepare, Publication, WorkerReport, now_ms
 from keyrange.ranges.ownership import in_transit_towards, to_acquire, to_release
 from keyrange.ranges.pauses import HandoffPauses
 from keyrange.ranges.slots import format_slot_list
@@ -77,7 +77,14 @@ class RangeMember:
         await asyncio.to_thread(self.channel.catch_up)
         try:
             while not stop.is_set():
-                await self.sync_once()
+                try:
+                    await self.sync_once()
+                except ControlWriteFailed as exc:
+                    # The control topic's partition is between leaders (a broker died, restarts or
+                    # froze): retry the round. An epoch counts as applied only once its report is
+                    # written, so the retry repeats what is left of it (releases and acquires are
+                    # idempotent); ending the worker instead would release every slot it holds.
+                    log.warning("w%d: %s; retrying", self.worker, exc)
                 # Wait on the topic itself, not a timer: a new epoch is applied the moment it arrives.
                 await asyncio.to_thread(self.channel.poll, self.poll_seconds)
         finally:
@@ -150,7 +157,10 @@ class RangeMember:
     async def _read_ahead(self, epoch: int, slots: frozenset[int]) -> None:
         if await self.engine.prefetch(slots):
             self._warm = (epoch, slots)
-            await self.report(self._reported_epoch)
+            try:
+                await self.report(self._reported_epoch)
+            except ControlWriteFailed as exc:  # the next heartbeat carries the warm slots
+                log.warning("w%d: %s", self.worker, exc)
 
     async def report(self, epoch: int) -> None:
         """Write this worker's report: `epoch` applied (or a newer one reported before), the slots
