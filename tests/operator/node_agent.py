@@ -240,9 +240,11 @@ class TestNodeAgent:
         argv = [mapped(a) for a in [*command, *(container.get("args") or [])]]
         argv[0] = str(Path(sys.executable).with_name(argv[0]))
         self._publish_dns(namespace, pod, ports)
-        # The agent's own additions, not the container's: never mapped through its mounts.
+        # The agent's own additions, not the container's: never mapped through its mounts. The pod
+        # DNS folder goes before the PYTHONPATH the process would have had (the pod's env wins).
+        python_path = local(env["PYTHONPATH"]) if "PYTHONPATH" in env else os.environ.get("PYTHONPATH", "")
         dns = {"KEYRANGE_TEST_POD_DNS": str(self.dns_file),
-               "PYTHONPATH": os.pathsep.join([str(POD_DNS), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)}
+               "PYTHONPATH": os.pathsep.join([str(POD_DNS), python_path]).rstrip(os.pathsep)}
         if pod["spec"].get("automountServiceAccountToken", True) and self.token_kubeconfig is not None:
             account = pod["spec"].get("serviceAccountName") or "default"
             dns["KUBECONFIG"] = str(await self.token_kubeconfig(namespace, account, root))
