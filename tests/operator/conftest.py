@@ -2,7 +2,8 @@
 
 One control plane per session. The chart is installed once (`helm install`, cluster-wide RBAC), and
 every operator under test authenticates with a token of the chart's ServiceAccount, never as admin:
-the real authorizer decides what it may do. Tests act as `kubectl` with the admin's certificate.
+the real authorizer decides what it may do. Tests act as `kubectl` with the admin's certificate;
+pods run on the test node agent (node_agent.py), which acts as the scheduler and as its own node.
 Each test module works in namespaces of its own, and its operator watches only those.
 """
 

@@ -13,6 +13,7 @@ import os
 import shutil
 import ssl
 import subprocess
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,6 +24,8 @@ import yaml
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "scripts" / "kube-control-plane.sh"
+_MINTING = threading.Lock()
+"""One certificate minted at a time: two agents asking for the same identity get the same files."""
 
 
 def tools_dir() -> Path:
@@ -149,24 +152,33 @@ class ControlPlane:
         context.load_cert_chain(str(pki / "admin.crt"), str(pki / "admin.key"))
         return context
 
-    def node_credentials(self, node: str, folder: Path) -> ClientCertificate:
+    def node_credentials(self, node: str, folder: Path | None = None) -> ClientCertificate:
         """The credentials a kubelet on Node `node` gets by TLS bootstrap: a client certificate for
         user `system:node:<node>` in group `system:nodes`, which the Node authorizer and the
         NodeRestriction admission plugin confine to that node and its pods."""
         return self.client_certificate(f"system:node:{node}", "system:nodes", folder,
                                        "kubernetes.io/kube-apiserver-client-kubelet")
 
-    def scheduler_credentials(self, folder: Path) -> ClientCertificate:
+    def scheduler_credentials(self, folder: Path | None = None) -> ClientCertificate:
         """A client certificate for user `system:kube-scheduler` (the built-in scheduler role: binds pods)."""
         return self.client_certificate("system:kube-scheduler", None, folder, "kubernetes.io/kube-apiserver-client")
 
-    def client_certificate(self, user: str, group: str | None, folder: Path, signer: str) -> ClientCertificate:
+    def client_certificate(self, user: str, group: str | None, folder: Path | None, signer: str) -> ClientCertificate:
         """A client certificate for `user` (and `group`), as a real cluster issues one: a key and a
         CertificateSigningRequest for `signer`, approved by the admin and signed by the controller
-        manager's signer with the cluster CA (the CA the API server trusts for clients)."""
-        folder.mkdir(parents=True, exist_ok=True)
+        manager's signer with the cluster CA (the CA the API server trusts for clients). Kept in
+        `folder` (default: the plane's clients/) and reused from there."""
+        folder = folder or self.dir / "clients"
         name = user.replace(":", "-")
-        key, cert = folder / f"{name}.key", folder / f"{name}.crt"
+        key, cert, kubeconfig = folder / f"{name}.key", folder / f"{name}.crt", folder / f"{name}.kubeconfig"
+        with _MINTING:
+            if not kubeconfig.exists():  # written last: the others are complete
+                folder.mkdir(parents=True, exist_ok=True)
+                self._mint(user, group, signer, key, cert, kubeconfig)
+        return ClientCertificate(cert, key, kubeconfig)
+
+    def _mint(self, user: str, group: str | None, signer: str, key: Path, cert: Path, kubeconfig: Path) -> None:
+        name = kubeconfig.stem
         subject = (f"/O={group}" if group else "") + f"/CN={user}"
         request = subprocess.run(
             ["openssl", "req", "-new", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
@@ -188,7 +200,6 @@ class ControlPlane:
                 raise AssertionError(f"CSR {csr} for {user} was not signed: {status}")
             time.sleep(0.2)
         cert.write_bytes(base64.b64decode(issued))
-        kubeconfig = folder / f"{name}.kubeconfig"
         ca = base64.b64encode((self.dir / "pki" / "ca.crt").read_bytes()).decode()
         kubeconfig.write_text(yaml.safe_dump({
             "apiVersion": "v1", "kind": "Config", "current-context": name,
@@ -200,7 +211,6 @@ class ControlPlane:
         }))
         for secret in (key, kubeconfig):
             secret.chmod(0o600)
-        return ClientCertificate(cert, key, kubeconfig)
 
     @property
     def ca(self) -> Path:

@@ -18,6 +18,14 @@ period, then the pod object is removed (deleted pods stop in parallel, as a kube
 process that exits is restarted as restartPolicy says.
 `processes=False` runs nothing and reports every bound pod Ready at once (for tests that need
 ready pods, not what runs in them).
+
+It acts as a real scheduler and kubelet would, never as admin, so every test that runs pods goes
+through the Node authorizer and the NodeRestriction admission plugin: it binds pods as
+`system:kube-scheduler`, and does everything else (its Node, Lease, pods' status, the Secrets and
+ConfigMaps they reference, deletion) as `system:node:<name>`, with client certificates issued
+through the certificates API. It lists only the pods bound to it (the Node authorizer allows no
+other listing), and a pod whose Secret the authorizer does not yet relate to the node (403 right
+after binding: its graph catches up from a watch) starts on a later tick, as a kubelet retries.
 """
 
 from __future__ import annotations
@@ -32,6 +40,7 @@ import re
 import signal
 import socket
 import sys
+import urllib.parse
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -41,6 +50,7 @@ from typing import Any
 import aiohttp
 
 from tests.operator.conftest import Api
+from tests.operator.kubecluster import ClientCertificate
 
 POD_DNS = Path(__file__).parent / "pod_dns"
 """Holds the sitecustomize.py that gives the agent's processes pod DNS."""
@@ -54,6 +64,10 @@ def _free_port() -> int:
 
 def _now() -> str:
     return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+class _NotYet(Exception):
+    """The Node authorizer does not relate something a pod references to this node yet (403)."""
 
 
 @dataclass
@@ -78,6 +92,8 @@ class TestNodeAgent:
                  processes: bool = True, before_stop: Callable[[str], None] | None = None,
                  token_kubeconfig: Callable[[str, str, Path], Awaitable[Path]] | None = None) -> None:
         self.api, self.namespaces, self.workdir, self.name = api, namespaces, workdir, name
+        """`api` is the admin's: only its cluster is used; the agent mints its own identities."""
+        self.kubelet = self.scheduler = api  # until __aenter__ has the node's and the scheduler's
         self.processes = processes
         self.before_stop = before_stop
         """Called with a pod's name right before its process is stopped for deletion."""
@@ -94,14 +110,16 @@ class TestNodeAgent:
         self.dns_file = workdir / "pod-dns.json"
         """Pod DNS name -> {containerPort: local port}, read by pod_dns/sitecustomize.py."""
         self._tasks: list[asyncio.Task[None]] = []
+        self._sessions: list[aiohttp.ClientSession] = []
+        self._waiting: set[tuple[str, str]] = set()
         self._terminating: dict[tuple[str, str], asyncio.Task[None]] = {}
 
     async def _register(self) -> None:
         node = {"apiVersion": "v1", "kind": "Node", "metadata": {"name": self.name,
                                                                  "labels": {"kubernetes.io/os": "linux"}}}
-        if await self.api.get(f"/api/v1/nodes/{self.name}") is None:
-            await self.api.create("/api/v1/nodes", node)
-        await self.api.patch(f"/api/v1/nodes/{self.name}/status", {"status": {
+        if await self.kubelet.get(f"/api/v1/nodes/{self.name}") is None:
+            await self.kubelet.create("/api/v1/nodes", node)
+        await self.kubelet.patch(f"/api/v1/nodes/{self.name}/status", {"status": {
             "conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady", "message": "test node agent",
                             "lastHeartbeatTime": _now(), "lastTransitionTime": _now()}],
             "capacity": {"cpu": "64", "memory": "256Gi", "pods": "500"},
@@ -113,35 +131,52 @@ class TestNodeAgent:
         while True:
             now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
             spec = {"holderIdentity": self.name, "leaseDurationSeconds": 40, "renewTime": now}
-            if await self.api.get(path) is None:
-                await self.api.create(path.rsplit("/", 1)[0], {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
-                                                               "metadata": {"name": self.name}, "spec": spec})
+            if await self.kubelet.get(path) is None:
+                await self.kubelet.create(path.rsplit("/", 1)[0], {
+                    "apiVersion": "coordination.k8s.io/v1", "kind": "Lease", "metadata": {"name": self.name},
+                    "spec": spec})
             else:
-                await self.api.patch(path, {"spec": spec})
+                await self.kubelet.patch(path, {"spec": spec})
             await asyncio.sleep(5)
 
-    async def _pods(self, namespace: str) -> list[dict[str, Any]]:
-        found = await self.api.get(f"/api/v1/namespaces/{namespace}/pods")
+    @staticmethod
+    async def _pods(api: Api, namespace: str, node: str) -> list[dict[str, Any]]:
+        """The pods of `namespace` bound to `node` ("" for the pending ones)."""
+        selector = urllib.parse.quote(f"spec.nodeName={node}")
+        found = await api.get(f"/api/v1/namespaces/{namespace}/pods?fieldSelector={selector}")
         return list((found or {}).get("items") or [])
 
     async def _tick(self) -> None:
         for namespace in self.namespaces:
-            for pod in await self._pods(namespace):
+            for pod in await self._pods(self.scheduler, namespace, ""):
+                await self._bind(namespace, pod["metadata"])
+            # Deleted pods last, in the order they were deleted (their last change), as a kubelet's
+            # watch delivers them: a listing is in name order, and one tick can see several deletions.
+            pods = sorted(await self._pods(self.kubelet, namespace, self.name), key=lambda pod: (
+                "deletionTimestamp" in pod["metadata"],
+                int(pod["metadata"]["resourceVersion"]) if "deletionTimestamp" in pod["metadata"] else 0))
+            for pod in pods:
                 await self._handle(namespace, pod)
+
+    async def _bind(self, namespace: str, meta: dict[str, Any]) -> None:
+        status, body = await self.scheduler.request(
+            "POST", f"/api/v1/namespaces/{namespace}/pods/{meta['name']}/binding",
+            {"apiVersion": "v1", "kind": "Binding", "metadata": {"name": meta["name"], "uid": meta["uid"]},
+             "target": {"apiVersion": "v1", "kind": "Node", "name": self.name}}, "application/json")
+        # 404/409: the pod went, or was bound, since the listing (a scheduler races the same way).
+        assert status in (200, 201, 404, 409), body
+
+    async def _read(self, path: str) -> dict[str, Any] | None:
+        """A Secret or ConfigMap a pod of this node references, as the node (None if missing)."""
+        status, body = await self.kubelet.request("GET", path)
+        if status == 403:
+            raise _NotYet(f"{path}: {(body or {}).get('message')}")
+        assert status in (200, 404), body
+        return dict(body) if status == 200 else None
 
     async def _handle(self, namespace: str, pod: dict[str, Any]) -> None:
         meta, spec = pod["metadata"], pod["spec"]
         key = (namespace, meta["name"])
-        if not spec.get("nodeName"):
-            status, body = await self.api.request(
-                "POST", f"/api/v1/namespaces/{namespace}/pods/{meta['name']}/binding",
-                {"apiVersion": "v1", "kind": "Binding", "metadata": {"name": meta["name"], "uid": meta["uid"]},
-                 "target": {"apiVersion": "v1", "kind": "Node", "name": self.name}}, "application/json")
-            # 404/409: the pod went, or was bound, since the listing (a scheduler races the same way).
-            assert status in (200, 201, 404, 409), body
-            return
-        if spec["nodeName"] != self.name:
-            return
         running = self.pods.get(key)
         if running is not None and running.uid != meta["uid"]:  # a new pod under an old name
             await self._stop(key, 0)
@@ -150,13 +185,21 @@ class TestNodeAgent:
             if key not in self._terminating:
                 self._terminating[key] = asyncio.create_task(self._terminate(namespace, meta))
             return
-        if running is None:
-            running = self.pods[key] = await self._start(namespace, pod, 0)
-        elif running.proc is not None and running.proc.returncode is not None:
-            self.crashes.append(f"{meta['name']} exited {running.proc.returncode}")
-            policy = spec.get("restartPolicy", "Always")
-            if policy == "Always" or (policy == "OnFailure" and running.proc.returncode != 0):
-                running = self.pods[key] = await self._start(namespace, pod, running.restarts + 1)
+        try:
+            if running is None:
+                running = self.pods[key] = await self._start(namespace, pod, 0)
+            elif running.proc is not None and running.proc.returncode is not None:
+                if key not in self._waiting:
+                    self.crashes.append(f"{meta['name']} exited {running.proc.returncode}")
+                policy = spec.get("restartPolicy", "Always")
+                if policy == "Always" or (policy == "OnFailure" and running.proc.returncode != 0):
+                    running = self.pods[key] = await self._start(namespace, pod, running.restarts + 1)
+        except _NotYet as waiting:
+            if key not in self._waiting:  # once per pod: it is normal right after binding
+                logging.getLogger(__name__).info("test node agent %s: %s waits: %s", self.name, key, waiting)
+            self._waiting.add(key)
+            return
+        self._waiting.discard(key)
         await self._report(namespace, pod, running)
 
     async def _files(self, namespace: str, pod: dict[str, Any], root: Path) -> dict[str, str]:
@@ -168,11 +211,11 @@ class TestNodeAgent:
             local = root / mount["name"]
             local.mkdir(parents=True, exist_ok=True)
             if "configMap" in volume:
-                cm = await self.api.get(f"/api/v1/namespaces/{namespace}/configmaps/{volume['configMap']['name']}")
+                cm = await self._read(f"/api/v1/namespaces/{namespace}/configmaps/{volume['configMap']['name']}")
                 for file, text in ((cm or {}).get("data") or {}).items():
                     (local / file).write_text(text)
             elif "secret" in volume:
-                secret = await self.api.get(f"/api/v1/namespaces/{namespace}/secrets/{volume['secret']['secretName']}")
+                secret = await self._read(f"/api/v1/namespaces/{namespace}/secrets/{volume['secret']['secretName']}")
                 for file, data in ((secret or {}).get("data") or {}).items():
                     (local / file).write_bytes(base64.b64decode(data))
             mounts[mount["mountPath"]] = str(local)
@@ -185,10 +228,10 @@ class TestNodeAgent:
         for source in container.get("envFrom") or []:  # first, so that `env` wins, as in a kubelet
             prefix = source.get("prefix", "")
             if "secretRef" in source:
-                secret = await self.api.get(f"/api/v1/namespaces/{namespace}/secrets/{source['secretRef']['name']}")
+                secret = await self._read(f"/api/v1/namespaces/{namespace}/secrets/{source['secretRef']['name']}")
                 data = {k: base64.b64decode(v).decode() for k, v in ((secret or {}).get("data") or {}).items()}
             else:
-                cm = await self.api.get(f"/api/v1/namespaces/{namespace}/configmaps/{source['configMapRef']['name']}")
+                cm = await self._read(f"/api/v1/namespaces/{namespace}/configmaps/{source['configMapRef']['name']}")
                 data = dict((cm or {}).get("data") or {})
             env.update({prefix + k: v for k, v in data.items()})
         for item in container.get("env") or []:
@@ -197,11 +240,11 @@ class TestNodeAgent:
                 env[item["name"]] = fields[source["fieldRef"]["fieldPath"]]
             elif "secretKeyRef" in source:
                 ref = source["secretKeyRef"]
-                secret = await self.api.get(f"/api/v1/namespaces/{namespace}/secrets/{ref['name']}")
+                secret = await self._read(f"/api/v1/namespaces/{namespace}/secrets/{ref['name']}")
                 env[item["name"]] = base64.b64decode(((secret or {}).get("data") or {})[ref["key"]]).decode()
             elif "configMapKeyRef" in source:
                 ref = source["configMapKeyRef"]
-                cm = await self.api.get(f"/api/v1/namespaces/{namespace}/configmaps/{ref['name']}")
+                cm = await self._read(f"/api/v1/namespaces/{namespace}/configmaps/{ref['name']}")
                 env[item["name"]] = str(((cm or {}).get("data") or {})[ref["key"]])
             else:
                 env[item["name"]] = str(item.get("value", ""))
@@ -296,7 +339,7 @@ class TestNodeAgent:
             return
         flag = "True" if ready else "False"
         status_path = f"/api/v1/namespaces/{namespace}/pods/{pod['metadata']['name']}/status"
-        code, body = await self.api.request("PATCH", status_path, {"status": {
+        code, body = await self.kubelet.request("PATCH", status_path, {"status": {
             "phase": "Running", "hostIP": "127.0.0.1", "podIP": "127.0.0.1", "podIPs": [{"ip": "127.0.0.1"}],
             "startTime": status.get("startTime") or _now(),
             "conditions": [{"type": t, "status": s, "lastTransitionTime": _now()} for t, s in (
@@ -313,9 +356,9 @@ class TestNodeAgent:
         try:
             if key in self.pods:
                 await self._stop(key, int(meta.get("deletionGracePeriodSeconds") or 30))
-            await self.api.request("DELETE", f"/api/v1/namespaces/{namespace}/pods/{meta['name']}",
-                                   {"gracePeriodSeconds": 0, "preconditions": {"uid": meta["uid"]}},
-                                   "application/json")
+            await self.kubelet.request("DELETE", f"/api/v1/namespaces/{namespace}/pods/{meta['name']}",
+                                       {"gracePeriodSeconds": 0, "preconditions": {"uid": meta["uid"]}},
+                                       "application/json")
         except Exception as exc:  # surfaced by the test through `errors`
             logging.getLogger(__name__).exception("test node agent %s: stopping %s failed", self.name, key)
             self.errors.append(exc)
@@ -353,8 +396,19 @@ class TestNodeAgent:
                 raise
             await asyncio.sleep(0.2)
 
+    def _client(self, credentials: ClientCertificate) -> Api:
+        plane = self.api.plane
+        session = aiohttp.ClientSession(base_url=plane.server,
+                                        connector=aiohttp.TCPConnector(ssl=credentials.ssl_context(plane.ca)))
+        self._sessions.append(session)
+        return Api(session, plane, self.api.bootstrap, self.api.topic)
+
     async def __aenter__(self) -> TestNodeAgent:
         self.workdir.mkdir(parents=True, exist_ok=True)
+        plane = self.api.plane
+        # kubectl and openssl block: off the loop, where an operator under test may be running.
+        self.kubelet = self._client(await asyncio.to_thread(plane.node_credentials, self.name))
+        self.scheduler = self._client(await asyncio.to_thread(plane.scheduler_credentials))
         await self._register()
         self._tasks = [asyncio.create_task(self._heartbeat()), asyncio.create_task(self._loop())]
         return self
@@ -368,3 +422,5 @@ class TestNodeAgent:
         await asyncio.gather(*self._terminating.values(), return_exceptions=True)
         for key in list(self.pods):
             await self._stop(key, 10)
+        for session in self._sessions:
+            await session.close()
