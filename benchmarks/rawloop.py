@@ -72,9 +72,14 @@ def run_loop(bootstrap: str, topic: str, output: str, group: str, partitions: in
                     value = returned = counters.get(client, 0) + int(event.get("amount", 1))
                 counters[client] = value
                 partition: int = m.partition()  # type: ignore[assignment]
-                produce(output, dumps({"uuid": event.get("uuid"), "clientId": client, "created": event.get("created"),
-                                       "value": value, "returned": returned}),
-                        m.key(), partition=partition)
+                result = dumps({"uuid": event.get("uuid"), "clientId": client, "created": event.get("created"),
+                                "value": value, "returned": returned})
+                while True:
+                    try:
+                        produce(output, result, m.key(), partition=partition)
+                        break
+                    except BufferError:  # librdkafka's queue is full: let deliveries drain it
+                        producer.poll(0.05)
                 positions[partition] = m.offset() + 1  # type: ignore[operator]
                 handled += 1
             producer.poll(0)
