@@ -2,16 +2,17 @@
 
 from __future__ import annotations
 
+import threading
 import time
 from typing import Any
 
-from confluent_kafka import TopicPartition
+from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
 from keyrange.events import SOURCE_OFFSET_HEADER
 from keyrange.worker.partition import PartitionMetrics, PartitionState
 from keyrange.worker.rebuild import RestoredPartition
 from keyrange.worker.settings import WorkerSettings
-from keyrange.worker.transactions import OutputRecord, SlotTransactions
+from keyrange.worker.transactions import OutputRecord, SlotTransactions, TransactionFailed
 
 SETTINGS = WorkerSettings(bootstrap="127.0.0.1:1", topic="events", group_id="g", worker_id="w0")
 
@@ -69,3 +70,40 @@ def test_each_slot_has_its_own_transactional_id_whoever_holds_it() -> None:
     other_worker = WorkerSettings(bootstrap="127.0.0.1:1", topic="events", group_id="g", worker_id="w7")
     assert len(ids) == 12 and other_worker.slot_transactional_id(3) == SETTINGS.slot_transactional_id(3)
     assert SETTINGS.slot_transactional_id(3) == "keyrange-g-slot-3"
+
+
+class StuckProducer(RecordingProducer):
+    """A producer fenced while a commit was in flight (a frozen zombie): librdkafka answers every
+    other transactional call with _CONFLICT, flagged retriable, for as long as the process lives."""
+
+    def commit_transaction(self, timeout: float) -> None:
+        self.calls.append("commit")
+        raise KafkaException(KafkaError(KafkaError._CONFLICT, "Conflicting commit_transaction API call is already "
+                                        "in progress"))
+
+    def abort_transaction(self, timeout: float) -> None:
+        self.calls.append("abort")
+        raise KafkaException(KafkaError(KafkaError._CONFLICT, "Conflicting commit_transaction API call is already "
+                                        "in progress", retriable=True))
+
+
+def test_a_producer_stuck_behind_an_unfinished_call_fails_the_slot_instead_of_retrying_forever() -> None:
+    output = SlotTransactions(SETTINGS, 5, group_metadata=None)
+    output._created.result()
+    producer = StuckProducer()
+    output._producer = producer  # type: ignore[assignment]
+    output._initialised = True
+    outcome: list[BaseException] = []
+
+    def commit() -> None:
+        try:
+            output._commit([OutputRecord("events.processed", 5, b"1", b"{}")], [TopicPartition("events", 5, 10)])
+        except BaseException as exc:  # noqa: BLE001 - handed to the test's thread
+            outcome.append(exc)
+
+    worker = threading.Thread(target=commit, daemon=True)
+    worker.start()
+    worker.join(20)
+    assert not worker.is_alive(), f"still retrying after 20 s: {producer.calls[-5:]}"
+    assert len(outcome) == 1 and isinstance(outcome[0], TransactionFailed), outcome
+    assert "stuck behind a transactional call" in str(outcome[0])

@@ -158,19 +158,30 @@ class SlotTransactions:
                 return
             except KafkaException as exc:
                 error: KafkaError = exc.args[0]
-                if error.fatal():
-                    fenced = error.code() in (KafkaError._FENCED, KafkaError.PRODUCER_FENCED,
-                                              KafkaError.INVALID_PRODUCER_EPOCH)
-                    why = (f"slot {self.slot} was acquired by another worker (its transactional id fenced this one), "
-                           f"or Kafka was away longer than the transaction timeout "
-                           f"({TRANSACTION_TIMEOUT_MS // 1000} s) and aborted the transaction" if fenced
-                           else f"transaction of {len(records)} records of slot {self.slot} failed")
-                    raise TransactionFailed(
-                        f"{why}: {error}; the worker stops so that a restart (or the slot's owner) resumes from "
-                        "the last committed offsets"
-                    ) from exc
+                if error.fatal() or error.code() == KafkaError._CONFLICT:
+                    raise self._failed(error, len(records)) from exc
                 retry.failed(f"the transaction was aborted ({error})")
-                self._retrying(retry, "aborting", lambda: producer.abort_transaction(self._timeout))
+                try:
+                    self._retrying(retry, "aborting", lambda: producer.abort_transaction(self._timeout))
+                except KafkaException as abort_exc:
+                    raise self._failed(abort_exc.args[0], len(records)) from abort_exc
+
+    def _failed(self, error: KafkaError, records: int) -> TransactionFailed:
+        if error.code() in (KafkaError._FENCED, KafkaError.PRODUCER_FENCED, KafkaError.INVALID_PRODUCER_EPOCH):
+            why = (f"slot {self.slot} was acquired by another worker (its transactional id fenced this one), "
+                   f"or Kafka was away longer than the transaction timeout ({TRANSACTION_TIMEOUT_MS // 1000} s) "
+                   "and aborted the transaction")
+        elif error.code() == KafkaError._CONFLICT:
+            # librdkafka still runs a transactional call that timed out (e.g. a commit while this
+            # worker was frozen or Kafka away) and refuses any other until it ends; when the broker
+            # has fenced the producer meanwhile, it never does, and retrying the abort spun forever.
+            why = f"slot {self.slot}'s producer is stuck behind a transactional call that did not finish"
+        else:
+            why = f"transaction of {records} records of slot {self.slot} failed"
+        return TransactionFailed(
+            f"{why}: {error}; the worker stops so that a restart (or the slot's owner) resumes from "
+            "the last committed offsets"
+        )
 
     @property
     def _timeout(self) -> float:
@@ -185,8 +196,8 @@ class SlotTransactions:
                 return
             except KafkaException as exc:
                 error: KafkaError = exc.args[0]
-                if error.fatal() or not error.retriable():
-                    raise
+                if error.fatal() or not error.retriable() or error.code() == KafkaError._CONFLICT:
+                    raise  # _CONFLICT: another call is still in progress; see `_failed`
                 retry.failed(f"{what} failed ({error})")
 
     def _flush(self, producer: Producer, retry: _Backoff) -> None:
