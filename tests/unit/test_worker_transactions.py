@@ -40,12 +40,18 @@ class RecordingProducer:
         self.calls.append("commit")
 
 
-def test_offsets_join_the_transaction_only_after_every_output_was_acknowledged() -> None:
-    output = SlotTransactions(SETTINGS, 0, group_metadata=None)
+def open_slot(slot: int, producer: RecordingProducer) -> SlotTransactions:
+    """A slot's transactions, initialised, writing through `producer` instead of Kafka."""
+    output = SlotTransactions(SETTINGS, slot, group_metadata=None)
     output._created.result()
-    producer = RecordingProducer()
     output._producer = producer  # type: ignore[assignment]
     output._initialised = True
+    return output
+
+
+def test_offsets_join_the_transaction_only_after_every_output_was_acknowledged() -> None:
+    producer = RecordingProducer()
+    output = open_slot(0, producer)
     records = [OutputRecord("events.processed", 0, b"1", b"{}"), OutputRecord("g.state", 0, b"1", b"5")]
     output._commit(records, [TopicPartition("events", 0, 10)])
     assert producer.calls == ["begin", "produce events.processed", "produce g.state", "flush",
@@ -88,11 +94,8 @@ class StuckProducer(RecordingProducer):
 
 
 def test_a_producer_stuck_behind_an_unfinished_call_fails_the_slot_instead_of_retrying_forever() -> None:
-    output = SlotTransactions(SETTINGS, 5, group_metadata=None)
-    output._created.result()
     producer = StuckProducer()
-    output._producer = producer  # type: ignore[assignment]
-    output._initialised = True
+    output = open_slot(5, producer)
     outcome: list[BaseException] = []
 
     def commit() -> None:
