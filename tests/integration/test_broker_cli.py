@@ -10,9 +10,10 @@ import sys
 import time
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
+from typing import Any
 
 import pytest
-from confluent_kafka import Consumer, Producer, TopicPartition
+from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic, PartitionMetadata
 
 from keyrange.local.kafka import answers_api_versions
@@ -153,6 +154,19 @@ def test_tansu_has_no_nodes_option() -> None:
     assert result.stderr.strip() == "keyrange broker: error: tansu runs a single node: --nodes needs --engine kafka"
 
 
+def _described(admin: AdminClient, resource: ConfigResource) -> dict[str, Any]:
+    """The resource's configs, once the node asked knows the new topic (a node of the quorum can
+    answer UNKNOWN_TOPIC_OR_PART for a moment after the topic was created)."""
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            return dict(admin.describe_configs([resource])[resource].result(timeout=10))
+        except KafkaException as exc:
+            if exc.args[0].code() != KafkaError.UNKNOWN_TOPIC_OR_PART or time.monotonic() > deadline:
+                raise
+            time.sleep(0.2)
+
+
 def test_a_three_node_quorum_elects_leaders_and_replicates_to_all(broker_command: StartBroker) -> None:
     command = broker_command(["--engine", "kafka", "--port", "0", "--nodes", "3"])
     bootstrap = command.bootstrap()
@@ -167,7 +181,7 @@ def test_a_three_node_quorum_elects_leaders_and_replicates_to_all(broker_command
     for p in partitions.values():
         assert sorted(p.replicas) == [1, 2, 3]
     resource = ConfigResource(ConfigResource.Type.TOPIC, "replicated")
-    configs = admin.describe_configs([resource])[resource].result(timeout=10)
+    configs = _described(admin, resource)
     assert configs["min.insync.replicas"].value == "2"
 
     producer = Producer({"bootstrap.servers": bootstrap, "acks": "all", "enable.idempotence": True})

@@ -53,6 +53,8 @@ from tests.operator.conftest import Api
 from tests.operator.kubecluster import ClientCertificate
 
 POD_DNS = Path(__file__).parent / "pod_dns"
+CHECKOUT = Path(__file__).resolve().parents[2]
+"""The project's checkout (the pods run from its venv)."""
 """Holds the sitecustomize.py that gives the agent's processes pod DNS."""
 
 
@@ -261,6 +263,11 @@ class TestNodeAgent:
         env = await self._env(namespace, pod, container)
 
         def local(value: str) -> str:
+            if value == str(CHECKOUT) or value.startswith(f"{CHECKOUT}/"):
+                # The project's own checkout, where the pods' processes run from (a test's handler
+                # module on PYTHONPATH): a host path, never a container path under a mount, even
+                # when the checkout lies below one (a clone in /tmp under the pod's /tmp volume).
+                return value
             for path, folder in mounts.items():
                 if value == path or value.startswith(path.rstrip("/") + "/"):
                     return folder + value[len(path.rstrip("/")):]
