@@ -59,7 +59,12 @@ def test_a_worker_waits_out_a_broker_outage_and_loses_nothing(own_kafka: KafkaCl
              "every event handled after the broker came back", proc=worker, log_path=log_path)
     finally:
         worker.send_signal(signal.SIGTERM)
-        assert worker.wait(60) == 0, log_path.read_text()[-3000:]
+        try:
+            code = worker.wait(60)
+        except subprocess.TimeoutExpired:
+            worker.kill()  # never leave it behind (a commit retried forever ignored SIGTERM once)
+            raise
+        assert code == 0, log_path.read_text()[-3000:]
     # librdkafka's reconnect attempts are summarised: a handful of lines, not one per attempt.
     assert librdkafka_lines(during) <= 30, during[-3000:]
     check_all(log, read_processed(bootstrap, f"{topic_name}.processed", distinct),
