@@ -6,7 +6,8 @@ An attempt that has not returned after `handler_timeout_seconds` fails like an e
 call cannot block its client, its partition's commits and every handoff of its slot forever. An
 async call is cancelled; a sync call cannot be (Python cannot stop a thread), so its thread is
 left to finish on its own and counted (`keyrange_handler_calls_abandoned`): the worker reports
-itself unhealthy when half its threads are stuck that way (health.py).
+itself unhealthy when half its threads are stuck that way (health.py). One watchdog keeps every
+call's deadline (deadlines.py).
 Each attempt gets a fresh context whose state is the client's committed state, so a failed
 attempt leaves no trace (context.py). A slot released while an attempt runs is not retried here:
 its new owner runs the event.
@@ -26,6 +27,7 @@ from keyrange.handlers import Handler
 from keyrange.ranges.pauses import HandoffPauses
 from keyrange.worker.commits import Outcome
 from keyrange.worker.context import ClientState, HandlerContext
+from keyrange.worker.deadlines import CallDeadlines
 from keyrange.worker.intake import Job
 from keyrange.worker.outputs import OutputStage
 from keyrange.worker.settings import WorkerSettings
@@ -49,6 +51,7 @@ class AttemptRunner:
         self._pool = pool
         self._stats = stats
         self._pauses = pauses
+        self._deadlines = CallDeadlines(settings.handler_timeout_seconds)
         labels = (settings.metrics_consumer, settings.worker_id)
         self._latency = metric_defs.EVENT_LATENCY.labels(*labels)
         self._handler_seconds = metric_defs.HANDLER_SECONDS.labels(*labels)
@@ -115,25 +118,26 @@ class AttemptRunner:
             return
 
     async def _call(self, body: dict[str, object], ctx: HandlerContext) -> object:
-        function, timeout = self._handler.function, self._settings.handler_timeout_seconds
-        # asyncio.timeout, not wait_for: on Python 3.11 wait_for runs every call in a Task of its own
-        # (a task, a done callback and a loop pass per event); the timeout cancels the call in place.
-        if self._handler.is_async:
-            try:
-                async with asyncio.timeout(timeout):
-                    return await function(body, ctx)
-            except TimeoutError:
-                self._timeouts.inc()
-                raise HandlerTimeout(f"the handler did not return within {timeout:g} s (cancelled)") from None
-        future = self._pool.submit(function, body, ctx)
+        function, deadlines = self._handler.function, self._deadlines
+        future: Future[object] | None = None
+        call = deadlines.start()
         try:
-            async with asyncio.timeout(timeout):
-                return await asyncio.wrap_future(future)
-        except TimeoutError:
+            if self._handler.is_async:
+                return await function(body, ctx)
+            future = self._pool.submit(function, body, ctx)
+            return await asyncio.wrap_future(future)
+        except asyncio.CancelledError:
+            if not deadlines.timed_out(call):
+                raise
             self._timeouts.inc()
+            timeout = deadlines.timeout_seconds
+            if future is None:
+                raise HandlerTimeout(f"the handler did not return within {timeout:g} s (cancelled)") from None
             self._abandon(future)
             raise HandlerTimeout(f"the handler did not return within {timeout:g} s (its thread is left to "
                                  "finish; its result is ignored)") from None
+        finally:
+            deadlines.finish(call)
 
     def _abandon(self, future: Future[object]) -> None:
         loop = asyncio.get_running_loop()
