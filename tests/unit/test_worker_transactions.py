@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
 from typing import Any
@@ -39,6 +40,12 @@ class RecordingProducer:
     def commit_transaction(self, timeout: float) -> None:
         self.calls.append("commit")
 
+    def list_topics(self, topic: str, timeout: float) -> None:
+        self.calls.append(f"metadata {topic}")
+
+    def init_transactions(self, timeout: float) -> None:
+        self.calls.append("init")
+
 
 def open_slot(slot: int, producer: RecordingProducer) -> SlotTransactions:
     """A slot's transactions, initialised, writing through `producer` instead of Kafka."""
@@ -56,6 +63,17 @@ def test_offsets_join_the_transaction_only_after_every_output_was_acknowledged()
     output._commit(records, [TopicPartition("events", 0, 10)])
     assert producer.calls == ["begin", "produce events.processed", "produce g.state", "flush",
                               "send_offsets", "commit"]
+
+
+def test_a_slot_is_initialised_over_a_broker_connection_already_up() -> None:
+    """librdkafka asks for the transaction coordinator only over a connection that is up, and
+    otherwise tries again after a fixed 500 ms: most of a handoff's pause on Apache Kafka."""
+    producer = RecordingProducer()
+    output = SlotTransactions(SETTINGS, 3, group_metadata=None)
+    output._created.result()
+    output._producer = producer  # type: ignore[assignment]
+    asyncio.run(output.open())
+    assert producer.calls == ["metadata events.processed", "init"]
 
 
 def test_changelog_records_carry_the_source_offset_of_the_last_change() -> None:
