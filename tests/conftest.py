@@ -76,7 +76,10 @@ def any_bootstrap(broker_engine: BrokerUnderTest) -> str:
 
 @pytest.fixture(scope="session")
 def _kafka_cluster3_session() -> Iterator[KafkaCluster]:
-    with KafkaCluster(nodes=3, jvm_options=QUICK_START_JVM_OPTIONS) as cluster:
+    # Fault tests restart nodes under load: on 2 busy shared cores a restarted node was measured
+    # taking over 90 s to serve again (it replays the metadata log while starved of CPU); this
+    # bounds a hang, the wait itself is for the node to answer.
+    with KafkaCluster(nodes=3, jvm_options=QUICK_START_JVM_OPTIONS, start_timeout_seconds=240.0) as cluster:
         yield cluster
 
 

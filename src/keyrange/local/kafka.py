@@ -208,6 +208,16 @@ class KafkaNode:
         return None if self._process is None else self._process.poll()
 
 
+@dataclass(frozen=True)
+class PartitionState:
+    """One partition as the cluster's metadata describes it (node ids)."""
+
+    leader: int
+    """-1 while the partition has no leader."""
+    replicas: tuple[int, ...]
+    in_sync: frozenset[int]
+
+
 @dataclass
 class KafkaCluster:
     """Apache Kafka in KRaft mode on 127.0.0.1 with `nodes` combined nodes; a context manager.
@@ -325,10 +335,22 @@ class KafkaCluster:
         """The node with this node.id."""
         return next(n for n in self.members if n.node_id == node_id)
 
+    def _answering_bootstrap(self) -> str:
+        """The nodes that run and are not frozen (a frozen node accepts connections, then never answers)."""
+        return ",".join(n.bootstrap for n in self.members if n.is_running() and not n.paused)
+
+    def partitions(self, topic: str, timeout_seconds: float = 10.0) -> dict[int, PartitionState]:
+        """Each partition of `topic`: leader, replicas and in-sync replicas, as the metadata of the
+        running, unfrozen nodes says now."""
+        admin = AdminClient({"bootstrap.servers": self._answering_bootstrap(), "log_level": 0})
+        meta = admin.list_topics(topic, timeout=timeout_seconds).topics.get(topic)
+        if meta is None or meta.error is not None:
+            raise BrokerError(f"no metadata for topic {topic!r}: {meta.error if meta else 'unknown topic'}")
+        return {p: PartitionState(m.leader, tuple(m.replicas), frozenset(m.isrs)) for p, m in meta.partitions.items()}
+
     def leader_of(self, topic: str, partition: int, timeout_seconds: float = 10.0) -> KafkaNode:
         """The node that leads `topic`'s `partition`, as the cluster's metadata says now."""
-        serving = ",".join(n.bootstrap for n in self.members if n.is_running())
-        admin = AdminClient({"bootstrap.servers": serving, "log_level": 0})
+        admin = AdminClient({"bootstrap.servers": self._answering_bootstrap(), "log_level": 0})
         deadline = time.monotonic() + timeout_seconds
         while True:
             topics = admin.list_topics(topic, timeout=timeout_seconds).topics
