@@ -1,10 +1,14 @@
 """A worker's RangeMember rides out a control topic it cannot write to for a while (its partition
-between leaders while a broker dies or restarts): it retries the round, it does not end the worker."""
+between leaders while a broker dies or restarts): it retries the round, it does not end the worker.
+And it acquires again a slot the engine let go by itself (its producer failed) while the newest
+publication still gives it to this worker, and only then."""
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Collection, Set
+from collections.abc import Callable, Collection, Set
+
+from confluent_kafka import KafkaError, KafkaException
 
 from keyrange.ranges.channel import ControlState, ControlWriteFailed, Publication, WorkerReport
 from keyrange.ranges.member import RangeMember
@@ -14,12 +18,14 @@ from keyrange.ranges.rangemap import RangeMap
 class Engine:
     def __init__(self) -> None:
         self.held: set[int] = set()
+        self.acquired: list[set[int]] = []
 
     @property
     def held_slots(self) -> Set[int]:
         return self.held
 
     async def acquire(self, slots: Collection[int]) -> None:
+        self.acquired.append(set(slots))
         self.held |= set(slots)
 
     async def release(self, slots: Collection[int]) -> None:
@@ -67,3 +73,77 @@ async def test_a_report_that_cannot_be_written_is_retried_not_fatal() -> None:
     await asyncio.wait_for(running, 10)
     assert member.applied_epoch == 3
     assert engine.held == {0, 1, 2}
+
+
+class CatchingUpChannel(UnwritableChannel):
+    """A control channel whose catch-up reads `newer`, a publication the member had not seen yet."""
+
+    def __init__(self, publication: Publication, newer: Publication | None = None) -> None:
+        super().__init__(publication, failures=0)
+        self.newer = newer
+        self.catch_ups = 0
+
+    def catch_up(self, timeout_seconds: float = 10.0) -> None:
+        self.catch_ups += 1
+        if self.newer is not None:
+            self.state = ControlState(self.newer)
+
+
+async def run_until(member: RangeMember, condition: Callable[[], bool]) -> None:
+    stop = asyncio.Event()
+    running = asyncio.create_task(member.run(stop))
+
+    async def reached() -> None:
+        while not condition():
+            assert not running.done(), f"the member ended: {running.exception()!r}"
+            await asyncio.sleep(0.01)
+
+    try:
+        await asyncio.wait_for(reached(), 10)
+    finally:
+        stop.set()
+        await asyncio.wait_for(running, 10)
+
+
+async def test_a_slot_the_engine_lost_in_place_is_acquired_again_while_the_publication_still_gives_it() -> None:
+    engine = Engine()
+    channel = CatchingUpChannel(Publication(RangeMap.even(6, 2, epoch=3)))
+    member = RangeMember(engine, channel, 0, heartbeat_seconds=0.01, poll_seconds=0.01)  # type: ignore[arg-type]
+    await run_until(member, lambda: member.applied_epoch == 3)
+    engine.held.discard(1)  # its producer was fenced during a broker fault: released without committing
+    await run_until(member, lambda: engine.held == {0, 1, 2})
+    assert engine.acquired == [{0, 1, 2}, {1}]
+    assert channel.catch_ups >= 2  # decided on the caught-up publication, not a stale one
+    assert channel.delivered[-1].held == {0, 1, 2}
+
+
+async def test_a_lost_slot_a_newer_epoch_gives_away_is_not_acquired_again() -> None:
+    engine = Engine()
+    channel = CatchingUpChannel(Publication(RangeMap.even(6, 2, epoch=3)))
+    member = RangeMember(engine, channel, 0, heartbeat_seconds=0.01, poll_seconds=0.01)  # type: ignore[arg-type]
+    await run_until(member, lambda: member.applied_epoch == 3)
+    # Fenced by its new owner: epoch 4 (three workers) gave slot 2 away, and the member has not read it.
+    channel.newer = Publication(RangeMap.even(6, 3, epoch=4))
+    engine.held.discard(2)
+    await run_until(member, lambda: member.applied_epoch == 4)
+    assert engine.acquired == [{0, 1, 2}]
+    assert engine.held == {0, 1}
+
+
+async def test_an_acquire_of_lost_slots_that_fails_is_tried_again() -> None:
+    class FlakyEngine(Engine):
+        failures = 1
+
+        async def acquire(self, slots: Collection[int]) -> None:
+            if self.acquired and self.failures:  # the first re-acquire: the broker is still restarting
+                self.failures -= 1
+                raise KafkaException(KafkaError(KafkaError._DESTROY_BROKER, "Failed to get offsets"))
+            await super().acquire(slots)
+
+    engine = FlakyEngine()
+    channel = CatchingUpChannel(Publication(RangeMap.even(6, 2, epoch=3)))
+    member = RangeMember(engine, channel, 0, heartbeat_seconds=0.01, poll_seconds=0.01)  # type: ignore[arg-type]
+    await run_until(member, lambda: member.applied_epoch == 3)
+    engine.held.discard(0)
+    await run_until(member, lambda: engine.held == {0, 1, 2})
+    assert engine.failures == 0 and engine.acquired == [{0, 1, 2}, {0}]

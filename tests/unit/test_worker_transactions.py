@@ -10,6 +10,7 @@ from typing import Any
 from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
 from keyrange.events import SOURCE_OFFSET_HEADER
+from keyrange.worker import transactions
 from keyrange.worker.partition import PartitionMetrics, PartitionState
 from keyrange.worker.rebuild import RestoredPartition
 from keyrange.worker.settings import WorkerSettings
@@ -128,3 +129,93 @@ def test_a_producer_stuck_behind_an_unfinished_call_fails_the_slot_instead_of_re
     assert not worker.is_alive(), f"still retrying after 20 s: {producer.calls[-5:]}"
     assert len(outcome) == 1 and isinstance(outcome[0], TransactionFailed), outcome
     assert "stuck behind a transactional call" in str(outcome[0])
+
+
+class UnansweredOffsetsProducer(RecordingProducer):
+    """After a broker outage librdkafka (2.16) can leave AddOffsetsToTxn unanswered for good: every
+    send_offsets_to_transaction times out (retriable), however often it is tried."""
+
+    def send_offsets_to_transaction(self, offsets: Any, metadata: Any, timeout: float) -> None:
+        self.calls.append("send_offsets")
+        time.sleep(0.05)  # stands for the call's own timeout (kafka_timeout_seconds)
+        raise KafkaException(KafkaError(KafkaError._TIMED_OUT, "Transactional API operation (send_offsets) timed out",
+                                        retriable=True))
+
+
+def commit_in_thread(output: SlotTransactions) -> tuple[threading.Thread, list[BaseException]]:
+    outcome: list[BaseException] = []
+
+    def commit() -> None:
+        try:
+            output._commit([OutputRecord("events.processed", 5, b"1", b"{}")], [TopicPartition("events", 5, 10)])
+        except BaseException as exc:  # noqa: BLE001 - handed to the test's thread
+            outcome.append(exc)
+
+    thread = threading.Thread(target=commit, daemon=True)
+    thread.start()
+    return thread, outcome
+
+
+def test_a_commit_retried_past_the_transaction_timeout_gives_its_producer_up(monkeypatch: Any) -> None:
+    # The broker has aborted the transaction by then anyway; the slot's next acquire starts afresh.
+    monkeypatch.setattr(transactions, "TRANSACTION_TIMEOUT_MS", 1500)
+    producer = UnansweredOffsetsProducer()
+    thread, outcome = commit_in_thread(open_slot(5, producer))
+    thread.join(20)
+    assert not thread.is_alive(), f"still retrying after 20 s: {producer.calls[-5:]}"
+    assert len(outcome) == 1 and isinstance(outcome[0], TransactionFailed), outcome
+    assert "over more than the transaction timeout" in str(outcome[0]) and outcome[0].gave_up
+    assert producer.calls.count("send_offsets") >= 2  # it did wait out a while first
+
+
+def test_a_stopping_worker_does_not_wait_for_a_commit_retrying_against_an_unavailable_kafka() -> None:
+    producer = UnansweredOffsetsProducer()
+    output = open_slot(5, producer)
+    thread, outcome = commit_in_thread(output)
+    while "send_offsets" not in producer.calls:
+        time.sleep(0.01)
+    output.stop_retrying()  # what Worker.stop does on SIGTERM
+    thread.join(5)  # the transaction timeout (60 s) is not waited for
+    assert not thread.is_alive(), f"still retrying: {producer.calls[-5:]}"
+    assert len(outcome) == 1 and isinstance(outcome[0], TransactionFailed), outcome
+    assert "the worker is stopping" in str(outcome[0])
+
+
+def test_a_producer_fenced_by_kafka_is_not_one_the_worker_gave_up() -> None:
+    class FencedProducer(RecordingProducer):
+        def commit_transaction(self, timeout: float) -> None:
+            raise KafkaException(KafkaError(KafkaError._FENCED, "Producer fenced by newer instance", fatal=True))
+
+    thread, outcome = commit_in_thread(open_slot(5, FencedProducer()))
+    thread.join(5)
+    assert len(outcome) == 1 and isinstance(outcome[0], TransactionFailed) and not outcome[0].gave_up, outcome
+
+
+class NeverReturningOffsetsProducer(RecordingProducer):
+    """librdkafka (2.16) leaves send_offsets_to_transaction blocked past its own timeout, for good,
+    when the group coordinator's broker died and left the metadata (librdkafka issues 5456, 5511)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.released = threading.Event()
+
+    def send_offsets_to_transaction(self, offsets: Any, metadata: Any, timeout: float) -> None:
+        self.calls.append("send_offsets")
+        self.released.wait()  # blocked in C: nothing in the process can interrupt it
+
+
+async def test_a_send_offsets_that_never_returns_gives_its_producer_up(monkeypatch: Any) -> None:
+    monkeypatch.setattr(transactions, "OFFSETS_STUCK_SECONDS", 0.5)
+    producer = NeverReturningOffsetsProducer()
+    output = open_slot(5, producer)
+    try:
+        thread, outcome = commit_in_thread(output)
+        thread.join(10)
+        assert not thread.is_alive(), f"the commit waits for a call that never returns: {producer.calls[-5:]}"
+        assert len(outcome) == 1 and isinstance(outcome[0], TransactionFailed), outcome
+        assert "did not return within 0.5 s" in str(outcome[0]) and outcome[0].gave_up
+        calls = len(producer.calls)
+        await output.close()  # the stuck producer is left alone: a flush could block behind the call
+        assert len(producer.calls) == calls
+    finally:
+        producer.released.set()

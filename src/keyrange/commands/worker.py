@@ -28,6 +28,7 @@ from keyrange.kafkaio import StopRequested
 from keyrange.ranges.slots import format_slot_list, parse_slot_list
 from keyrange.spec import load_file
 from keyrange.worker import Worker, WorkerSettings
+from keyrange.worker.engine import SlotFailure
 from keyrange.worker.health import Health
 from keyrange.worker.health import serve as serve_probes
 from keyrange.worker.stats import percentile
@@ -157,7 +158,10 @@ def run(args: argparse.Namespace) -> int:
 
 
 async def _serve(p: WorkerPlan, summary_seconds: float, health: Health) -> None:
-    worker = Worker(p.settings, p.handler, health=health)
+    # Under a controller the range member acquires a failed slot again if it is still this worker's;
+    # static slots are acquired again in place only when the worker gave a stuck producer up.
+    on_slot_failure = SlotFailure.RELEASE if p.slots is None else SlotFailure.REACQUIRE_IF_GAVE_UP
+    worker = Worker(p.settings, p.handler, health=health, on_slot_failure=on_slot_failure)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):

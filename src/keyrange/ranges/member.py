@@ -17,10 +17,13 @@ import os
 from collections.abc import Collection, Set
 from typing import Protocol
 
+from confluent_kafka import KafkaException
+
 from keyrange.ranges.channel import ControlChannel, ControlWriteFailed, Prepare, Publication, WorkerReport, now_ms
 from keyrange.ranges.ownership import in_transit_towards, to_acquire, to_release
 from keyrange.ranges.pauses import HandoffPauses
 from keyrange.ranges.slots import format_slot_list
+from keyrange.worker.transactions import TransactionFailed
 
 log = logging.getLogger(__name__)
 
@@ -70,6 +73,8 @@ class RangeMember:
         self._warm: tuple[int, frozenset[int]] = (0, frozenset())
         """(prepare epoch, slots) of the newest finished read-ahead."""
         self._read_ahead_task: asyncio.Task[None] | None = None
+        self._lost_retry = (0.0, 0.5)
+        """(loop time, delay): when a failed acquire of lost slots may be tried again, and the next delay."""
 
     async def run(self, stop: asyncio.Event) -> None:
         """Follow the control topic until `stop` is set; then report holding nothing the engine
@@ -120,8 +125,35 @@ class RangeMember:
                 await self.engine.acquire(granted)
                 await self.report(pub.epoch)
             self.applied_epoch = pub.epoch
+        elif to_acquire(self.engine.held_slots, pub.allowed_slots(self.worker)) and loop.time() >= self._lost_retry[0]:
+            await self._acquire_lost(pub.epoch)
         elif loop.time() - self._last_report >= self.heartbeat_seconds:
             await self.report(self.applied_epoch)
+
+    async def _acquire_lost(self, epoch: int) -> None:
+        """Acquire again the slots of the applied epoch the engine let go by itself (their producer
+        was fenced or gave up during a broker fault), if the newest publication, read to the end of
+        the topic first, still gives them to this worker; a newer epoch is applied the usual way."""
+        await asyncio.to_thread(self.channel.catch_up)
+        pub = self.channel.state.publication
+        if pub is None or pub.epoch != epoch:
+            return
+        lost = to_acquire(self.engine.held_slots, pub.allowed_slots(self.worker))
+        if lost:
+            log.warning("w%d epoch %d: acquiring %s again: their producer failed", self.worker, epoch,
+                        format_slot_list(sorted(lost)))
+            try:
+                await self.engine.acquire(lost)
+            except (KafkaException, TransactionFailed) as exc:
+                # The broker fault that failed the producer can fail its restore too: the acquire
+                # left nothing behind, so it is tried again, with a growing pause.
+                at, delay = asyncio.get_running_loop().time(), self._lost_retry[1]
+                self._lost_retry = (at + delay, min(delay * 2, 30.0))
+                log.warning("w%d: acquiring %s again failed (%s); trying again in %.1f s", self.worker,
+                            format_slot_list(sorted(lost)), exc, delay)
+                return
+            self._lost_retry = (0.0, 0.5)
+            await self.report(epoch)
 
     def _note_transit(self, pub: Publication) -> None:
         """Remember since when each slot has been in transit towards this worker (a pause starts there)."""

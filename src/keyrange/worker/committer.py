@@ -22,7 +22,7 @@ from keyrange.worker.commits import Totals
 from keyrange.worker.partition import PartitionState
 from keyrange.worker.settings import WorkerSettings
 from keyrange.worker.stats import WorkerStats
-from keyrange.worker.transactions import OutputRecord
+from keyrange.worker.transactions import OutputRecord, TransactionFailed
 
 
 @dataclass(slots=True)
@@ -42,9 +42,13 @@ class Committer:
     """Commits the held partitions' finished work (module docstring)."""
 
     def __init__(self, settings: WorkerSettings, partitions: Callable[[], Iterable[PartitionState]],
-                 stats: WorkerStats) -> None:
+                 stats: WorkerStats,
+                 slot_failed: Callable[[PartitionState, TransactionFailed], bool] = lambda ps, exc: False) -> None:
         self._settings = settings
         self._partitions = partitions
+        self._slot_failed = slot_failed
+        """Told of a slot whose transaction failed; True: the worker goes on without it (it is
+        marked `lost` and never committed again), False: commit_now raises the error."""
         self._stats = stats
         self._transactions = metric_defs.TRANSACTIONS.labels(settings.metrics_consumer, settings.worker_id)
         self.lock = asyncio.Lock()
@@ -64,6 +68,8 @@ class Committer:
         async with self.lock:
             batches: list[_Batch] = []
             for ps in list(self._partitions()):
+                if ps.lost:
+                    continue  # its producer failed: what it staged is discarded with it
                 records, processed, dead_letters = ps.take_outputs(s.state)
                 committable = ps.window.committable
                 offsets: list[TopicPartition] = []
@@ -81,7 +87,8 @@ class Committer:
             failure: BaseException | None = None
             for batch, result in zip(batches, results, strict=True):
                 if isinstance(result, BaseException):
-                    failure = failure or result
+                    if not (isinstance(result, TransactionFailed) and self._slot_failed(batch.ps, result)):
+                        failure = failure or result
                     continue
                 self._transactions.inc()
                 ps = batch.ps

@@ -20,9 +20,10 @@ import logging
 import time
 from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
+from enum import Enum
 from typing import Any
 
-from confluent_kafka import Message
+from confluent_kafka import KafkaException, Message
 
 from keyrange import metrics as metric_defs
 from keyrange.handlers import Handler
@@ -40,7 +41,7 @@ from keyrange.worker.readahead import Prefetched, Restorer
 from keyrange.worker.scheduler import ClientScheduler
 from keyrange.worker.settings import WorkerSettings
 from keyrange.worker.stats import WorkerStats
-from keyrange.worker.transactions import SlotTransactions
+from keyrange.worker.transactions import SlotTransactions, TransactionFailed
 
 log = logging.getLogger(__name__)
 fetch_log = logging.getLogger("keyrange.worker.fetch")
@@ -48,6 +49,21 @@ fetch_log = logging.getLogger("keyrange.worker.fetch")
 fetch_log.addFilter(RepeatSummary())
 
 GAUGE_INTERVAL_SECONDS = 1.0
+
+
+class SlotFailure(Enum):
+    """What a worker does when a slot's producer fails (fenced, or it gave up retrying a commit)."""
+
+    STOP_WORKER = "stop"
+    """The worker fails with the slot's error (a restart resumes from the committed offsets)."""
+    RELEASE = "release"
+    """The slot is released without committing and the worker goes on; whoever assigns slots
+    acquires it again if it is still this worker's (the range member, `keyrange worker` under a
+    controller): a broker fault that aborted a transaction costs a re-acquire, not a restart."""
+    REACQUIRE_IF_GAVE_UP = "reacquire"
+    """Static slots: released without committing and acquired again in place when the worker gave
+    the producer up (stuck, Kafka away past the transaction timeout); any other failure, e.g. fenced
+    by another producer of the slot, fails the worker (two workers may hold the same slots)."""
 
 
 class _AcquireTicket:
@@ -61,9 +77,10 @@ class Worker:
     """One worker: handles the events of the slots it holds, keeping the guarantees of docs/design.md."""
 
     def __init__(self, settings: WorkerSettings, handler: Handler, metrics: WorkerStats | None = None,
-                 health: Health | None = None) -> None:
+                 health: Health | None = None, on_slot_failure: SlotFailure = SlotFailure.STOP_WORKER) -> None:
         self.settings = settings
         self.handler = handler
+        self.on_slot_failure = on_slot_failure
         self.stats = metrics or WorkerStats()
         """Totals and recent latencies, for the CLI summary and tests (Prometheus is separate)."""
         self.handoff_pauses = HandoffPauses(settings.metrics_consumer, settings.worker_id)
@@ -73,6 +90,8 @@ class Worker:
         self.health.max_abandoned = max(1, settings.concurrency // 2)
         self._partitions: dict[int, PartitionState] = {}
         self._acquiring: dict[int, _AcquireTicket] = {}
+        self._losing: dict[int, asyncio.Task[None]] = {}
+        """Slots whose producer failed, being released (see `_slot_failed`)."""
         self._consumer = ThreadedConsumer(settings)
         self._group_metadata: Any = None
         """The consumer's group metadata, for each slot's send_offsets_to_transaction."""
@@ -130,7 +149,7 @@ class Worker:
         attempts = AttemptRunner(s, self.handler, self._outputs, self._pool, self.stats, self.handoff_pauses)
         self.health.set_abandoned_source(lambda: attempts.abandoned)
         self._scheduler = ClientScheduler(attempts.run, s.concurrency, skip=lambda job: job.ps.revoked)
-        self._committer = Committer(s, self._partitions.values, self.stats)
+        self._committer = Committer(s, self._partitions.values, self.stats, self._slot_failed)
         for coro in (self._fetch_loop(), self._committer.run(), self._gauge_loop(), self.health.beat_forever()):
             self._tasks.append(loop.create_task(self._guard(coro)))
         self.health.started = True
@@ -145,6 +164,8 @@ class Worker:
         if self._stopping:
             return
         self._stopping = True
+        for ps in self._partitions.values():
+            ps.transactions.stop_retrying()  # a commit waiting for Kafka must not hold up the stop
         with contextlib.suppress(Exception):
             await self.release(list(self._partitions) + list(self._acquiring))
         for task in self._tasks:
@@ -181,6 +202,7 @@ class Worker:
                 raise ValueError(
                     f"slot {slot} does not exist: topic {self.settings.topic!r} has {self.partition_count} partitions"
                 )
+        await self._losses_released(wanted)
         new = [s for s in wanted if s not in self._partitions and s not in self._acquiring]
         if not new:
             return
@@ -273,6 +295,7 @@ class Worker:
         restore, which would otherwise miss its outputs and run those events again.
         """
         targets = set(slots)
+        await self._losses_released(targets)
         for s in targets:
             ticket = self._acquiring.get(s)
             if ticket is not None:
@@ -298,6 +321,44 @@ class Worker:
         await asyncio.gather(*(ps.transactions.close() for ps in states))
         self._held_gauge.set(len(self.held_slots))
         log.info("released slots %s in %.0f ms", [ps.partition for ps in states], (time.monotonic() - began) * 1000)
+
+    def _slot_failed(self, ps: PartitionState, exc: TransactionFailed) -> bool:
+        """The committer's news of a slot whose transaction failed: whether the worker goes on
+        without it (`on_slot_failure`). Called under the committer's lock: the release runs later."""
+        policy = self.on_slot_failure
+        if not self._stopping and (policy is SlotFailure.STOP_WORKER
+                                   or (policy is SlotFailure.REACQUIRE_IF_GAVE_UP and not exc.gave_up)):
+            return False
+        ps.lost = ps.revoked = True
+        if self._stopping:
+            return True  # the stop releases it; its uncommitted events run again from the committed offsets
+        again = policy is SlotFailure.REACQUIRE_IF_GAVE_UP
+        log.warning("%s; releasing slot %d without committing%s", exc, ps.partition,
+                    " and acquiring it again" if again else " (acquired again if it is still this worker's)")
+        self._losing[ps.partition] = asyncio.get_running_loop().create_task(
+            self._guard(self._release_lost(ps.partition, again)))
+        return True
+
+    async def _release_lost(self, slot: int, again: bool) -> None:
+        try:
+            await self.release([slot], commit=False)
+        finally:
+            self._losing.pop(slot, None)
+        delay = 0.5
+        while again and not self._stopping:
+            try:
+                await self.acquire([slot])
+                return
+            except (KafkaException, TransactionFailed) as exc:  # the fault that failed the producer
+                log.warning("acquiring slot %d again failed (%s); trying again in %.1f s", slot, exc, delay)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 30.0)
+
+    async def _losses_released(self, slots: Iterable[int]) -> None:
+        """Wait until the slots among `slots` whose producer failed are released."""
+        pending = [t for s in slots if (t := self._losing.get(s)) is not None and t is not asyncio.current_task()]
+        if pending:
+            await asyncio.wait(pending)
 
     # --- fetching and dispatch ---------------------------------------------------------------
 

@@ -85,6 +85,9 @@ class PartitionState:
         """Reasons of the dead letters in `outputs` (counted once their transaction commits)."""
         self.revoked = False
         """Set on release: nothing more of this partition starts; queued events are skipped."""
+        self.lost = False
+        """Its producer failed (fenced, or gave up retrying): nothing of it commits any more, and it
+        is released without committing (engine.py `SlotFailure`)."""
         self.paused = False
         """Paused in the consumer for backpressure (see `wants_pause`)."""
         self.placed_clients: set[int] = set()

@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -44,21 +45,43 @@ RETRY_BACKOFF_MAX_SECONDS = 30.0
 CONNECT_TIMEOUT_SECONDS = 5.0
 """How long a slot's producer waits for a broker connection before `init_transactions` (which
 then waits on its own, retrying)."""
+OFFSETS_TIMEOUT_SECONDS = 10.0
+"""How long one send_offsets_to_transaction may take (a retriable timeout is tried again)."""
+OFFSETS_STUCK_SECONDS = OFFSETS_TIMEOUT_SECONDS + 5.0
+"""When a send_offsets_to_transaction that has not returned counts as never returning: librdkafka
+(2.16) can leave its request to the group coordinator unanswered past its own timeout, for good,
+when the coordinator's broker died and left the metadata (librdkafka issues 5456 and 5511)."""
 
 
 class _Backoff:
-    """Waits between tries of one slot's transaction, doubling up to a cap, one log line each."""
+    """Waits between tries of one slot's transaction, doubling up to a cap, one log line each.
 
-    def __init__(self, who: str) -> None:
+    It gives up (TransactionFailed) when `give_up` is set (the worker stops: a SIGTERM must not
+    wait for Kafka to come back), or once the commit has been retried for longer than the
+    transaction timeout: by then the broker has aborted the transaction anyway, and a producer
+    can also be stuck for good (librdkafka 2.16 left AddOffsetsToTxn unanswered after a broker
+    outage, each send_offsets_to_transaction timing out). The slot's next acquire (in place, by
+    its owner, or by its next worker) starts a fresh producer and restores from what committed."""
+
+    def __init__(self, who: str, give_up: threading.Event) -> None:
         self.who = who
+        self.give_up = give_up
         self.tries = 0
         self.delay = 0.5
+        self.deadline = time.monotonic() + TRANSACTION_TIMEOUT_MS / 1000
 
     def failed(self, why: str) -> None:
         self.tries += 1
+        if self.give_up.is_set():
+            raise TransactionFailed(f"{self.who}: {why}, and the worker is stopping: not trying again; its "
+                                    "uncommitted events run again from the last committed offsets", gave_up=True)
+        if time.monotonic() > self.deadline:
+            raise TransactionFailed(f"{self.who}: {why}, still failing after {self.tries} tries over more than "
+                                    f"the transaction timeout ({TRANSACTION_TIMEOUT_MS // 1000} s): giving this "
+                                    "producer up; the slot resumes from the last committed offsets", gave_up=True)
         log.warning("%s: %s; Kafka may be unavailable: trying again in %.1f s (try %d)", self.who, why,
                     self.delay, self.tries)
-        time.sleep(self.delay)
+        self.give_up.wait(self.delay)
         self.delay = min(self.delay * 2, RETRY_BACKOFF_MAX_SECONDS)
 
     def recovered(self) -> None:
@@ -67,7 +90,15 @@ class _Backoff:
 
 
 class TransactionFailed(RuntimeError):
-    """A slot's producer hit a fatal error, e.g. fenced because another worker acquired the slot."""
+    """A slot's producer hit a fatal error, e.g. fenced because another worker acquired the slot,
+    or gave up retrying (see `_Backoff`): the slot's transaction did not commit."""
+
+    def __init__(self, message: str, gave_up: bool = False) -> None:
+        super().__init__(message)
+        self.gave_up = gave_up
+        """This worker gave the producer up (stuck, or Kafka away past the transaction timeout, or
+        stopping); False: Kafka failed it (fenced by another producer of the slot, ...), which only
+        whoever assigns slots may overrule."""
 
 
 @dataclass(slots=True)
@@ -93,6 +124,9 @@ class SlotTransactions:
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"keyrange-slot-{slot}")
         self._producer: Producer | None = None
         self._initialised = False
+        self._give_up = threading.Event()
+        self._stuck = False
+        """A call of the producer never returned (see `_send_offsets`): it is not touched again."""
         # Created now (connections and metadata warm up while the slot is still read ahead), but
         # initialised only by `open`: initialising fences the slot's current owner.
         self._created = self._executor.submit(self._create)
@@ -152,7 +186,7 @@ class SlotTransactions:
         # Transient trouble (the broker away, a coordinator moving, a transaction timed out by
         # the broker) is waited out: aborted if it must be, then the same batch again, with a
         # backoff and one log line per try. Only a fatal error (fenced) gives up.
-        retry = _Backoff(f"slot {self.slot}")
+        retry = _Backoff(f"slot {self.slot}", self._give_up)
         while True:
             try:
                 producer.begin_transaction()
@@ -166,9 +200,7 @@ class SlotTransactions:
                     # if those offsets become visible, so did every output before them (no loss);
                     # rebuild.py copes with the torn prefixes of outputs and changelog.
                     self._flush(producer, retry)
-                    self._retrying(retry, "sending its offsets",
-                                   lambda: producer.send_offsets_to_transaction(offsets, self._group_metadata,
-                                                                               self._timeout))
+                    self._retrying(retry, "sending its offsets", lambda: self._send_offsets(producer, offsets))
                 self._retrying(retry, "committing", lambda: producer.commit_transaction(self._timeout))
                 retry.recovered()
                 return
@@ -181,6 +213,34 @@ class SlotTransactions:
                     self._retrying(retry, "aborting", lambda: producer.abort_transaction(self._timeout))
                 except KafkaException as abort_exc:
                     raise self._failed(abort_exc.args[0], len(records)) from abort_exc
+
+    def _send_offsets(self, producer: Producer, offsets: list[TopicPartition]) -> None:
+        """send_offsets_to_transaction, on a thread of its own so that a call that never returns
+        (OFFSETS_STUCK_SECONDS) gives this producer up (TransactionFailed) instead of the slot's
+        commits, and the worker's stop, waiting for it forever. The slot's next acquire starts a
+        fresh producer of its transactional id: the stuck one is fenced, and left to its thread."""
+        outcome: list[BaseException | None] = []
+        returned = threading.Event()
+
+        def call() -> None:
+            try:
+                producer.send_offsets_to_transaction(offsets, self._group_metadata, OFFSETS_TIMEOUT_SECONDS)
+                outcome.append(None)
+            except BaseException as exc:  # noqa: BLE001 - handed to the commit's thread
+                outcome.append(exc)
+            returned.set()
+
+        # A daemon thread: one stuck in librdkafka for good must not hold up the process's exit.
+        threading.Thread(target=call, name=f"keyrange-slot-{self.slot}-offsets", daemon=True).start()
+        if not returned.wait(OFFSETS_STUCK_SECONDS):
+            self._stuck = True
+            raise TransactionFailed(
+                f"slot {self.slot}: sending its offsets to the transaction did not return within "
+                f"{OFFSETS_STUCK_SECONDS:g} s (librdkafka leaves a request to a group coordinator that left the "
+                "cluster unanswered): giving this producer up; the slot resumes from the last committed offsets",
+                gave_up=True)
+        if outcome[0] is not None:
+            raise outcome[0]
 
     def _failed(self, error: KafkaError, records: int) -> TransactionFailed:
         if error.code() in (KafkaError._FENCED, KafkaError.PRODUCER_FENCED, KafkaError.INVALID_PRODUCER_EPOCH):
@@ -195,9 +255,13 @@ class SlotTransactions:
         else:
             why = f"transaction of {records} records of slot {self.slot} failed"
         return TransactionFailed(
-            f"{why}: {error}; the worker stops so that a restart (or the slot's owner) resumes from "
-            "the last committed offsets"
+            f"{why}: {error}; the slot resumes from the last committed offsets"
         )
+
+    def stop_retrying(self) -> None:
+        """Make a commit that waits for Kafka give up at its next retry (raising TransactionFailed)
+        instead of waiting on: the worker stops, and what did not commit runs again elsewhere."""
+        self._give_up.set()
 
     @property
     def _timeout(self) -> float:
@@ -243,8 +307,9 @@ class SlotTransactions:
             with contextlib.suppress(Exception):
                 self._created.result()
             producer, self._producer = self._producer, None
-            if producer is not None:
-                producer.flush(5.0)
+            if producer is not None and not self._stuck:
+                with contextlib.suppress(KafkaException):  # a fenced producer raises its fatal error
+                    producer.flush(5.0)
 
         await asyncio.get_running_loop().run_in_executor(self._executor, close)
         self._executor.shutdown(wait=False)

@@ -1,0 +1,56 @@
+"""A worker whose slot producer is fenced while the controller still gives it the slot acquires the
+slot again in place, instead of exiting.
+
+During a broker fault the coordinator can abort a slot's transaction and bump its producer epoch
+(transaction.timeout.ms passed while a partition had no leader): librdkafka then reports the
+producer fenced (_FENCED), as if another worker had acquired the slot. The control channel is
+what says whether one did. Here the test fences the slot's transactional id itself, with a
+producer of its own, while the controller's publication still assigns the slot to its worker:
+the worker releases the slot without committing, reads the control topic to its end, finds the
+slot still its own and acquires it again (a fresh producer, a restore from what committed). No
+worker process exits, and every guarantee holds on both brokers (on tansu the fencing
+`init_transactions` commits the worker's open transaction as it stood: the restore copes).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from confluent_kafka import Producer
+
+from keyrange.worker import WorkerSettings
+from tests.integration.fault_run import FaultRun, wait_until
+
+SLOT = 1
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_a_fenced_slot_still_assigned_to_its_worker_is_acquired_again_in_place(any_bootstrap: str, topic_name: str,
+                                                                                tmp_path: Path) -> None:
+    run = FaultRun(any_bootstrap, topic_name, tmp_path)
+    try:
+        run.start()
+        run.wait_handled(800, "before the fence")
+        assert run.supervisor.controller is not None
+        state = run.supervisor.controller.channel.state
+        owner = next(w for w, r in state.reports.items() if SLOT in r.held)
+        epoch = state.publication.epoch if state.publication is not None else None
+        tid = WorkerSettings(bootstrap=any_bootstrap, topic=topic_name, group_id=run.group).slot_transactional_id(SLOT)
+        fencer = Producer({"bootstrap.servers": any_bootstrap, "transactional.id": tid, "log_level": 0})
+        fencer.init_transactions(30)  # the worker's producer of the slot is fenced from now on
+        log_file = run.log_dir / f"worker-{owner}.log"
+        wait_until(lambda: "acquiring 1 again: their producer failed" in log_file.read_text(),
+                   "the fenced worker to acquire the slot again")
+        run.wait_handled(800, "after the slot was acquired again")
+        assert state.publication is not None and state.publication.epoch == epoch  # no handoff meanwhile
+        assert SLOT in state.reports[owner].held
+    except BaseException:
+        run.stop()
+        raise
+    outcome = run.finish()  # 0 lost, 0 handled twice, order, ledger oracle, exact totals
+    text = log_file.read_text()
+    assert f"slot {SLOT} was acquired by another worker" in text, text[-3000:]
+    assert f"releasing slot {SLOT} without committing" in text, text[-3000:]
+    assert outcome.restarts == 0, text[-3000:]  # no worker exited
