@@ -21,10 +21,12 @@ from __future__ import annotations
 
 import os
 import random
+import resource
 import sys
 import tempfile
 import time
 import uuid as uuidlib
+from pathlib import Path
 from typing import Any
 
 import orjson
@@ -111,6 +113,19 @@ def _baseline(bootstrap: str, topic: str, expect: int) -> tuple[float, int]:
     return time.monotonic() - began, sum(c["events"] for c in result["clients"])
 
 
+def _own_cpu_seconds() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+def _jvm_cpu_seconds(spark: Any) -> float:
+    """CPU seconds of Spark's JVM so far (in local mode the driver and the executor; all threads:
+    tasks, JIT compiler, garbage collector)."""
+    pid = spark.sparkContext._jvm.java.lang.ProcessHandle.current().pid()
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def _throughput(spark: Any, bootstrap: str, records: int) -> list[dict[str, Any]]:
     from keyrange.aggregation import run_once
     from keyrange.aggregation.sources import CONNECTOR, PYTHON_SOURCE
@@ -118,8 +133,9 @@ def _throughput(spark: Any, bootstrap: str, records: int) -> list[dict[str, Any]
     topic = "bench-throughput.processed"
     ensure_topics(bootstrap, [TopicSpec(topic, PARTITIONS)])
     written = _Stream(bootstrap, topic, backlog=records).send(records)
-    base_load = os.getloadavg()[0]
+    base_load, base_cpu = os.getloadavg()[0], _own_cpu_seconds()
     base_s, base_unique = _baseline(bootstrap, topic, written)
+    base_cpu = _own_cpu_seconds() - base_cpu
     assert base_unique == records, base_unique
     base_rate = written / base_s
     # Warm-up, not measured: a first run pays the JVM's JIT for the whole job, and keyrange-kafka's
@@ -131,9 +147,10 @@ def _throughput(spark: Any, bootstrap: str, records: int) -> list[dict[str, Any]
             run_once(bootstrap, f"{topic}-warm-up", out, spark=spark, source=source)
     rows = []
     for source, label in ((CONNECTOR, "Spark's Kafka connector"), (PYTHON_SOURCE, "keyrange-kafka (before)")):
-        load_before = os.getloadavg()[0]
+        load_before, jvm_cpu, own_cpu = os.getloadavg()[0], _jvm_cpu_seconds(spark), _own_cpu_seconds()
         with tempfile.TemporaryDirectory() as out:
             summary = run_once(bootstrap, topic, out, spark=spark, source=source)
+        jvm_cpu, own_cpu = _jvm_cpu_seconds(spark) - jvm_cpu, _own_cpu_seconds() - own_cpu
         assert summary.aggregated == records and summary.records_read == written, summary
         batch_s = ", ".join(f"{s:.1f}" for s in summary.batch_seconds)
         rows.append(row(f"aggregation records/s, local[2], run_once, {label}", written / summary.seconds,
@@ -142,6 +159,11 @@ def _throughput(spark: Any, bootstrap: str, records: int) -> list[dict[str, Any]
                         f"{summary.batches} micro-batches ({batch_s} s); baseline: consume + plain-Python "
                         f"aggregate in {base_s:.1f} s (load average {base_load:.1f}); load average "
                         f"{load_before:.1f} before, {os.getloadavg()[0]:.1f} after"))
+        rows.append(row(f"aggregation CPU seconds per 1M records read, {label}", (jvm_cpu + own_cpu) * 1e6 / written,
+                        "CPU-s", None, base_cpu * 1e6 / written,
+                        f"Spark's JVM {jvm_cpu:.1f} + the driver's Python {own_cpu:.1f} CPU-s"
+                        + (", not counting Spark's Python worker processes" if source == PYTHON_SOURCE else "")
+                        + f"; baseline: this process's CPU for consume + aggregate, {base_cpu:.1f} CPU-s"))
     return rows
 
 

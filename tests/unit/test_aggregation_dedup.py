@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pyarrow as pa
 
-from keyrange.aggregation.dedup import deduplicate, duplicate_winners, status_counts
+from keyrange.aggregation.dedup import OFFSET_BITS, copies_to_drop, deduplicate, duplicate_winners, status_counts
 from keyrange.aggregation.reference import Delivery, aggregate
 
 
@@ -58,3 +58,34 @@ def test_the_count_of_new_records_skips_copies_and_uuids_stored_before():
     assert deduplicate(keys, None)[1] == 4
     assert deduplicate(keys, pa.chunked_array([["c", "zzz"], ["a"]]))[1] == 2
     assert deduplicate(_keys([]), pa.array(["a"]))[1] == 0
+
+
+def _unpacked(positions: pa.Array) -> list[tuple[int, int]]:
+    return sorted((p >> OFFSET_BITS, p & ((1 << OFFSET_BITS) - 1)) for p in positions.to_pylist())
+
+
+def test_the_copies_to_drop_are_every_position_but_the_winners():
+    keys = _keys([("a", 0, 5), ("b", 0, 6), ("a", 0, 3), ("c", 1, 1), ("d", 2, 9), ("d", 2, 8), ("a", 0, 7)])
+    assert _unpacked(copies_to_drop(keys, duplicate_winners(keys, None))) == [(0, 5), (0, 7), (2, 9)]
+
+
+def test_every_copy_of_a_stored_uuid_is_dropped_and_nothing_without_duplicates():
+    keys = _keys([("a", 0, 5), ("c", 1, 1), ("c", 1, 4), ("e", 3, 2**39 + 1)])
+    winners = duplicate_winners(keys, pa.chunked_array([["c", "zzz"], ["a"]]))
+    assert _unpacked(copies_to_drop(keys, winners)) == [(0, 5), (1, 1), (1, 4)]
+    assert copies_to_drop(keys, duplicate_winners(_keys([("x", 0, 1)]), None)).to_pylist() == []
+
+
+def test_dropping_the_copies_leaves_the_references_first_deliveries():
+    """What the Spark job keeps (every record but the dropped positions) is what the reference counts."""
+    import orjson
+
+    rows = [("u1", 0, 0), ("u2", 0, 1), ("u1", 0, 2), ("u3", 1, 0), ("u3", 1, 3), ("u2", 0, 4), ("u4", 70_000, 2**39)]
+    keys = _keys(rows)
+    dropped = set(_unpacked(copies_to_drop(keys, duplicate_winners(keys, None))))
+    kept = [r for r in rows if (r[1], r[2]) not in dropped]
+    deliveries = [Delivery(p, o, orjson.dumps({"clientId": 1, "uuid": u, "created": o, "startedAt": o,
+                                               "finishedAt": o, "worker": "w"})) for u, p, o in rows]
+    assert sorted(r[0] for r in kept) == ["u1", "u2", "u3", "u4"]
+    assert sorted((r[1], r[2]) for r in kept) == [(0, 0), (0, 1), (1, 0), (70_000, 2**39)]
+    assert aggregate(deliveries)["clients"][0]["events"] == len(kept)

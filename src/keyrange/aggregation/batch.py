@@ -4,11 +4,15 @@ Spark jobs per micro-batch with new records:
 1. read the batch from Kafka into the cache, parse it, and bring each record's key (status,
    minute, uuid, sink position) back to the driver as Arrow (the one Kafka read);
 2. if earlier batches stored records in the minutes it touches: read their uuids (a scan, no
-   shuffle); the driver finds the duplicates (`dedup`, vectorized) and the batch drops them with a
-   broadcast join, so rows are never shuffled for deduplication;
-3. five writes from the cache, started together so that their small jobs overlap on the cores:
-   the new records' uuids, and new versions of the clients, workers, histograms and windows
-   tables (each merged with its stored version; a window's percentiles from its histograms).
+   shuffle); the driver finds the duplicates (`dedup`, vectorized) and the batch drops their sink
+   positions with a broadcast anti-join on one 64-bit key, so rows are never shuffled for
+   deduplication;
+3. two passes over the cache, together: the new records' uuids written, and one aggregation
+   (grouping sets) computing every table's partial figures, kept (one row per client, worker and
+   histogram bucket);
+4. four writes from those partials, started together so that their small jobs overlap on the
+   cores: new versions of the clients, workers, histograms and windows tables (each merged with
+   its stored version; a window's percentiles from its histograms).
 Stored Parquet is always read with a known schema: inferring one would cost a Spark job.
 """
 
@@ -18,7 +22,6 @@ import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from functools import partial
 from typing import Any
 
 import pyarrow as pa
@@ -123,7 +126,7 @@ class BatchAggregator:
         winners, added = dedup.deduplicate(keys, self._earlier_uuids(batch_id, minutes))
         if not added:
             return 0
-        fresh = self._first_deliveries(valid, winners)
+        fresh = self._first_deliveries(valid, dedup.copies_to_drop(keys, winners))
         # One directory per minute and batch id, and only those directories are overwritten
         # (dynamic partition overwrite): a replay replaces exactly its own files. One task per
         # core rather than per Kafka partition (one in all for a small batch): a few larger files
@@ -132,26 +135,35 @@ class BatchAggregator:
         records = (fresh.select("minute", F.lit(batch_id).alias("batch"), "uuid").coalesce(writers)
                    .write.mode("overwrite").option("partitionOverwriteMode", "dynamic")
                    .partitionBy("minute", "batch"))
-        writes: list[Callable[[], None]] = [partial(records.parquet, f"{self.root}/{store.RECORDS}")]
-        for name, df in self._merged_tables(fresh, batch_id, minutes, horizon).items():
-            writes.append(partial(df.coalesce(1).write.mode("overwrite").parquet,
-                                  store.table_path(self.root, name, batch_id)))
-        # Each write is a small Spark job with fixed costs (planning, committing, renaming files)
-        # that leave the cores idle: run together, they overlap.
-        with ThreadPoolExecutor(len(writes)) as pool:
-            for future in [pool.submit(write) for write in writes]:
-                future.result()
+        # Every table's partial figures in one pass over the cached batch, kept (they are small:
+        # one row per client, worker and histogram bucket) for the four table writes.
+        partials = tables.batch_partials(fresh).persist()
+        try:
+            # Each write is a small Spark job with fixed costs (planning, committing, renaming
+            # files) that leave the cores idle: run together, they overlap. The partials are
+            # computed once, beside the records' write, before the table writes read them.
+            with ThreadPoolExecutor(5) as pool:
+                started = [pool.submit(records.parquet, f"{self.root}/{store.RECORDS}")]
+                partials.count()
+                for name, df in self._merged_tables(partials, batch_id, minutes, horizon).items():
+                    started.append(pool.submit(df.coalesce(1).write.mode("overwrite").parquet,
+                                               store.table_path(self.root, name, batch_id)))
+                for future in started:
+                    future.result()
+        finally:
+            partials.unpersist()
         return added
 
-    def _first_deliveries(self, valid: Any, winners: pa.Table) -> Any:
-        """`valid` without the copies of uuids delivered before (earlier in this batch, or stored)."""
+    def _first_deliveries(self, valid: Any, duplicates: pa.Array) -> Any:
+        """`valid` without the records at the packed sink positions `duplicates` (a broadcast
+        anti-join on one 64-bit key: cheaper than matching uuids)."""
         from pyspark.sql import functions as F
 
-        if not winners.num_rows:
+        if not len(duplicates):
             return valid
-        kept = valid.join(F.broadcast(self._spark.createDataFrame(winners)), "uuid", "left")
-        first = (F.col("win_partition") == F.col("sink_partition")) & (F.col("win_offset") == F.col("sink_offset"))
-        return kept.where(F.col("win_partition").isNull() | first).drop("win_partition", "win_offset")
+        drop = F.broadcast(self._spark.createDataFrame(pa.table({"dropped": duplicates})))
+        position = F.shiftleft(valid["sink_partition"].cast("long"), dedup.OFFSET_BITS) + valid["sink_offset"]
+        return valid.join(drop, position == drop["dropped"], "left_anti")
 
     def _earlier_uuids(self, batch_id: int, minutes: list[int]) -> pa.ChunkedArray | None:
         """The uuids stored by earlier batches in `minutes` (None if there are none).
@@ -165,16 +177,18 @@ class BatchAggregator:
         return (self._spark.read.schema(tables.STORED_UUIDS).option("basePath", f"{self.root}/{store.RECORDS}")
                 .parquet(*paths).select("uuid").toArrow()["uuid"])
 
-    def _merged_tables(self, fresh: Any, batch_id: int, minutes: list[int], horizon: int | None) -> dict[str, Any]:
-        """The new version of each table: the stored one (before this batch) merged with `fresh`."""
-        client_partials = tables.client_partials(fresh)
-        worker_partials = tables.worker_partials(fresh)
+    def _merged_tables(self, partials: Any, batch_id: int, minutes: list[int], horizon: int | None) -> dict[str, Any]:
+        """The new version of each table: the stored one (before this batch) merged with the
+        batch's `partials` (`tables.batch_partials`)."""
+        client_partials = tables.client_partials(partials)
+        worker_partials = tables.worker_partials(partials)
         stored_clients = self._stored("clients", batch_id, client_partials.schema)
         stored_histograms = self._stored(store.HISTOGRAMS, batch_id, tables.HISTOGRAM_SCHEMA)
         if stored_clients is not None and stored_histograms is None:
             raise UserError(f"{self.root} was written by an older keyrange that kept no histograms, so its "
                             "windows cannot be extended: aggregate into a new --output (and its checkpoint)")
-        histograms = tables.merge_histograms(stored_histograms, tables.histogram_partials(fresh), minutes, horizon)
+        histograms = tables.merge_histograms(stored_histograms, tables.histogram_partials(partials), minutes,
+                                            horizon)
         recomputed = tables.window_stats(histograms, minutes)
         return {
             "clients": tables.merge_clients(stored_clients, client_partials),

@@ -89,17 +89,69 @@ def _status(valid: Column, horizon_ms: int | None) -> Column:
     return status.otherwise(F.lit(FRESH))
 
 
-def client_partials(records: DataFrame) -> DataFrame:
-    """Per client: events, first/last seen (`created`), ledger value of the last event in log order."""
-    position = F.struct("input_partition", "input_offset")
-    return records.groupBy("client_id").agg(
+_BY_CLIENT, _BY_WORKER, _BY_LATENCY, _BY_HANDLER = (["client_id"], ["worker"], ["minute", "latency"],
+                                                    ["minute", "handler"])
+_GROUPED = ["client_id", "worker", "minute", "latency", "handler"]
+
+
+def _grouping_id(grouped: list[str]) -> int:
+    """Spark's `grouping_id()` of a grouping set: one bit per column of _GROUPED, first column
+    highest, set when the column is *not* grouped."""
+    return sum(1 << (len(_GROUPED) - 1 - i) for i, name in enumerate(_GROUPED) if name not in grouped)
+
+
+_POSITION_BITS = 41
+"""An input position packed in one 64-bit integer for `batch_partials`: (partition + 1) above
+this many bits, offset + 1 below (0 for a missing one; Kafka partitions below 2**22 and offsets
+below 2**40 fit). Comparing the packed integers orders
+positions as (partition, offset) with a missing field first, like Spark's order of structs, but
+a long comparison costs far less than a struct's in an aggregation that sees every record."""
+
+
+def _packed_position() -> Column:
+    def plus_one(name: str) -> Column:
+        return F.coalesce(F.col(name).cast("long") + 1, F.lit(0))
+
+    return F.shiftleft(plus_one("input_partition"), _POSITION_BITS) + plus_one("input_offset")
+
+
+def _unpacked(packed: Column) -> tuple[Column, Column]:
+    partition = F.shiftright(packed, _POSITION_BITS)
+    offset = packed.bitwiseAND(F.lit((1 << _POSITION_BITS) - 1))
+    return (F.when(partition > 0, (partition - 1).cast("int")).alias("last_partition"),
+            F.when(offset > 0, offset - 1).alias("last_offset"))
+
+
+def batch_partials(records: DataFrame) -> DataFrame:
+    """Every partial figure of a micro-batch in one aggregation, so its records are scanned once:
+    per client, per worker, and per minute and latency / handler time (grouping sets, told apart
+    by the `set` column). `client_partials`, `worker_partials` and `histogram_partials` split it."""
+    position = F.col("position")
+    return records.select(
+        *_GROUPED[:3], (F.col("started_ms") - F.col("created_ms")).alias("latency"),
+        (F.col("finished_ms") - F.col("started_ms")).alias("handler"),
+        "created_ms", "finished_ms", "ledger_value", _packed_position().alias("position"),
+    ).groupingSets([_BY_CLIENT, _BY_WORKER, _BY_LATENCY, _BY_HANDLER], *_GROUPED).agg(
+        F.grouping_id().alias("set"),
         F.count(F.lit(1)).alias("events"),
         F.min("created_ms").alias("first_seen_ms"),
         F.max("created_ms").alias("last_seen_ms"),
         F.max_by("ledger_value", position).alias("ledger_value"),
         F.max(position).alias("_last"),
-    ).select("*", F.col("_last.input_partition").alias("last_partition"),
-             F.col("_last.input_offset").alias("last_offset")).drop("_last")
+        F.sum("handler").alias("handler_ms_total"),
+        F.min("finished_ms").alias("first_finished_ms"),
+        F.max("finished_ms").alias("last_finished_ms"),
+    )
+
+
+def _of(partials: DataFrame, grouped: list[str]) -> DataFrame:
+    return partials.where(F.col("set") == _grouping_id(grouped))
+
+
+def client_partials(partials: DataFrame) -> DataFrame:
+    """Per client: events, first/last seen (`created`), ledger value of the last event in log order."""
+    return _of(partials, _BY_CLIENT).select(
+        "client_id", "events", "first_seen_ms", "last_seen_ms", "ledger_value", *_unpacked(F.col("_last")))
 
 
 def merge_clients(stored: DataFrame | None, partial: DataFrame) -> DataFrame:
@@ -117,14 +169,10 @@ def merge_clients(stored: DataFrame | None, partial: DataFrame) -> DataFrame:
              F.col("_last.last_offset").alias("last_offset")).drop("_last")
 
 
-def worker_partials(records: DataFrame) -> DataFrame:
+def worker_partials(partials: DataFrame) -> DataFrame:
     """Per worker: events, total handler time, first/last finish."""
-    return records.groupBy("worker").agg(
-        F.count(F.lit(1)).alias("events"),
-        F.sum(F.col("finished_ms") - F.col("started_ms")).alias("handler_ms_total"),
-        F.min("finished_ms").alias("first_finished_ms"),
-        F.max("finished_ms").alias("last_finished_ms"),
-    )
+    return _of(partials, _BY_WORKER).select("worker", "events", "handler_ms_total", "first_finished_ms",
+                                            "last_finished_ms")
 
 
 def merge_workers(stored: DataFrame | None, partial: DataFrame) -> DataFrame:
@@ -139,15 +187,15 @@ def merge_workers(stored: DataFrame | None, partial: DataFrame) -> DataFrame:
     return merged.withColumn("handler_ms_mean", F.col("handler_ms_total") / F.col("events"))
 
 
-def histogram_partials(records: DataFrame) -> DataFrame:
+def histogram_partials(partials: DataFrame) -> DataFrame:
     """Per minute and metric (LATENCY, HANDLER): how many records have each value (HISTOGRAM_SCHEMA)."""
-    def metric(name: str, value: Column) -> Column:
-        return F.struct(F.lit(name).alias("metric"), value.alias("value"))
-
-    both = F.explode(F.array(metric(LATENCY, F.col("started_ms") - F.col("created_ms")),
-                             metric(HANDLER, F.col("finished_ms") - F.col("started_ms"))))
-    return (records.select("minute", both.alias("m")).select("minute", "m.metric", "m.value")
-            .groupBy("minute", "metric", "value").agg(F.count(F.lit(1)).alias("count")))
+    # One selection, not a union of two: Spark does not find the kept partials in the second
+    # branch of a union of a DataFrame with itself, and would aggregate the whole batch again.
+    latency = F.col("set") == _grouping_id(_BY_LATENCY)
+    return partials.where(latency | (F.col("set") == _grouping_id(_BY_HANDLER))).select(
+        "minute", F.when(latency, F.lit(LATENCY)).otherwise(F.lit(HANDLER)).alias("metric"),
+        F.when(latency, F.col("latency")).otherwise(F.col("handler")).alias("value"),
+        F.col("events").alias("count"))
 
 
 def merge_histograms(stored: DataFrame | None, partial: DataFrame, minutes: list[Any],
