@@ -241,6 +241,8 @@ class ControlChannel:
         self._clients = clients
         self._client_name = client_name
         self._writer: Producer | None = None
+        self._commit_unfinished = False
+        """A controller write whose commit timed out; the next write finishes it first."""
         self._producer = Producer(clients.producer({"linger.ms": 0, "acks": "all",
                                                     "client.id": f"{client_name}-control"}))
         # A group id is required by the client but never used: offsets are not committed,
@@ -311,14 +313,27 @@ class ControlChannel:
         """Write the prepare record (controller only) and wait until the broker has it."""
         self._write_as_controller(PREPARE_KEY, prepare.encode())
 
-    def _write_as_controller(self, key: bytes, value: bytes, timeout_seconds: float = 10.0) -> None:
+    def _write_as_controller(self, key: bytes, value: bytes, timeout_seconds: float | None = None) -> None:
         writer = self._writer
         if writer is None:
             raise RuntimeError("claim_writer() first: only the group's controller writes assignments")
+        timeout = WRITE_TIMEOUT_SECONDS if timeout_seconds is None else timeout_seconds
+        committing = False
         try:
+            if self._commit_unfinished:
+                # A commit that timed out (the broker frozen or too slow) still runs inside
+                # librdkafka, which refuses every other transactional call until the application
+                # calls commit again: before this, one timeout left the controller unable to
+                # write anything ever after (_CONFLICT). Its record (an earlier prepare or
+                # assignment of ours) lands before this one; readers keep the newest of each key.
+                committing = True
+                writer.commit_transaction(timeout)
+                self._commit_unfinished = False
+            committing = False
             writer.begin_transaction()
             writer.produce(self.topic, value, key)
-            writer.commit_transaction(timeout_seconds)
+            committing = True
+            writer.commit_transaction(timeout)
         except KafkaException as exc:
             error = exc.args[0]
             if error.code() in (KafkaError._FENCED, KafkaError.PRODUCER_FENCED, KafkaError.INVALID_PRODUCER_EPOCH):
@@ -328,8 +343,11 @@ class ControlChannel:
                     "holder, or a single keyrange run"
                 ) from None
             if error.txn_requires_abort():
-                writer.abort_transaction(timeout_seconds)
-            raise RuntimeError(f"control record to {self.topic} not written: {error}") from exc
+                self._commit_unfinished = False
+                writer.abort_transaction(timeout)
+            elif committing and error.retriable():
+                self._commit_unfinished = True
+            raise ControlWriteFailed(f"control record to {self.topic} not written: {error}") from exc
 
     def report(self, report: WorkerReport) -> None:
         """Write a worker report and wait until the broker has it."""
