@@ -45,6 +45,15 @@ def test_a_three_node_quorum_replicates_everything_three_times(tmp_path: Path) -
     assert props["num.io.threads"] == "8", "overrides win"
 
 
+def test_only_a_node_with_peers_is_fenced_quickly(tmp_path: Path) -> None:
+    """A cluster hands a silent node's partitions over after 4 s; a single node has nobody to
+    hand them to, and fencing it would fail every request while its JVM is starved."""
+    trio = [NodeAddress(i, 9000 + i, 9100 + i, {}) for i in (1, 2, 3)]
+    assert server_properties(trio[0], trio, tmp_path)["broker.session.timeout.ms"] == "4000"
+    alone = [NodeAddress(1, 9001, 9101, {})]
+    assert int(server_properties(alone[0], alone, tmp_path)["broker.session.timeout.ms"]) >= 9000
+
+
 def test_properties_are_written_as_java_reads_them(tmp_path: Path) -> None:
     write_properties(tmp_path / "p", {"a": "x\\y", "b": "line\nbreak"})
     assert (tmp_path / "p").read_text() == "a=x\\\\y\nb=line\\nbreak\n"
