@@ -71,6 +71,19 @@ def read_processed(bootstrap: str, topic: str, expect: int | None = None,
                                                             timeout_seconds=timeout_seconds)]
 
 
+def committed_offsets(bootstrap: str, topic: str, group: str) -> dict[int, int]:
+    """The group's committed offset of every partition of `topic` (its first offset when none)."""
+    from keyrange.kafkaio import partition_counts
+    from keyrange.worker import WorkerSettings
+    from keyrange.worker.logreader import LogReader
+
+    reader = LogReader(WorkerSettings(bootstrap=bootstrap, topic=topic, group_id=group))
+    try:
+        return reader.start_offsets(topic, range(partition_counts(bootstrap)[topic]))
+    finally:
+        reader.close()
+
+
 def read_counts(bootstrap: str, topic: str, group: str, covering: int = 0,
                 timeout_seconds: float = 60.0) -> Counts:
     """The group's committed totals over every partition of `topic` (worker/totals.py): exact

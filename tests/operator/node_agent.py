@@ -389,6 +389,16 @@ class TestNodeAgent:
                 os.killpg(proc.pid, signal.SIGKILL)
             await proc.wait()
 
+    def report(self, lines: int = 20) -> str:
+        """What the node did and the last lines of each pod's log: a timed-out wait's explanation
+        (CI keeps the test's output, not its tmp_path)."""
+        parts = [f"started {self.started_pods}, stopped {self.stopped_pods}, crashes {self.crashes}, "
+                 f"errors {self.errors}"]
+        for log in sorted(self.workdir.glob("*/*.log")):
+            tail = log.read_text(errors="replace").splitlines()[-lines:]
+            parts.append(f"--- {log.parent.name}/{log.name} (last {len(tail)} lines)\n" + "\n".join(tail))
+        return "\n".join(parts)
+
     def local_port(self, namespace: str, pod: str, container_port: int) -> int:
         """Where a pod's containerPort listens on this machine."""
         return self.pods[(namespace, pod)].ports[container_port]

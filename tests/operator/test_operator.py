@@ -5,9 +5,9 @@ scale, delete, invalid specs. Pods run on the test node agent (tests/operator/no
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import kopf
 import pytest
@@ -24,6 +24,7 @@ from tests.operator.crd_schema import admit_streamconsumer
 from tests.operator.node_agent import TestNodeAgent
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
+T = TypeVar("T")
 
 NS = "operator-flows"
 NS_RUN = "operator-workers"
@@ -74,6 +75,15 @@ async def _status(api: Api, name: str, **expected: Any) -> dict[str, Any] | None
     obj = await api.get(f"{SC_PATH.format(ns=api.namespace)}/{name}")
     status = (obj or {}).get("status") or {}
     return obj if all(status.get(k) == v for k, v in expected.items()) else None
+
+
+async def _explained(wait: Awaitable[T], api: Api, name: str, node: TestNodeAgent) -> T:
+    """`wait`, or its timeout with the consumer's status and what the node's workers logged."""
+    try:
+        return await wait
+    except AssertionError as exc:
+        obj = await api.get(f"{SC_PATH.format(ns=api.namespace)}/{name}")
+        raise AssertionError(f"{exc}\nstatus: {(obj or {}).get('status')}\n{node.report()}") from None
 
 
 async def test_create_renders_children_and_status(cluster: Api, operator: kopf.Memo) -> None:
@@ -145,15 +155,15 @@ async def test_scale_subresource_splits_and_merges_through_real_workers(
                          timeout=120)
 
         await cluster.patch(f"{SC_RUN}/ledger/scale", {"spec": {"replicas": 3}})  # what `kubectl scale` sends
-        up = await eventually(lambda: _status(cluster, "ledger", phase="Running", workers=3), "3 workers",
-                              timeout=120)
+        up = await _explained(eventually(lambda: _status(cluster, "ledger", phase="Running", workers=3),
+                                         "3 workers", timeout=120), cluster, "ledger", node)
         assert sorted(r["worker"] for r in up["status"]["ranges"]) == [0, 1, 2]
         assert up["status"]["epoch"] >= 5  # two splits, each an epoch with slots in transit and a grant
         assert up["status"]["selector"]  # the scale subresource's labelSelectorPath
 
         await cluster.patch(f"{SC_RUN}/ledger/scale", {"spec": {"replicas": 1}})
-        down = await eventually(lambda: _status(cluster, "ledger", phase="Running", workers=1), "1 worker",
-                                timeout=120)
+        down = await _explained(eventually(lambda: _status(cluster, "ledger", phase="Running", workers=1),
+                                           "1 worker", timeout=120), cluster, "ledger", node)
         assert down["status"]["ranges"] == [{"worker": 0, "slots": "0-7"}]
         await eventually(lambda: _sts_replicas(cluster, "ledger", 1), "the StatefulSet back at 1 replica")
 
