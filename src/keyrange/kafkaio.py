@@ -45,16 +45,23 @@ class StopRequested(Exception):
 T = TypeVar("T")
 
 REACH_BACKOFF_MAX_SECONDS = 30.0
+FIRST_REACH_TIMEOUT_SECONDS = 5.0
+"""How long the first try waits for an answer: a worker started before its brokers says so after
+5 s, not after the full client timeout; each later try waits twice as long, up to that timeout
+(a slow but live cluster, e.g. TLS handshakes on a busy one, still gets its full time)."""
 
 
-async def until_reachable(call: Callable[[], T], stop: asyncio.Event | None = None) -> T:
-    """`call()` (blocking, run on a thread), retried with a backoff while Kafka does not answer,
-    one log line per try: a worker started before its brokers, or during their restart, waits for
-    them instead of exiting. Any other setup error (a missing topic, a bad config) is raised at once."""
-    delay = 1.0
+async def until_reachable(call: Callable[[float], T], stop: asyncio.Event | None = None,
+                          longest_timeout_seconds: float = 30.0, first_delay_seconds: float = 1.0) -> T:
+    """`call(timeout_seconds)` (blocking, run on a thread), retried with a backoff while Kafka does
+    not answer, one log line per try: a worker started before its brokers, or during their restart,
+    waits for them instead of exiting. Any other setup error (a missing topic, a bad config) is
+    raised at once."""
+    delay = first_delay_seconds
+    timeout = min(FIRST_REACH_TIMEOUT_SECONDS, longest_timeout_seconds)
     while True:
         try:
-            return await asyncio.to_thread(call)
+            return await asyncio.to_thread(call, timeout)
         except KafkaUnreachable as exc:
             log.warning("%s; trying again in %.0f s", exc, delay)
             if stop is None:
@@ -65,6 +72,7 @@ async def until_reachable(call: Callable[[], T], stop: asyncio.Event | None = No
                 if stop.is_set():
                     raise StopRequested(str(exc)) from None
             delay = min(delay * 2, REACH_BACKOFF_MAX_SECONDS)
+            timeout = min(timeout * 2, longest_timeout_seconds)
 
 
 @dataclass(frozen=True)

@@ -252,10 +252,10 @@ class ControlChannel:
 
     @staticmethod
     def ensure_topic(bootstrap: str, group_id: str, client_properties: Mapping[str, str] | None = None,
-                     replication_factor: int | None = None) -> None:
+                     replication_factor: int | None = None, timeout_seconds: float = 10.0) -> None:
         """Create the control topic if it does not exist (None: the broker's default replication factor)."""
-        ensure_topics(bootstrap, [control_topic_spec(group_id)], client_properties=client_properties,
-                      replication_factor=replication_factor)
+        ensure_topics(bootstrap, [control_topic_spec(group_id)], timeout_seconds, client_properties,
+                      replication_factor)
 
     def poll(self, timeout_seconds: float = 0.0) -> int:
         """Read whatever is new, waiting up to `timeout_seconds` for the first record and returning

@@ -53,8 +53,8 @@ async def run_controlled(engine: Engine, bootstrap: str, group_id: str, ordinal:
                          replication_factor: int | None = None) -> None:
     """Run `engine` under the control topic of `group_id` as worker `ordinal` until `stop` is set
     or the engine fails (its error is raised after the final report)."""
-    await until_reachable(lambda: ControlChannel.ensure_topic(bootstrap, group_id, client_properties,
-                                                              replication_factor), stop)
+    await until_reachable(lambda timeout: ControlChannel.ensure_topic(bootstrap, group_id, client_properties,
+                                                                      replication_factor, timeout), stop, 10.0)
     channel = await asyncio.to_thread(ControlChannel, bootstrap, group_id, f"worker-{ordinal}", client_properties)
     member = RangeMember(engine, channel, ordinal, heartbeat_seconds=heartbeat_seconds, pauses=engine.handoff_pauses)
     try:

@@ -129,21 +129,22 @@ class Worker:
         s = self.settings
         loop = asyncio.get_running_loop()
         self._failure = loop.create_future()
-        count = await until_reachable(lambda: require_topic(
-            s.bootstrap, s.topic, s.kafka_timeout_seconds, s.client_properties), stop)
+        longest = s.kafka_timeout_seconds
+        count = await until_reachable(lambda timeout: require_topic(
+            s.bootstrap, s.topic, timeout, s.client_properties), stop, longest)
         specs = [
             TopicSpec(s.sink, count),
             TopicSpec(s.dlq, count),
             TopicSpec(s.state, count, {"cleanup.policy": "compact"}, exact_partitions=True),
         ]
-        outputs = await until_reachable(lambda: ensure_topics(
-            s.bootstrap, specs, s.kafka_timeout_seconds, s.client_properties, s.replication_factor), stop)
+        outputs = await until_reachable(lambda timeout: ensure_topics(
+            s.bootstrap, specs, timeout, s.client_properties, s.replication_factor), stop, longest)
         self._counts = {s.topic: count, **outputs}
         self._restorer = Restorer(s, self._counts)
         self._restorer.connect_next_reader()
         self._group_metadata = await self._consumer.open()
-        limits = await until_reachable(lambda: max_message_bytes(
-            s.bootstrap, [s.sink, s.dlq, s.state], s.kafka_timeout_seconds, s.client_properties), stop)
+        limits = await until_reachable(lambda timeout: max_message_bytes(
+            s.bootstrap, [s.sink, s.dlq, s.state], timeout, s.client_properties), stop, longest)
         self._outputs = OutputStage(s, self._counts, limits)
         self._intake = Intake(count, s.restore_clock_slack_seconds, self._outputs)
         attempts = AttemptRunner(s, self.handler, self._outputs, self._pool, self.stats, self.handoff_pauses)
