@@ -50,9 +50,9 @@ class RecordingProducer:
 
 def open_slot(slot: int, producer: RecordingProducer) -> SlotTransactions:
     """A slot's transactions, initialised, writing through `producer` instead of Kafka."""
-    output = SlotTransactions(SETTINGS, slot, group_metadata=None)
+    output = SlotTransactions(SETTINGS, slot, group_metadata=None, make_producer=lambda _: producer)  # type: ignore[arg-type,return-value]
     output._created.result()
-    output._producer = producer  # type: ignore[assignment]
+    producer.calls.clear()  # the connection made on creation
     output._initialised = True
     return output
 
@@ -68,13 +68,16 @@ def test_offsets_join_the_transaction_only_after_every_output_was_acknowledged()
 
 def test_a_slot_is_initialised_over_a_broker_connection_already_up() -> None:
     """librdkafka asks for the transaction coordinator only over a connection that is up, and
-    otherwise tries again after a fixed 500 ms: most of a handoff's pause on Apache Kafka."""
+    otherwise tries again after a fixed 500 ms: most of a handoff's pause on Apache Kafka. The
+    second metadata request waits for a connection to a broker the first one named (the bootstrap
+    connection is dropped); both run when the producer is created, so a read-ahead's producer is
+    connected before its slot is acquired."""
     producer = RecordingProducer()
-    output = SlotTransactions(SETTINGS, 3, group_metadata=None)
+    output = SlotTransactions(SETTINGS, 3, group_metadata=None, make_producer=lambda _: producer)  # type: ignore[arg-type,return-value]
     output._created.result()
-    output._producer = producer  # type: ignore[assignment]
+    assert producer.calls == ["metadata events.processed", "metadata events.processed"]
     asyncio.run(output.open())
-    assert producer.calls == ["metadata events.processed", "init"]
+    assert producer.calls == ["metadata events.processed", "metadata events.processed", "init"]
 
 
 def test_changelog_records_carry_the_source_offset_of_the_last_change() -> None:

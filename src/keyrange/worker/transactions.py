@@ -116,8 +116,10 @@ class OutputRecord:
 class SlotTransactions:
     """Writes one slot's batches of OutputRecords plus its offset commit in Kafka transactions."""
 
-    def __init__(self, settings: WorkerSettings, slot: int, group_metadata: Any) -> None:
+    def __init__(self, settings: WorkerSettings, slot: int, group_metadata: Any,
+                 make_producer: Callable[[dict[str, Any]], Producer] = Producer) -> None:
         self._settings = settings
+        self._make_producer = make_producer
         self.slot = slot
         self.transactional_id = settings.slot_transactional_id(slot)
         self._group_metadata = group_metadata
@@ -133,7 +135,7 @@ class SlotTransactions:
 
     def _create(self) -> None:
         s = self._settings
-        self._producer = Producer(s.clients.transactional_producer(
+        self._producer = self._make_producer(s.clients.transactional_producer(
             self.transactional_id,
             # The broker aborts (and fences) a transaction open longer than this. An outage shorter
             # than it is waited out in place (the same transaction commits once Kafka is back); a
@@ -145,6 +147,9 @@ class SlotTransactions:
                     # Dead letters carry the original value, which may be just over the input limit.
                     "message.max.bytes": 2 * MAX_EVENT_BYTES + 100_000},
         ))
+        # Connected now, not at `open`: a new producer's first request waits about 50 ms (librdkafka
+        # 2.16 on 127.0.0.1), which a read-ahead's producer spends while the old owner still works.
+        self._connect(self._producer)
 
     async def open(self) -> None:
         """Initialise the slot's transactional id: fences every earlier producer of the slot and
@@ -153,7 +158,6 @@ class SlotTransactions:
         def init() -> None:
             self._created.result()
             assert self._producer is not None
-            self._connect(self._producer)
             try:
                 self._producer.init_transactions(self._settings.kafka_timeout_seconds)
             except KafkaException as exc:
@@ -167,10 +171,17 @@ class SlotTransactions:
         only when it needs one; if none is up when init_transactions asks for the transaction
         coordinator, librdkafka (2.16) tries again only after a fixed 500 ms. That was most of a
         handoff's pause on Apache Kafka: 505-530 ms in `init_transactions` against 3 ms with a
-        connection up (a producer created by a read-ahead seconds before has none by then either).
-        A metadata request of the sink topic waits until one is."""
+        connection up.
+
+        Two metadata requests of the sink topic: the first is answered over the bootstrap
+        connection, which librdkafka drops once the answer names the brokers, so right after it
+        no connection may be up again (the 500 ms wait still came in a quarter of the acquires
+        right after a producer was created); the second waits until a connection to a named
+        broker is up."""
+        timeout = min(CONNECT_TIMEOUT_SECONDS, self._timeout)
         try:
-            producer.list_topics(self._settings.sink, timeout=min(CONNECT_TIMEOUT_SECONDS, self._timeout))
+            producer.list_topics(self._settings.sink, timeout=timeout)
+            producer.list_topics(self._settings.sink, timeout=timeout)
         except KafkaException as exc:
             log.debug("slot %d: no metadata before initialising (%s); init_transactions retries", self.slot, exc)
 
