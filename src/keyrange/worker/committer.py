@@ -12,7 +12,7 @@ commit in flight and know that no later one sees its slots.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass
 
 from confluent_kafka import TopicPartition
@@ -61,15 +61,18 @@ class Committer:
             await asyncio.sleep(interval)
             await self.commit_now()
 
-    async def commit_now(self) -> None:
-        """Commit, for every held slot with something to commit, its finished outputs, state
-        changes and committable offset in one transaction; the slots' transactions run in parallel."""
+    async def commit_now(self, only: Collection[int] | None = None) -> None:
+        """Commit, for every held slot with something to commit (or those of them in `only`), its
+        finished outputs, state changes and committable offset in one transaction; the slots'
+        transactions run in parallel."""
         s = self._settings
         async with self.lock:
             batches: list[_Batch] = []
             for ps in list(self._partitions()):
                 if ps.lost:
                     continue  # its producer failed: what it staged is discarded with it
+                if only is not None and ps.partition not in only:
+                    continue
                 records, processed, dead_letters = ps.take_outputs(s.state)
                 committable = ps.window.committable
                 offsets: list[TopicPartition] = []

@@ -312,9 +312,10 @@ class Worker:
         await self._consumer.unassign([ps.partition for ps in states])
         await asyncio.gather(*(ps.drained.wait() for ps in states))
         drained = time.monotonic()
-        if commit:
-            await self.commit_now()
         assert self._committer is not None
+        if commit:
+            # Only the released slots: the others commit on their interval, off the handoff's path.
+            await self._committer.commit_now(only={ps.partition for ps in states})
         async with self._committer.lock:  # waits out an in-flight commit; no later one sees the slots
             for ps in states:
                 ps.outputs.clear()
