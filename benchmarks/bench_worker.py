@@ -1,8 +1,10 @@
 """The worker engine's figures (issue 2, item 7), each beside a raw confluent-kafka loop.
 
-- kata: 1000 events/s paced, `sleep` 10 ms, one `keyrange worker` process, 60 s: p50/p99 of
-  created -> handler start from the processed records, per 10 s window (flat, not growing);
-  baseline: created -> receipt in a raw consume loop on the same topic at the same time.
+- kata: 1000 events/s paced, `sleep` 10 ms, one `keyrange worker` process, 60 s measured after
+  10 s of the same load as a warm-up (reported on its own row: a cold broker JVM and a new
+  producer are as slow for the raw loop): p50/p99 of created -> handler start from the processed
+  records, per 10 s window (flat, not growing); baseline: created -> receipt in a raw consume
+  loop on the same topic at the same time.
 - noop: a pre-produced backlog drained by one in-process worker (ordered, deduplicated,
   transactionally committed) vs a raw consume loop draining the same topic.
 - sleep 10 ms: highest sustainable rate = backlog drain rate with 1000 clients.
@@ -34,6 +36,7 @@ from keyrange.worker import Worker, WorkerSettings
 from keyrange.worker.dedup import TtlSet
 
 PARTITIONS = 12
+KATA_WARMUP_SECONDS = 10
 REPO = Path(__file__).resolve().parents[1]
 
 
@@ -92,10 +95,11 @@ def bench_kata(bootstrap: str, seconds: int) -> list[dict[str, Any]]:
     raw_thread.start()
     try:
         _wait_until_handling(bootstrap, topic)  # the worker restored and assigned: the load may start
-        began_ms = time.time() * 1000
+        load_began_ms = time.time() * 1000
+        began_ms = load_began_ms + KATA_WARMUP_SECONDS * 1000
         subprocess.run(
             [sys.executable, "-m", "keyrange.cli", "produce", "--bootstrap", bootstrap, "--topic", topic,
-             "--rate", "1000", "--duration", str(seconds), "--clients", "100"],
+             "--rate", "1000", "--duration", str(seconds + KATA_WARMUP_SECONDS), "--clients", "100"],
             env=env, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         )
         time.sleep(2)
@@ -104,15 +108,21 @@ def bench_kata(bootstrap: str, seconds: int) -> list[dict[str, Any]]:
         worker.terminate()
         worker.wait(60)
         raw_thread.join(30)
-    records = [r for r in _read_processed(bootstrap, f"{topic}.processed") if r["created"] >= began_ms]
+    processed = _read_processed(bootstrap, f"{topic}.processed")
+    warmup = [(r["startedAt"] - r["created"]) / 1000 for r in processed if load_began_ms <= r["created"] < began_ms]
+    raw_warmup = [lat for created, lat in raw if load_began_ms <= created < began_ms]
+    records = [r for r in processed if r["created"] >= began_ms]
     latencies = [(r["created"], (r["startedAt"] - r["created"]) / 1000) for r in records]
     values = [lat for _, lat in latencies]
     raw = [(created, lat) for created, lat in raw if created >= began_ms]
     raw_values = [lat for _, lat in raw]
     load = load_average()
     rows = [
+        row(f"kata p99 created->start, the {KATA_WARMUP_SECONDS} s warm-up", percentile(warmup, 0.99) * 1000, "ms",
+            baseline=percentile(raw_warmup, 0.99) * 1000,
+            notes=f"{len(warmup):,} events of the same load before the measured run; not measured against the goal"),
         row("kata p50 created->start", percentile(values, 0.5) * 1000, "ms",
-            baseline=percentile(raw_values, 0.5) * 1000, notes=f"{len(values):,} events"),
+            baseline=percentile(raw_values, 0.5) * 1000, notes=f"{len(values):,} events after the warm-up"),
         row("kata p99 created->start", percentile(values, 0.99) * 1000, "ms", "<= 25",
             baseline=percentile(raw_values, 0.99) * 1000,
             notes=f"baseline: raw consume loop, created->receipt, same topic, same time; {load} at the end"),
