@@ -213,8 +213,9 @@ def hot_counter_run(bootstrap: str, mode: str, rate: int, seconds: int) -> dict[
              "--rate", str(rate), "--duration", str(seconds), "--clients", "1", "--ledger", "--seed", "7"],
             env=_env(), check=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
         summary = produced.stderr.strip().splitlines()[-1] if produced.stderr.strip() else ""
-        # "produced N events (D duplicates) in S s, R/s": N counts the duplicates too.
-        found = re.fullmatch(r"produced ([\d,]+) events \(([\d,]+) duplicates\) in [\d.,]+ s, ([\d,]+)/s", summary)
+        # "produced N events (D duplicates) in S s: R/s over the T s of new events, then ...": N counts
+        # the duplicates too; R is the offered rate (the late duplicates' tail left out).
+        found = re.match(r"produced ([\d,]+) events \(([\d,]+) duplicates\) in [\d.,]+ s: ([\d,]+)/s over", summary)
         if found is None:
             raise RuntimeError(f"unexpected summary from keyrange produce: {summary!r}")
         sent, duplicates, offered = (int(g.replace(",", "")) for g in found.groups())

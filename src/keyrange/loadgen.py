@@ -149,6 +149,9 @@ def run_paced(bootstrap: str, topic: str, shape: LoadShape, count: int | None, d
     start = time.monotonic()
     last_report = start
     sent = duplicates = 0
+    paced = (0, 0.0)
+    """(sends, seconds) up to the last new event: the rate the stream was offered at, before the
+    tail of late duplicates (up to DUPLICATE_DELAY_MAX_S) that follows it."""
     jitter = random.Random(shape.seed)
     try:
         for record in generate(shape, count, duration_s):
@@ -162,6 +165,8 @@ def run_paced(bootstrap: str, topic: str, shape: LoadShape, count: int | None, d
             sent += 1
             duplicates += record.duplicate
             now = time.monotonic()
+            if not record.duplicate:
+                paced = (sent, now - start)
             if progress is not None and now - last_report >= 1.0:
                 last_report = now
                 progress.write(
@@ -173,8 +178,10 @@ def run_paced(bootstrap: str, topic: str, shape: LoadShape, count: int | None, d
         producer.flush(30)
         if progress is not None:
             elapsed = max(time.monotonic() - start, 1e-9)
+            paced_sent, paced_seconds = paced
             progress.write(
-                f"\rproduced {sent:,} events ({duplicates:,} duplicates) in {elapsed:,.1f} s, "
-                f"{sent / elapsed:,.0f}/s\n"
+                f"\rproduced {sent:,} events ({duplicates:,} duplicates) in {elapsed:,.1f} s: "
+                f"{paced_sent / max(paced_seconds, 1e-9):,.0f}/s over the {paced_seconds:,.1f} s of new events, "
+                f"then {elapsed - paced_seconds:,.1f} s of late duplicates\n"
             )
     return {"sent": sent, "duplicates": duplicates}
