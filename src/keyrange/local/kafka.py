@@ -47,6 +47,26 @@ STOP_GRACE_SECONDS = 20.0
 """How long a node may take to shut down on SIGTERM before it is killed."""
 
 
+STOP_WAIT_SECONDS = 10.0
+
+
+def wait_until_stopped(pid: int, timeout_seconds: float = STOP_WAIT_SECONDS) -> bool:
+    """Whether every thread of process `pid` is stopped (state T, as after SIGSTOP) within
+    `timeout_seconds`. Linux only (reads /proc)."""
+    deadline = time.monotonic() + timeout_seconds
+    while True:
+        try:
+            states = [(task / "stat").read_text().rpartition(")")[2].split()[0]
+                      for task in Path(f"/proc/{pid}/task").iterdir()]
+        except (FileNotFoundError, ProcessLookupError, IndexError):
+            states = []  # a thread ended while being read: look again
+        if states and all(state in "tT" for state in states):
+            return True
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.005)
+
+
 def answers_api_versions(port: int, timeout_seconds: float = 1.0) -> bool:
     """True when a Kafka broker on 127.0.0.1:`port` answers an ApiVersions (v0) request without error."""
     client_id = b"keyrange-probe"
@@ -162,10 +182,15 @@ class KafkaNode:
             self._process.send_signal(signal.SIGCONT)
 
     def pause(self) -> None:
-        """SIGSTOP: the node freezes (no heartbeats, no fetches) but keeps its sockets open."""
+        """SIGSTOP: the node freezes (no heartbeats, no fetches) but keeps its sockets open.
+        Returns once every thread of the JVM is stopped: the signal takes effect asynchronously,
+        and a request arriving meanwhile could still be answered."""
         if self._process is not None and self.is_running():
             self._process.send_signal(signal.SIGSTOP)
             self.paused = True
+            if not wait_until_stopped(self._process.pid):
+                raise BrokerError(f"Kafka node {self.address.node_id} did not stop on SIGSTOP within "
+                                  f"{STOP_WAIT_SECONDS:g} s")
 
     def resume(self) -> None:
         """SIGCONT: a paused node carries on."""
