@@ -45,6 +45,8 @@ PREPARE_KEY = b"prepare"
 WORKER_KEY_PREFIX = "worker."
 WRITE_TIMEOUT_SECONDS = 10.0
 """How long a control write waits for the broker's acknowledgement before `ControlWriteFailed`."""
+CONTROL_SETUP_TIMEOUT_SECONDS = 10.0
+"""How long creating or checking the control topic may wait for the brokers' answer."""
 
 
 class ControlWriteFailed(RuntimeError):
@@ -252,7 +254,8 @@ class ControlChannel:
 
     @staticmethod
     def ensure_topic(bootstrap: str, group_id: str, client_properties: Mapping[str, str] | None = None,
-                     replication_factor: int | None = None, timeout_seconds: float = 10.0) -> None:
+                     replication_factor: int | None = None,
+                     timeout_seconds: float = CONTROL_SETUP_TIMEOUT_SECONDS) -> None:
         """Create the control topic if it does not exist (None: the broker's default replication factor)."""
         ensure_topics(bootstrap, [control_topic_spec(group_id)], timeout_seconds, client_properties,
                       replication_factor)

@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from typing import Protocol
 
 from keyrange.kafkaio import until_reachable
-from keyrange.ranges.channel import ControlChannel
+from keyrange.ranges.channel import CONTROL_SETUP_TIMEOUT_SECONDS, ControlChannel
 from keyrange.ranges.member import RangeMember, SlotOwner, ordinal_from_hostname
 from keyrange.ranges.pauses import HandoffPauses
 
@@ -54,7 +54,8 @@ async def run_controlled(engine: Engine, bootstrap: str, group_id: str, ordinal:
     """Run `engine` under the control topic of `group_id` as worker `ordinal` until `stop` is set
     or the engine fails (its error is raised after the final report)."""
     await until_reachable(lambda timeout: ControlChannel.ensure_topic(bootstrap, group_id, client_properties,
-                                                                      replication_factor, timeout), stop, 10.0)
+                                                                      replication_factor, timeout), stop,
+                          CONTROL_SETUP_TIMEOUT_SECONDS)
     channel = await asyncio.to_thread(ControlChannel, bootstrap, group_id, f"worker-{ordinal}", client_properties)
     member = RangeMember(engine, channel, ordinal, heartbeat_seconds=heartbeat_seconds, pauses=engine.handoff_pauses)
     try:
