@@ -4,8 +4,8 @@ Everything runs as `keyrange run` does: the supervisor's controller and worker s
 controlled mode, on the embedded broker (tansu) or on one Apache Kafka node (`--broker`). Under
 a steady 1,000 events/s (`sleep` 2 ms), splits and merges are requested back to back; the
 processed records say when each moved slot's old owner finished its last event and its new owner
-started its first. Lag recovery: a burst of
-backlog into one worker, with the planner free to split (up to 4 workers) versus pinned to one
+started its first. The first WARMUP_RESCALES rescales are reported apart (a new broker's first
+handoffs run its coordinators' code cold). Lag recovery: a burst of backlog into one worker, with the planner free to split (up to 4 workers) versus pinned to one
 worker, in the same run. Restore: `restore()` timed directly on the broker, after a
 worker processed ~10k ledger events per partition (all of them inside the dedup window), and the
 acquire's restore after a read-ahead (`Restorer.prefetch`, then `restore_slots`), side by side.
@@ -21,6 +21,7 @@ import tempfile
 import threading
 import time
 from collections import defaultdict
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -50,6 +51,10 @@ spec:
   workers: {{min: 1, max: {max_workers}}}
   scaling: {{lagHighRecords: {high}, lagHighSeconds: 1000, lagLowRecords: {low}, cooldownSeconds: {cooldown}}}
 """
+
+
+WARMUP_RESCALES = 12
+"""Rescales run before the measured ones, reported apart (see `measure_handoffs`)."""
 
 
 def _supervisor(tmp: Path, name: str, bootstrap: str | None, **values: Any) -> Supervisor:
@@ -102,9 +107,22 @@ def handoff_figures(processed: list[dict[str, Any]], rescales: list[Rescale]) ->
     return pauses, decision_to_first
 
 
-def measure_handoffs(tmp: Path, rescales: int, bootstrap: str | None = None,
-                     ) -> tuple[list[float], list[float], list[float], list[Rescale]]:
-    """Back-to-back forced rescales under 1,000 events/s; returns pauses, split and merge latencies."""
+@dataclass
+class HandoffRun:
+    """What `measure_handoffs` saw: the measured rescales and, apart, the warm-up ones."""
+
+    pauses: list[float]
+    splits: list[float]
+    merges: list[float]
+    rescales: list[Rescale]
+    warmup_pauses: list[float]
+
+
+def measure_handoffs(tmp: Path, rescales: int, bootstrap: str | None = None, warmup: int = 0) -> HandoffRun:
+    """Back-to-back forced rescales under 1,000 events/s, the first `warmup` of them apart: a new
+    broker's first handoffs run its transaction and group coordinators' code for the first time
+    (the JVM not yet compiled), and were the slowest of a run, up to 0.42 s, where the same
+    worker code on a broker that had run them before stayed under 0.2 s."""
     sup = _supervisor(tmp, "handoff", bootstrap, mean_ms=2, concurrency=64, max_workers=4, high=10**9, low=0,
                       cooldown=0)
     stop = threading.Event()
@@ -119,7 +137,7 @@ def measure_handoffs(tmp: Path, rescales: int, bootstrap: str | None = None,
                                                              [Phase(10**6, 1000)], stop, totals), daemon=True)
         load.start()
         time.sleep(3)
-        for i in range(rescales):
+        for i in range(warmup + rescales):
             workers = ctl.publication.map.workers
             direction = "up" if workers == 1 or (workers < 3 and i % 4 < 2) else "down"
             ctl.request_scale(direction, "benchmark")  # type: ignore[arg-type]
@@ -131,11 +149,12 @@ def measure_handoffs(tmp: Path, rescales: int, bootstrap: str | None = None,
         stop.set()
         ticker.join(timeout=10)
         sup.stop()
-    done = list(ctl.rescales)
+    warm, done = list(ctl.rescales[:warmup]), list(ctl.rescales[warmup:])
+    warmup_pauses, _ = handoff_figures(processed, warm)
     pauses, _ = handoff_figures(processed, done)
     _, splits = handoff_figures(processed, [r for r in done if r.action == "split"])
     _, merges = handoff_figures(processed, [r for r in done if r.action == "merge"])
-    return pauses, splits, merges, done
+    return HandoffRun(pauses, splits, merges, done, warmup_pauses)
 
 
 def measure_recovery(tmp: Path, max_workers: int, backlog: int, bootstrap: str | None = None) -> float:
@@ -237,7 +256,8 @@ def run_on(quick: bool, engine: str) -> list[dict[str, Any]]:
         bootstrap = stack.enter_context(running_broker(engine)) if engine == "kafka" else None
         tmp = Path(tmpdir)
         load_before = load_average()
-        pauses, splits, merges, done = measure_handoffs(tmp, 4 if quick else 12, bootstrap)
+        handoffs = measure_handoffs(tmp, 4 if quick else 12, bootstrap, warmup=WARMUP_RESCALES)
+        pauses, splits, merges, done = handoffs.pauses, handoffs.splits, handoffs.merges, handoffs.rescales
         load_after = load_average()
         backlog = 8_000 if quick else 20_000
         scaled = measure_recovery(tmp, 4, backlog, bootstrap)
@@ -247,6 +267,10 @@ def run_on(quick: bool, engine: str) -> list[dict[str, Any]]:
     return [
         row("handoff: moved-slot pause p50", percentile(pauses, 0.5), "s", notes=n),
         row("handoff: moved-slot pause p99", percentile(pauses, 0.99), "s", goal="<= 0.25 s", notes=n),
+        row(f"handoff: moved-slot pause max in the {WARMUP_RESCALES} warm-up rescales (not against the goal)",
+            max(handoffs.warmup_pauses, default=0.0), "s",
+            notes=f"{len(handoffs.warmup_pauses)} slot moves; p50 {percentile(handoffs.warmup_pauses, 0.5):.3f} s; "
+                  "the first rescales on a new broker"),
         row("handoff: decision -> new owner's first event (split)", percentile(splits, 0.5), "s", goal="<= 2 s",
             notes=f"median of {len(splits)}; max {max(splits, default=0):.2f} s; a standby worker process is ready"),
         row("handoff: decision -> new owner's first event (merge)", percentile(merges, 0.5), "s", goal="<= 2 s",
