@@ -5,10 +5,11 @@ controlled mode, on the embedded broker (tansu) or on one Apache Kafka node (`--
 a steady 1,000 events/s (`sleep` 2 ms), splits and merges are requested back to back; the
 processed records say when each moved slot's old owner finished its last event and its new owner
 started its first. The first WARMUP_RESCALES rescales are reported apart (a new broker's first
-handoffs run its coordinators' code cold). Lag recovery: a burst of backlog into one worker, with the planner free to split (up to 4 workers) versus pinned to one
-worker, in the same run. Restore: `restore()` timed directly on the broker, after a
-worker processed ~10k ledger events per partition (all of them inside the dedup window), and the
-acquire's restore after a read-ahead (`Restorer.prefetch`, then `restore_slots`), side by side.
+handoffs run its coordinators' code cold). Lag recovery: a burst of backlog into one worker, with
+the planner free to split (up to 4 workers) versus pinned to one worker, in the same run.
+Restore: `restore()` timed directly on the broker, after a worker processed ~10k ledger events
+per partition (all of them inside the dedup window), and the acquire's restore after a
+read-ahead (`Restorer.prefetch`, then `restore_slots`), side by side.
 """
 
 from __future__ import annotations

@@ -60,9 +60,9 @@ class KafkaClients:
         return {"bootstrap.servers": self.bootstrap, "log_level": 3, "logger": librdkafka_logger(),
                 "metadata.recovery.strategy": "none", **(tuning or {}), **self.properties, **fixed}
 
-    def admin(self) -> dict[str, Any]:
+    def admin(self, tuning: Mapping[str, Any] | None = None) -> dict[str, Any]:
         """An AdminClient's configuration."""
-        return self._build({}, {})
+        return self._build(tuning, {})
 
     def consumer(self, group_id: str, tuning: Mapping[str, Any] | None = None,
                  isolation_level: str = "read_committed") -> dict[str, Any]:

@@ -35,14 +35,23 @@ LIST_OFFSETS_TIMEOUT_SECONDS = 5.0
 """How long one ListOffsets request for the lag may take before its answer is given up."""
 
 
-def consumer_config(settings: WorkerSettings, **overrides: Any) -> dict[str, Any]:
-    """The consumer configuration of the worker and its restore reader (read_committed: outputs of
-    aborted transactions never count as handled)."""
+def worker_client_id(settings: WorkerSettings, role: str) -> str:
+    """The client.id of one of the worker's Kafka clients, e.g. `keyrange-worker-2-fetch`: broker
+    logs, quotas and librdkafka's own log lines (`keyrange-worker-2-fetch#consumer-1`) then say
+    which worker and which of its clients a connection is. A client.id in the user's client
+    properties wins."""
+    return f"keyrange-worker-{settings.worker_id}-{role}"
+
+
+def consumer_config(settings: WorkerSettings, role: str = "fetch", **overrides: Any) -> dict[str, Any]:
+    """The consumer configuration of the worker (`role` fetch) and its restore reader (restore);
+    read_committed: outputs of aborted transactions never count as handled."""
     # Low fetch wait keeps created -> start latency small at modest rates. librdkafka's prefetch
     # queue (64 MiB by default) is bounded like a partition's pending events, so memory stays
     # bounded in bytes however large the events are.
     prefetch_kbytes = min(65_536, max(1_024, settings.max_pending_bytes // 1024))
-    return settings.clients.consumer(settings.group_id, {"fetch.wait.max.ms": 20,
+    return settings.clients.consumer(settings.group_id, {"client.id": worker_client_id(settings, role),
+                                                         "fetch.wait.max.ms": 20,
                                                          "queued.max.messages.kbytes": prefetch_kbytes,
                                                          **overrides})
 
@@ -76,7 +85,8 @@ class ThreadedConsumer:
 
         def create() -> Any:
             self._consumer = Consumer(consumer_config(self._settings))
-            self._admin = AdminClient(self._settings.clients.admin())
+            self._admin = AdminClient(self._settings.clients.admin({"client.id": worker_client_id(self._settings,
+                                                                                                  "admin")}))
             return self._consumer.consumer_group_metadata()
 
         return await self._call(create)

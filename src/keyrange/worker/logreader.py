@@ -36,7 +36,7 @@ class LogReader:
         self._settings = settings
         # The worker's own group id, to look up its committed offsets; this consumer only ever
         # assigns, so it never joins the group or commits.
-        self._consumer = Consumer(consumer_config(settings, **{"fetch.wait.max.ms": FETCH_WAIT_MS}))
+        self._consumer = Consumer(consumer_config(settings, "restore", **{"fetch.wait.max.ms": FETCH_WAIT_MS}))
         self._known_topics: set[str] = set()
 
     def connect(self, topics: Iterable[str]) -> None:

@@ -34,6 +34,7 @@ from typing import Any
 from confluent_kafka import KafkaError, KafkaException, Producer, TopicPartition
 
 from keyrange.events import MAX_EVENT_BYTES
+from keyrange.worker.consumer import worker_client_id
 from keyrange.worker.settings import WorkerSettings
 
 log = logging.getLogger(__name__)
@@ -143,7 +144,8 @@ class SlotTransactions:
             # (its init_transactions), so this only bounds how long an orphaned one holds back
             # read_committed readers (e.g. the aggregation) when nobody takes the slot over.
             transaction_timeout_ms=TRANSACTION_TIMEOUT_MS,
-            tuning={"linger.ms": 5,
+            tuning={"client.id": worker_client_id(s, f"slot-{self.slot}"),
+                    "linger.ms": 5,
                     # Dead letters carry the original value, which may be just over the input limit.
                     "message.max.bytes": 2 * MAX_EVENT_BYTES + 100_000},
         ))
