@@ -31,8 +31,40 @@ FETCH_WAIT_SECONDS = 0.05
 FETCH_SLICE_SECONDS = 0.005
 """A waiting fetch checks this often whether a command (assign, unassign, pause...) is queued
 behind it, and returns early if so: a handoff waits for those commands."""
-LIST_OFFSETS_TIMEOUT_SECONDS = 5.0
+LIST_OFFSETS_TIMEOUT_SECONDS = 2.0
 """How long one ListOffsets request for the lag may take before its answer is given up."""
+LIST_OFFSETS_RETRY_SECONDS = (1.0, 60.0)
+"""After a failed ListOffsets, the first and the longest wait before the next (doubling).
+
+librdkafka (2.16) spins while an admin request waits for a broker it cannot connect to: its
+main and broker threads wake each other, connecting about 750 times a second, for the request's
+whole timeout. Asked every second, that kept a worker at 50-100% of a core for as long as Kafka
+was down. With the short timeout and this backoff the spin lasts 2 s per try, and the tries
+thin out to one a minute."""
+
+
+class RetryBackoff:
+    """Whether to try again now: after a failure wait `first_seconds`, doubling up to
+    `longest_seconds` while failures go on; no wait after a success."""
+
+    def __init__(self, first_seconds: float, longest_seconds: float,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self._first, self._longest, self._clock = first_seconds, longest_seconds, clock
+        self._delay = 0.0
+        self._next_at = float("-inf")
+
+    def ready(self) -> bool:
+        """True when no wait is due."""
+        return self._clock() >= self._next_at
+
+    def failed(self) -> None:
+        """A try failed: wait before the next, longer than last time."""
+        self._delay = self._first if self._delay == 0 else min(self._delay * 2, self._longest)
+        self._next_at = self._clock() + self._delay
+
+    def succeeded(self) -> None:
+        """A try succeeded: the next one may come at once."""
+        self._delay, self._next_at = 0.0, float("-inf")
 
 
 def worker_client_id(settings: WorkerSettings, role: str) -> str:
@@ -72,6 +104,7 @@ class ThreadedConsumer:
         """The ListOffsets request in flight, if any (see `high_watermarks`)."""
         self._listed_ends: dict[int, int] = {}
         """Each partition's end as the last ListOffsets answer gave it."""
+        self._listing_backoff = RetryBackoff(*LIST_OFFSETS_RETRY_SECONDS)
 
     async def _call(self, function: Callable[..., R], *args: Any) -> R:
         self._commands_queued += 1
@@ -184,14 +217,22 @@ class ThreadedConsumer:
     def _take_listed_ends(self) -> None:
         if not self._listing or not all(f.done() for f in self._listing.values()):
             return
+        failed = False
         for tp, future in self._listing.items():
-            if future.exception() is None:
-                self._listed_ends[tp.partition] = max(self._listed_ends.get(tp.partition, -1),
-                                                      future.result().offset)
+            # A partition whose leader could not be asked comes back as a result, with offset -1001.
+            offset = future.result().offset if future.exception() is None else -1
+            if offset >= 0:
+                self._listed_ends[tp.partition] = max(self._listed_ends.get(tp.partition, -1), offset)
+            else:
+                failed = True
         self._listing = {}
+        if failed:
+            self._listing_backoff.failed()
+        else:
+            self._listing_backoff.succeeded()
 
     def _ask_list_offsets(self, partitions: list[int]) -> None:
-        if self._listing or not partitions or self._admin is None:
+        if self._listing or not partitions or self._admin is None or not self._listing_backoff.ready():
             return
         latest = OffsetSpec.latest()  # type: ignore[no-untyped-call]
         request = {TopicPartition(self._topic, p): latest for p in partitions}
@@ -200,6 +241,7 @@ class ThreadedConsumer:
                                                      request_timeout=LIST_OFFSETS_TIMEOUT_SECONDS)
         except KafkaException:
             self._listing = {}  # the fetch responses' value stands alone until the next call
+            self._listing_backoff.failed()
 
     async def close(self) -> None:
         """Close the consumer (no group to leave) and its thread."""

@@ -1,0 +1,123 @@
+"""The lag's ListOffsets requests back off while they fail (no Kafka).
+
+librdkafka 2.16 spins while an admin request waits for a broker it cannot reach: asked every
+second, ListOffsets kept a worker at 93% of a core for as long as its broker was dead (measured:
+2,776 of 3,000 CPU ticks in the 30 s after killing the tansu broker under a `keyrange worker`;
+907 with this backoff). A partition whose leader could not be asked comes back as a *result*
+with offset -1001, not as an error, so that counts as a failure too.
+"""
+
+from __future__ import annotations
+
+from concurrent.futures import Future
+from itertools import pairwise
+from typing import Any
+
+from confluent_kafka import TopicPartition
+from confluent_kafka.admin._listoffsets import ListOffsetsResultInfo
+
+from keyrange.worker.consumer import RetryBackoff, ThreadedConsumer
+from keyrange.worker.settings import WorkerSettings
+
+SETTINGS = WorkerSettings(bootstrap="127.0.0.1:1", topic="events", group_id="g", worker_id="w0")
+UNREACHABLE = -1001
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class AnsweringAdmin:
+    """Stands in for the AdminClient: answers every ListOffsets at once with `offset`."""
+
+    def __init__(self, offset: int) -> None:
+        self.offset = offset
+        self.asked = 0
+
+    def list_offsets(self, request: dict[TopicPartition, Any], **_: Any) -> dict[TopicPartition, Future[Any]]:
+        self.asked += 1
+        answers: dict[TopicPartition, Future[Any]] = {}
+        for tp in request:
+            future: Future[Any] = Future()
+            future.set_result(ListOffsetsResultInfo(self.offset, -1, -1))
+            answers[tp] = future
+        return answers
+
+
+def consumer_with(admin: AnsweringAdmin, clock: Clock) -> ThreadedConsumer:
+    consumer = ThreadedConsumer(SETTINGS)
+    consumer._admin = admin  # type: ignore[assignment]
+    consumer._listing_backoff = RetryBackoff(1.0, 60.0, clock)
+    return consumer
+
+
+def gauge_tick(consumer: ThreadedConsumer) -> None:
+    """What `high_watermarks` does with ListOffsets on every gauge tick."""
+    consumer._take_listed_ends()
+    consumer._ask_list_offsets([0, 1])
+
+
+def test_answered_requests_are_asked_again_at_every_tick() -> None:
+    admin, clock = AnsweringAdmin(42), Clock()
+    consumer = consumer_with(admin, clock)
+    for _ in range(3):
+        gauge_tick(consumer)
+    assert admin.asked == 3
+    assert consumer._listed_ends == {0: 42, 1: 42}
+
+
+def test_unreachable_leaders_back_the_requests_off_doubling_to_a_minute() -> None:
+    admin, clock = AnsweringAdmin(UNREACHABLE), Clock()
+    consumer = consumer_with(admin, clock)
+    gauge_tick(consumer)
+    asked_at = []
+    for _ in range(400):  # 400 one-second ticks
+        clock.now += 1.0
+        before = admin.asked
+        gauge_tick(consumer)
+        if admin.asked > before:
+            asked_at.append(clock.now - 100.0)
+    gaps = [b - a for a, b in pairwise(asked_at)]
+    # Each answer is taken at the next tick, then the wait: 1, 2, 4, 8, 16, 32 s, then 60 s.
+    assert gaps[:5] == [3.0, 5.0, 9.0, 17.0, 33.0]
+    assert set(gaps[5:]) == {61.0}
+    assert consumer._listed_ends == {}, "an unreachable leader's -1001 is no end"
+
+
+def test_one_answer_ends_the_backoff() -> None:
+    admin, clock = AnsweringAdmin(UNREACHABLE), Clock()
+    consumer = consumer_with(admin, clock)
+    for _ in range(10):
+        clock.now += 1.0
+        gauge_tick(consumer)
+    admin.offset = 7
+    clock.now += 60.0
+    gauge_tick(consumer)  # the -1001 answer taken, one more try after the wait
+    clock.now += 1.0
+    gauge_tick(consumer)  # this one was answered: asked again at once
+    asked = admin.asked
+    clock.now += 1.0
+    gauge_tick(consumer)
+    assert admin.asked == asked + 1
+    assert consumer._listed_ends == {0: 7, 1: 7}
+
+
+def test_retry_backoff_doubles_and_resets() -> None:
+    clock = Clock()
+    backoff = RetryBackoff(1.0, 4.0, clock)
+    assert backoff.ready()
+    waits = []
+    for _ in range(4):
+        backoff.failed()
+        start = clock.now
+        while not backoff.ready():
+            clock.now += 0.5
+        waits.append(clock.now - start)
+    assert waits == [1.0, 2.0, 4.0, 4.0]
+    backoff.failed()
+    backoff.succeeded()
+    assert backoff.ready()
