@@ -147,3 +147,27 @@ async def test_an_acquire_of_lost_slots_that_fails_is_tried_again() -> None:
     engine.held.discard(0)
     await run_until(member, lambda: engine.held == {0, 1, 2})
     assert engine.failures == 0 and engine.acquired == [{0, 1, 2}, {0}]
+
+
+async def test_a_catch_up_that_fails_before_acquiring_lost_slots_is_tried_again() -> None:
+    """Seen in the frozen-broker fault test: the catch-up before the re-acquire read the control
+    topic's end while the frozen node's handle was being decommissioned, and its _DESTROY_BROKER
+    ended the worker."""
+
+    class FlakyCatchUp(CatchingUpChannel):
+        catch_up_failures = 1
+
+        def catch_up(self, timeout_seconds: float = 10.0) -> None:
+            # The third: after those that start each run of the member below, the re-acquire's.
+            if self.catch_ups == 2 and self.catch_up_failures:
+                self.catch_up_failures -= 1
+                raise KafkaException(KafkaError(KafkaError._DESTROY_BROKER, "Failed to get watermark offsets"))
+            super().catch_up(timeout_seconds)
+
+    engine = Engine()
+    channel = FlakyCatchUp(Publication(RangeMap.even(6, 2, epoch=3)))
+    member = RangeMember(engine, channel, 0, heartbeat_seconds=0.01, poll_seconds=0.01)  # type: ignore[arg-type]
+    await run_until(member, lambda: member.applied_epoch == 3)
+    engine.held.discard(0)
+    await run_until(member, lambda: engine.held == {0, 1, 2})
+    assert channel.catch_up_failures == 0 and engine.acquired == [{0, 1, 2}, {0}]

@@ -134,26 +134,29 @@ class RangeMember:
         """Acquire again the slots of the applied epoch the engine let go by itself (their producer
         was fenced or gave up during a broker fault), if the newest publication, read to the end of
         the topic first, still gives them to this worker; a newer epoch is applied the usual way."""
-        await asyncio.to_thread(self.channel.catch_up)
-        pub = self.channel.state.publication
-        if pub is None or pub.epoch != epoch:
-            return
-        lost = to_acquire(self.engine.held_slots, pub.allowed_slots(self.worker))
-        if lost:
+        lost: set[int] = set()
+        try:
+            # The broker fault that failed the producer can fail this read of the control topic
+            # (a frozen node's handle decommissioned: _DESTROY_BROKER) and the slots' restore
+            # too; neither left anything behind, so both are tried again, with a growing pause.
+            await asyncio.to_thread(self.channel.catch_up)
+            pub = self.channel.state.publication
+            if pub is None or pub.epoch != epoch:
+                return
+            lost = set(to_acquire(self.engine.held_slots, pub.allowed_slots(self.worker)))
+            if not lost:
+                return
             log.warning("w%d epoch %d: acquiring %s again: their producer failed", self.worker, epoch,
                         format_slot_list(sorted(lost)))
-            try:
-                await self.engine.acquire(lost)
-            except (KafkaException, TransactionFailed) as exc:
-                # The broker fault that failed the producer can fail its restore too: the acquire
-                # left nothing behind, so it is tried again, with a growing pause.
-                at, delay = asyncio.get_running_loop().time(), self._lost_retry[1]
-                self._lost_retry = (at + delay, min(delay * 2, 30.0))
-                log.warning("w%d: acquiring %s again failed (%s); trying again in %.1f s", self.worker,
-                            format_slot_list(sorted(lost)), exc, delay)
-                return
-            self._lost_retry = (0.0, 0.5)
-            await self.report(epoch)
+            await self.engine.acquire(lost)
+        except (KafkaException, TransactionFailed) as exc:
+            at, delay = asyncio.get_running_loop().time(), self._lost_retry[1]
+            self._lost_retry = (at + delay, min(delay * 2, 30.0))
+            log.warning("w%d: acquiring %s again failed (%s); trying again in %.1f s", self.worker,
+                        format_slot_list(sorted(lost)) if lost else "lost slots", exc, delay)
+            return
+        self._lost_retry = (0.0, 0.5)
+        await self.report(epoch)
 
     def _note_transit(self, pub: Publication) -> None:
         """Remember since when each slot has been in transit towards this worker (a pause starts there)."""
