@@ -145,6 +145,12 @@ class SlotTransactions:
             # read_committed readers (e.g. the aggregation) when nobody takes the slot over.
             transaction_timeout_ms=TRANSACTION_TIMEOUT_MS,
             tuning={"client.id": worker_client_id(s, f"slot-{self.slot}"),
+                    # A request to a frozen broker (SIGSTOP, a stalled VM: its connection stays
+                    # open, nothing answers) is given up and sent again, to the partition's or
+                    # coordinator's new node, after 10 s instead of librdkafka's 30 s and 60 s: in
+                    # the frozen-broker fault test commits stalled 61 s before, 10-17 s after.
+                    # Retrying is safe: the producer is idempotent and transactional.
+                    "request.timeout.ms": 10_000, "socket.timeout.ms": 10_000,
                     "linger.ms": 5,
                     # Dead letters carry the original value, which may be just over the input limit.
                     "message.max.bytes": 2 * MAX_EVENT_BYTES + 100_000},
