@@ -105,13 +105,20 @@ async def run_until(member: RangeMember, condition: Callable[[], bool]) -> None:
         await asyncio.wait_for(running, 10)
 
 
+async def lose_and_acquire_again(engine: Engine, channel: CatchingUpChannel, slot: int) -> None:
+    """Apply epoch 3 (slots 0-2 of 6 for worker 0), then let the engine lose `slot` by itself (its
+    producer fenced during a broker fault: released without committing), and wait until the
+    member has acquired it again."""
+    member = RangeMember(engine, channel, 0, heartbeat_seconds=0.01, poll_seconds=0.01)  # type: ignore[arg-type]
+    await run_until(member, lambda: member.applied_epoch == 3)
+    engine.held.discard(slot)
+    await run_until(member, lambda: engine.held == {0, 1, 2})
+
+
 async def test_a_slot_the_engine_lost_in_place_is_acquired_again_while_the_publication_still_gives_it() -> None:
     engine = Engine()
     channel = CatchingUpChannel(Publication(RangeMap.even(6, 2, epoch=3)))
-    member = RangeMember(engine, channel, 0, heartbeat_seconds=0.01, poll_seconds=0.01)  # type: ignore[arg-type]
-    await run_until(member, lambda: member.applied_epoch == 3)
-    engine.held.discard(1)  # its producer was fenced during a broker fault: released without committing
-    await run_until(member, lambda: engine.held == {0, 1, 2})
+    await lose_and_acquire_again(engine, channel, 1)
     assert engine.acquired == [{0, 1, 2}, {1}]
     assert channel.catch_ups >= 2  # decided on the caught-up publication, not a stale one
     assert channel.delivered[-1].held == {0, 1, 2}
@@ -141,11 +148,7 @@ async def test_an_acquire_of_lost_slots_that_fails_is_tried_again() -> None:
             await super().acquire(slots)
 
     engine = FlakyEngine()
-    channel = CatchingUpChannel(Publication(RangeMap.even(6, 2, epoch=3)))
-    member = RangeMember(engine, channel, 0, heartbeat_seconds=0.01, poll_seconds=0.01)  # type: ignore[arg-type]
-    await run_until(member, lambda: member.applied_epoch == 3)
-    engine.held.discard(0)
-    await run_until(member, lambda: engine.held == {0, 1, 2})
+    await lose_and_acquire_again(engine, CatchingUpChannel(Publication(RangeMap.even(6, 2, epoch=3))), 0)
     assert engine.failures == 0 and engine.acquired == [{0, 1, 2}, {0}]
 
 
@@ -166,8 +169,5 @@ async def test_a_catch_up_that_fails_before_acquiring_lost_slots_is_tried_again(
 
     engine = Engine()
     channel = FlakyCatchUp(Publication(RangeMap.even(6, 2, epoch=3)))
-    member = RangeMember(engine, channel, 0, heartbeat_seconds=0.01, poll_seconds=0.01)  # type: ignore[arg-type]
-    await run_until(member, lambda: member.applied_epoch == 3)
-    engine.held.discard(0)
-    await run_until(member, lambda: engine.held == {0, 1, 2})
+    await lose_and_acquire_again(engine, channel, 0)
     assert channel.catch_up_failures == 0 and engine.acquired == [{0, 1, 2}, {0}]

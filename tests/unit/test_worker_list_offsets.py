@@ -18,17 +18,10 @@ from confluent_kafka.admin._listoffsets import ListOffsetsResultInfo
 
 from keyrange.worker.consumer import RetryBackoff, ThreadedConsumer
 from keyrange.worker.settings import WorkerSettings
+from tests.unit.test_call_deadlines import FakeClock
 
 SETTINGS = WorkerSettings(bootstrap="127.0.0.1:1", topic="events", group_id="g", worker_id="w0")
 UNREACHABLE = -1001
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 100.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 class AnsweringAdmin:
@@ -48,7 +41,7 @@ class AnsweringAdmin:
         return answers
 
 
-def consumer_with(admin: AnsweringAdmin, clock: Clock) -> ThreadedConsumer:
+def consumer_with(admin: AnsweringAdmin, clock: FakeClock) -> ThreadedConsumer:
     consumer = ThreadedConsumer(SETTINGS)
     consumer._admin = admin  # type: ignore[assignment]
     consumer._listing_backoff = RetryBackoff(1.0, 60.0, clock)
@@ -62,7 +55,7 @@ def gauge_tick(consumer: ThreadedConsumer) -> None:
 
 
 def test_answered_requests_are_asked_again_at_every_tick() -> None:
-    admin, clock = AnsweringAdmin(42), Clock()
+    admin, clock = AnsweringAdmin(42), FakeClock()
     consumer = consumer_with(admin, clock)
     for _ in range(3):
         gauge_tick(consumer)
@@ -71,7 +64,7 @@ def test_answered_requests_are_asked_again_at_every_tick() -> None:
 
 
 def test_unreachable_leaders_back_the_requests_off_doubling_to_a_minute() -> None:
-    admin, clock = AnsweringAdmin(UNREACHABLE), Clock()
+    admin, clock = AnsweringAdmin(UNREACHABLE), FakeClock()
     consumer = consumer_with(admin, clock)
     gauge_tick(consumer)
     asked_at = []
@@ -89,7 +82,7 @@ def test_unreachable_leaders_back_the_requests_off_doubling_to_a_minute() -> Non
 
 
 def test_one_answer_ends_the_backoff() -> None:
-    admin, clock = AnsweringAdmin(UNREACHABLE), Clock()
+    admin, clock = AnsweringAdmin(UNREACHABLE), FakeClock()
     consumer = consumer_with(admin, clock)
     for _ in range(10):
         clock.now += 1.0
@@ -107,7 +100,7 @@ def test_one_answer_ends_the_backoff() -> None:
 
 
 def test_retry_backoff_doubles_and_resets() -> None:
-    clock = Clock()
+    clock = FakeClock()
     backoff = RetryBackoff(1.0, 4.0, clock)
     assert backoff.ready()
     waits = []

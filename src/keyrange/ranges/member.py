@@ -134,7 +134,7 @@ class RangeMember:
         """Acquire again the slots of the applied epoch the engine let go by itself (their producer
         was fenced or gave up during a broker fault), if the newest publication, read to the end of
         the topic first, still gives them to this worker; a newer epoch is applied the usual way."""
-        lost: set[int] = set()
+        lost: frozenset[int] = frozenset()
         try:
             # The broker fault that failed the producer can fail this read of the control topic
             # (a frozen node's handle decommissioned: _DESTROY_BROKER) and the slots' restore
@@ -143,7 +143,7 @@ class RangeMember:
             pub = self.channel.state.publication
             if pub is None or pub.epoch != epoch:
                 return
-            lost = set(to_acquire(self.engine.held_slots, pub.allowed_slots(self.worker)))
+            lost = to_acquire(self.engine.held_slots, pub.allowed_slots(self.worker))
             if not lost:
                 return
             log.warning("w%d epoch %d: acquiring %s again: their producer failed", self.worker, epoch,
