@@ -11,6 +11,7 @@ from keyrange.aggregation import connector
 from keyrange.aggregation.session import SparkSetupError
 from keyrange.aggregation.sources import (
     CONNECTOR,
+    END_OF_RANGE_WAIT_MS,
     PYTHON_SOURCE,
     StreamSettings,
     connector_options,
@@ -33,6 +34,13 @@ def test_the_connector_reads_committed_records_with_the_client_properties_as_kaf
     assert options["maxOffsetsPerTrigger"] == "1000"
     assert options["startingOffsets"] == "earliest" and options["failOnDataLoss"] == "true"
     assert "maxOffsetsPerTrigger" not in connector_options(StreamSettings("k:9092", "t"))
+
+
+def test_the_connector_does_not_wait_half_a_second_at_each_partitions_end_unless_told_to():
+    assert connector_options(StreamSettings("k:9092", "t"))["kafka.fetch.max.wait.ms"] == str(END_OF_RANGE_WAIT_MS)
+    assert END_OF_RANGE_WAIT_MS <= 50
+    told = StreamSettings("k:9092", "t", client_properties={"fetch.max.wait.ms": "250"})
+    assert connector_options(told)["kafka.fetch.max.wait.ms"] == "250"
 
 
 def test_the_python_source_takes_the_same_settings_in_its_own_option_names():

@@ -26,6 +26,12 @@ from keyrange.kafkaclients import java_client_properties
 CONNECTOR = "kafka"
 PYTHON_SOURCE = "keyrange-kafka"
 SOURCES = (CONNECTOR, PYTHON_SOURCE)
+END_OF_RANGE_WAIT_MS = 10
+"""The connector's `fetch.max.wait.ms` unless the client properties set one: how long the broker
+holds a fetch that finds nothing new. A task's last fetch at a partition's end finds nothing, so
+it waits this long, and the Java client's default (500 ms) spent ~3 s of every micro-batch on
+waits (12 partitions, two cores): a micro-batch of 1,000 records read in 3.3 s, with 10 ms in
+0.4 s (measured on Apache Kafka, 2026-11-25). A backlog's fetches fill at once and never wait."""
 
 
 @dataclass(frozen=True)
@@ -55,7 +61,8 @@ class StreamSettings:
 
 def connector_options(settings: StreamSettings) -> dict[str, str]:
     """The options of Spark's Kafka source for `settings` (client properties in the Java client's names)."""
-    options = {f"kafka.{k}": v for k, v in java_client_properties(settings.client_properties).items()}
+    options = {"kafka.fetch.max.wait.ms": str(END_OF_RANGE_WAIT_MS)}
+    options.update({f"kafka.{k}": v for k, v in java_client_properties(settings.client_properties).items()})
     options.update({
         "kafka.bootstrap.servers": settings.bootstrap,
         "subscribe": settings.topic,
