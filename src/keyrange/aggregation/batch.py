@@ -132,7 +132,10 @@ class BatchAggregator:
         # core rather than per Kafka partition (one in all for a small batch): a few larger files
         # per minute, cheaper to write now and to list and read back for later batches.
         writers = 1 if added < SMALL_BATCH else self._spark.sparkContext.defaultParallelism
-        records = (fresh.select("minute", F.lit(batch_id).alias("batch"), "uuid").coalesce(writers)
+        # The batch id as a string: Spark compiles a number into the generated code (new code to
+        # compile and JIT at every batch) but passes a string by reference; the directory name,
+        # `batch=<id>`, is the same either way.
+        records = (fresh.select("minute", F.lit(str(batch_id)).alias("batch"), "uuid").coalesce(writers)
                    .write.mode("overwrite").option("partitionOverwriteMode", "dynamic")
                    .partitionBy("minute", "batch"))
         # Every table's partial figures in one pass over the cached batch, kept (they are small:

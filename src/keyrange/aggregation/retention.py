@@ -6,10 +6,13 @@ minute be dropped while a re-delivery of one of its events may still arrive.
 
 The rule works in event time, like a Spark watermark: the high-water mark is the newest `created`
 aggregated so far (kept in `_latest.json`), and the horizon is the high-water mark minus the
-retention period. At each micro-batch:
-- a record whose `created` is older than the horizon is late: it is not aggregated, only counted
-  (`late` in the summary). Its minute's uuids may already be gone, so counting it could count a
-  re-delivery twice; skipping it keeps "each uuid once" and leaves that minute's window final;
+retention period, rounded down to the start of its minute (so that it changes once a minute, not
+at every micro-batch: a value in a query is compiled into Spark's generated code, and a new value
+is new code to compile). At each micro-batch:
+- a record whose `created` is older than the horizon, i.e. whose whole minute is, is late: it is
+  not aggregated, only counted (`late` in the summary). Its minute's uuids may already be gone, so
+  counting it could count a re-delivery twice; skipping it keeps "each uuid once" and leaves that
+  minute's window final;
 - a minute directory that lies wholly before the horizon is deleted: nothing can be added to it
   any more, and its window and the client and worker figures already hold its records.
 The horizon of a micro-batch comes from the state before it, so a replayed batch decides the same.
@@ -39,10 +42,13 @@ class Retention:
             raise ValueError(f"the retention period must be 0 (forever) or more minutes, got {self.minutes}")
 
     def horizon_ms(self, high_water_ms: int | None) -> int | None:
-        """Records created before this are late, minutes wholly before it are deleted (None: none)."""
+        """Records created before this are late, minutes wholly before it are deleted (None: none).
+
+        A minute's start: a record is late exactly when its minute may be deleted."""
         if not self.minutes or high_water_ms is None:
             return None
-        return high_water_ms - self.minutes * MINUTE_MS
+        exact = high_water_ms - self.minutes * MINUTE_MS
+        return exact - exact % MINUTE_MS
 
     @staticmethod
     def expired(minutes: list[int], horizon_ms: int | None) -> list[int]:
