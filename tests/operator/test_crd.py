@@ -29,6 +29,7 @@ VALID: list[dict[str, Any]] = [
     {**TOPIC, "resources": {"requests": {"cpu": "250m"}, "limits": {"memory": "512Mi"}}},
     {**TOPIC, "aggregation": {"enabled": True, "mode": "schedule", "schedule": "*/5 * * * *"}},
     {**TOPIC, "aggregation": {"enabled": True, "executors": 4, "executorMemory": "2g"}},
+    {**TOPIC, "aggregation": {"enabled": True, "triggerSeconds": 0.5, "retentionMinutes": 0}},
     {**TOPIC, "kafka": {"topic": "t", "groupId": "g", "partitions": 10000}},
     {**TOPIC, "image": None, "sink": {"topic": None}},  # nulls mean "not set" on both sides
     {**TOPIC, "suspend": True},
@@ -50,6 +51,10 @@ INVALID: list[dict[str, Any]] = [
     {**TOPIC, "dedup": {"ttlSeconds": "10"}},
     {**TOPIC, "aggregation": {"enabled": True, "executorMemory": "2Gi"}},  # Kubernetes units, not Spark's
     {**TOPIC, "aggregation": {"enabled": True, "driverMemory": "lots"}},
+    {**TOPIC, "aggregation": {"enabled": True, "triggerSeconds": 0}},
+    {**TOPIC, "aggregation": {"enabled": True, "triggerSeconds": 3601}},
+    {**TOPIC, "aggregation": {"enabled": True, "retentionMinutes": -1}},
+    {**TOPIC, "aggregation": {"enabled": True, "retentionMinutes": 1.5}},
     {"kafka": {}},
     {"kafka": {"topic": ""}},
     {"kafka": {"topic": "has space"}},

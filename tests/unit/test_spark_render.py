@@ -122,6 +122,16 @@ def test_the_driver_is_bound_to_the_drivers_cluster_role_in_its_namespace_only()
                                     "namespace": "shop"}]
 
 
+def test_the_driver_runs_the_specs_trigger_and_retention():
+    args = _parse_cli(driver_args("payments", "shop", _spec(triggerSeconds=1.5, retentionMinutes=90), SETTINGS))
+    assert (args.trigger_seconds, args.retention_minutes) == (1.5, 90)
+    defaults = _parse_cli(driver_args("payments", "shop", _spec(), SETTINGS))
+    assert (defaults.trigger_seconds, defaults.retention_minutes) == (5.0, 1440)
+    scheduled = driver_args("payments", "shop", _spec(mode="schedule", schedule="0 * * * *", retentionMinutes=0),
+                            SETTINGS)
+    assert "--trigger-seconds" not in scheduled and _parse_cli(scheduled).retention_minutes == 0
+
+
 def test_schedule_mode_is_a_non_overlapping_cronjob_running_once():
     spec = _spec(mode="schedule", schedule="0 * * * *", executors=4, executorMemory="3g")
     objects = _by_kind(render_spark_objects("payments", "shop", spec, OWNER, SETTINGS))

@@ -154,7 +154,10 @@ def driver_args(name: str, namespace: str, spec: StreamConsumerSpec, settings: S
     args = ["aggregate", "--bootstrap", spec.kafka.bootstrap_servers, "--topic", spec.sink_topic,
             "--output", output, "--checkpoint", checkpoint,
             "--master", KUBERNETES_MASTER if client_mode else "spark-submit",
-            "--continuous" if agg.mode == "continuous" else "--once"]
+            "--continuous" if agg.mode == "continuous" else "--once",
+            "--retention-minutes", str(agg.retention_minutes)]
+    if agg.mode == "continuous":
+        args += ["--trigger-seconds", f"{agg.trigger_seconds:g}"]
     for key, value in conf.items():
         args += ["--conf", f"{key}={value}"]
     # Secret values reach the driver as environment variables (`kafka_secret_env`), never as
