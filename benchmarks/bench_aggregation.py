@@ -36,12 +36,11 @@ from confluent_kafka import Consumer, Producer, TopicPartition
 
 from benchmarks.harness import percentile, row
 from keyrange.aggregation.reference import Delivery, aggregate
+from keyrange.aggregation.sources import DEFAULT_TRIGGER_SECONDS
 from keyrange.kafkaio import TopicSpec, ensure_topics
 
 PARTITIONS = 12
 CLIENTS = 1000
-DEFAULT_TRIGGER_SECONDS = 5.0
-"""`keyrange aggregate --trigger-seconds` and `spec.aggregation.triggerSeconds` unless set."""
 EVENTS_PER_SECOND = 1000
 """Event-time rate of the backlog's `created` (the kata's ~1000 events/s)."""
 

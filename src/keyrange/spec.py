@@ -16,6 +16,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from keyrange.aggregation.retention import DEFAULT_MINUTES as DEFAULT_RETENTION_MINUTES
+from keyrange.aggregation.sources import DEFAULT_TRIGGER_SECONDS
 from keyrange.errors import UserError
 from keyrange.kafkaclients import RESERVED_PROPERTIES
 from keyrange.podfields import (
@@ -204,7 +205,7 @@ class AggregationSpec(_Model):
     """Memory per Spark executor, in Spark's units (`512m`, `2g`; not Kubernetes' `2Gi`)."""
     driver_memory: str = Field(default="1g", alias="driverMemory", pattern=SPARK_MEMORY_PATTERN)
     """Memory of the Spark driver, in Spark's units."""
-    trigger_seconds: float = Field(default=5.0, gt=0, le=3_600, alias="triggerSeconds")
+    trigger_seconds: float = Field(default=DEFAULT_TRIGGER_SECONDS, gt=0, le=3_600, alias="triggerSeconds")
     """`mode: continuous`: a micro-batch every this many seconds (shorter: fresher aggregates,
     a busier driver)."""
     retention_minutes: int = Field(default=DEFAULT_RETENTION_MINUTES, ge=0, le=525_600, alias="retentionMinutes")

@@ -18,7 +18,7 @@ from typing import Any
 from keyrange.aggregation import retention, store
 from keyrange.aggregation.batch import AggregationSummary, BatchAggregator, ProgressCallback
 from keyrange.aggregation.session import spark_session
-from keyrange.aggregation.sources import CONNECTOR, StreamSettings, processed_stream
+from keyrange.aggregation.sources import CONNECTOR, DEFAULT_TRIGGER_SECONDS, StreamSettings, processed_stream
 from keyrange.errors import UserError
 from keyrange.kafkaio import partition_counts
 
@@ -123,7 +123,7 @@ class ContinuousAggregation:
 
 
 def start_continuous(bootstrap: str, topic: str, output: str, checkpoint: str | None = None,
-                     master: str = "local[2]", trigger_seconds: float = 5.0,
+                     master: str = "local[2]", trigger_seconds: float = DEFAULT_TRIGGER_SECONDS,
                      max_records_per_batch: int | None = CONTINUOUS_BATCH_CAP, spark: Any = None,
                      progress: ProgressCallback | None = None, source: str = CONNECTOR,
                      starting_offsets: str = "earliest", client_properties: Mapping[str, str] | None = None,

@@ -26,6 +26,9 @@ from keyrange.kafkaclients import java_client_properties
 CONNECTOR = "kafka"
 PYTHON_SOURCE = "keyrange-kafka"
 SOURCES = (CONNECTOR, PYTHON_SOURCE)
+DEFAULT_TRIGGER_SECONDS = 5.0
+"""Seconds between a continuous aggregation's micro-batches unless told otherwise
+(`--trigger-seconds`, `spec.aggregation.triggerSeconds`)."""
 END_OF_RANGE_WAIT_MS = 10
 """The connector's `fetch.max.wait.ms` unless the client properties set one: how long the broker
 holds a fetch that finds nothing new. A task's last fetch at a partition's end finds nothing, so

@@ -17,7 +17,7 @@ from types import FrameType
 from typing import Any
 
 from keyrange.aggregation.retention import DEFAULT_MINUTES
-from keyrange.aggregation.sources import CONNECTOR, SOURCES
+from keyrange.aggregation.sources import CONNECTOR, DEFAULT_TRIGGER_SECONDS, SOURCES
 from keyrange.commands.kafkaargs import add_kafka_arguments, kafka_properties
 from keyrange.errors import UserError
 
@@ -37,7 +37,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--master", default="local[*]",
                         help="Spark master: local[*] (default), local[N], k8s://https://HOST:PORT, "
                              "or spark-submit (keep the master spark-submit was given)")
-    parser.add_argument("--trigger-seconds", type=float, default=5.0,
+    parser.add_argument("--trigger-seconds", type=float, default=DEFAULT_TRIGGER_SECONDS,
                         help="with --continuous: seconds between micro-batches (default 5)")
     parser.add_argument("--max-records-per-batch", type=int, default=None,
                         help="cap on the offsets one micro-batch reads (default: 2000000 with --once, "
