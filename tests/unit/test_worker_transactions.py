@@ -7,6 +7,7 @@ import threading
 import time
 from typing import Any
 
+import pytest
 from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
 from keyrange.events import SOURCE_OFFSET_HEADER
@@ -15,6 +16,7 @@ from keyrange.worker.partition import PartitionMetrics, PartitionState
 from keyrange.worker.rebuild import RestoredPartition
 from keyrange.worker.settings import WorkerSettings
 from keyrange.worker.transactions import OutputRecord, SlotTransactions, TransactionFailed
+from tests.unit.test_call_deadlines import FakeClock
 
 SETTINGS = WorkerSettings(bootstrap="127.0.0.1:1", topic="events", group_id="g", worker_id="w0")
 
@@ -159,15 +161,15 @@ def commit_in_thread(output: SlotTransactions) -> tuple[threading.Thread, list[B
     return thread, outcome
 
 
-def test_a_commit_retried_past_the_transaction_timeout_gives_its_producer_up(monkeypatch: Any) -> None:
-    # The broker has aborted the transaction by then anyway; the slot's next acquire starts afresh.
-    monkeypatch.setattr(transactions, "TRANSACTION_TIMEOUT_MS", 1500)
+def test_a_commit_retried_past_its_deadline_gives_its_producer_up(monkeypatch: Any) -> None:
+    # The slot's next acquire starts afresh, with a producer that fences this one.
+    monkeypatch.setattr(transactions, "COMMIT_DEADLINE_SECONDS", 1.5)
     producer = UnansweredOffsetsProducer()
     thread, outcome = commit_in_thread(open_slot(5, producer))
     thread.join(20)
     assert not thread.is_alive(), f"still retrying after 20 s: {producer.calls[-5:]}"
     assert len(outcome) == 1 and isinstance(outcome[0], TransactionFailed), outcome
-    assert "over more than the transaction timeout" in str(outcome[0]) and outcome[0].gave_up
+    assert "giving this producer up" in str(outcome[0]) and outcome[0].gave_up
     assert producer.calls.count("send_offsets") >= 2  # it did wait out a while first
 
 
@@ -194,21 +196,29 @@ def test_a_producer_fenced_by_kafka_is_not_one_the_worker_gave_up() -> None:
     assert len(outcome) == 1 and isinstance(outcome[0], TransactionFailed) and not outcome[0].gave_up, outcome
 
 
-class NeverReturningOffsetsProducer(RecordingProducer):
-    """librdkafka (2.16) leaves send_offsets_to_transaction blocked past its own timeout, for good,
-    when the group coordinator's broker died and left the metadata (librdkafka issues 5456, 5511)."""
+class BlockingProducer(RecordingProducer):
+    """A producer whose call blocks past its timeout until `released`."""
 
     def __init__(self) -> None:
         super().__init__()
         self.released = threading.Event()
 
-    def send_offsets_to_transaction(self, offsets: Any, metadata: Any, timeout: float) -> None:
-        self.calls.append("send_offsets")
+    def block(self, call: str) -> None:
+        self.calls.append(call)
         self.released.wait()  # blocked in C: nothing in the process can interrupt it
 
 
+class NeverReturningOffsetsProducer(BlockingProducer):
+    """librdkafka (2.16) leaves send_offsets_to_transaction blocked past its own timeout, for good,
+    when the group coordinator's broker died and left the metadata (librdkafka issues 5456, 5511)."""
+
+    def send_offsets_to_transaction(self, offsets: Any, metadata: Any, timeout: float) -> None:
+        self.block("send_offsets")
+
+
 async def test_a_send_offsets_that_never_returns_gives_its_producer_up(monkeypatch: Any) -> None:
-    monkeypatch.setattr(transactions, "OFFSETS_STUCK_SECONDS", 0.5)
+    monkeypatch.setattr(transactions, "OFFSETS_TIMEOUT_SECONDS", 0.2)
+    monkeypatch.setattr(transactions, "CALL_STUCK_SECONDS", 0.3)
     producer = NeverReturningOffsetsProducer()
     output = open_slot(5, producer)
     try:
@@ -220,5 +230,96 @@ async def test_a_send_offsets_that_never_returns_gives_its_producer_up(monkeypat
         calls = len(producer.calls)
         await output.close()  # the stuck producer is left alone: a flush could block behind the call
         assert len(producer.calls) == calls
+    finally:
+        producer.released.set()
+
+
+def test_a_transaction_s_calls_never_wait_past_its_deadline() -> None:
+    clock, give_up = FakeClock(), threading.Event()
+    retry = transactions._Backoff("slot 1", give_up, threading.Event(), clock)
+    deadline = transactions.COMMIT_DEADLINE_SECONDS
+    assert retry.timeout(30.0, "flushing") == 30.0
+    clock.now += deadline - 12.0
+    assert retry.timeout(30.0, "flushing") == 12.0  # cut to what is left
+    assert retry.timeout(10.0, "sending its offsets") == 10.0
+    clock.now += 12.0
+    with pytest.raises(TransactionFailed, match="no commit within") as late:
+        retry.timeout(10.0, "committing")
+    assert late.value.gave_up
+    with pytest.raises(TransactionFailed, match="still failing after 1 tries") as failed:
+        retry.failed("outputs not acknowledged within 12 s")  # no wait after the deadline
+    assert failed.value.gave_up
+
+
+def test_a_producer_given_up_starts_no_other_call_but_a_stopping_worker_still_commits() -> None:
+    stopping, abandoned = threading.Event(), threading.Event()
+    retry = transactions._Backoff("slot 1", stopping, abandoned, FakeClock())
+    stopping.set()  # SIGTERM: no more retries, but the release's last commit goes through
+    assert retry.timeout(30.0, "committing") == 30.0
+    abandoned.set()
+    with pytest.raises(TransactionFailed, match="gave this producer up") as raised:
+        retry.timeout(30.0, "committing")
+    assert raised.value.gave_up
+
+
+def test_the_last_commit_of_a_stopping_worker_goes_through() -> None:
+    producer = RecordingProducer()
+    output = open_slot(2, producer)
+    output.stop_retrying()
+    output._commit([OutputRecord("events.processed", 2, b"1", b"{}")], [TopicPartition("events", 2, 10)])
+    assert producer.calls[-1] == "commit"
+
+
+class StalledOutputsProducer(RecordingProducer):
+    """What a slot producer did after its only broker restarted under load (librdkafka 2.16,
+    2026-11-25): no usable connection ("No brokers available for Transactions") for minutes
+    after the broker was back, each flush waiting its whole timeout with the outputs unacknowledged."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.flush_timeouts: list[float] = []
+
+    def flush(self, timeout: float) -> int:
+        self.flush_timeouts.append(timeout)
+        time.sleep(timeout)
+        return 3
+
+
+def test_a_slot_whose_outputs_stay_unacknowledged_gives_its_producer_up_at_the_deadline(monkeypatch: Any) -> None:
+    monkeypatch.setattr(transactions, "COMMIT_DEADLINE_SECONDS", 1.0)
+    producer = StalledOutputsProducer()
+    began = time.monotonic()
+    thread, outcome = commit_in_thread(open_slot(5, producer))
+    thread.join(10)
+    assert not thread.is_alive(), f"still flushing after 10 s: {producer.flush_timeouts}"
+    assert len(outcome) == 1 and isinstance(outcome[0], TransactionFailed) and outcome[0].gave_up, outcome
+    # Each flush waits at most what is left of the deadline, not the client timeout (30 s).
+    assert sum(producer.flush_timeouts) <= 1.0 and time.monotonic() - began < 5
+    assert "send_offsets" not in producer.calls and "commit" not in producer.calls
+
+
+class HungFlushProducer(BlockingProducer):
+    """A flush that ignores its timeout, then succeeds."""
+
+    def flush(self, timeout: float) -> int:
+        self.block("flush")
+        return 0
+
+
+async def test_a_commit_whose_call_ignores_its_timeout_gives_its_producer_up(monkeypatch: Any) -> None:
+    monkeypatch.setattr(transactions, "COMMIT_DEADLINE_SECONDS", 0.3)
+    monkeypatch.setattr(transactions, "CALL_STUCK_SECONDS", 0.2)
+    producer = HungFlushProducer()
+    output = open_slot(5, producer)
+    try:
+        with pytest.raises(TransactionFailed, match=r"did not end within 0\.5 s") as raised:
+            await asyncio.wait_for(output.commit([OutputRecord("events.processed", 5, b"1", b"{}")],
+                                                 [TopicPartition("events", 5, 10)]), 10)
+        assert raised.value.gave_up
+        # The release does not wait behind the hung call, nor touches the producer again.
+        await asyncio.wait_for(output.close(), 1)
+        producer.released.set()
+        output._executor.shutdown(wait=True)  # the call returned: its thread stops, starting nothing else
+        assert producer.calls == ["begin", "produce events.processed", "flush"]
     finally:
         producer.released.set()

@@ -62,7 +62,7 @@ class SlotFailure(Enum):
     controller): a broker fault that aborted a transaction costs a re-acquire, not a restart."""
     REACQUIRE_IF_GAVE_UP = "reacquire"
     """Static slots: released without committing and acquired again in place when the worker gave
-    the producer up (stuck, Kafka away past the transaction timeout); any other failure, e.g. fenced
+    the producer up (stuck, no commit within its deadline); any other failure, e.g. fenced
     by another producer of the slot, fails the worker (two workers may hold the same slots)."""
 
 

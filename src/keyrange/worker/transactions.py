@@ -41,6 +41,16 @@ log = logging.getLogger(__name__)
 
 TRANSACTION_TIMEOUT_MS = 60_000
 """transaction.timeout.ms of every slot's producer (see `SlotTransactions._create`)."""
+COMMIT_DEADLINE_SECONDS = 40.0
+"""How long one slot's transaction may take, its tries included, before the worker gives its
+producer up (TransactionFailed, gave_up): the slot is then released without committing and
+acquired again, by a fresh producer whose init_transactions fences this one and aborts what it
+left open. An outage shorter than about this is waited out in place (the first flush waits the
+client timeout, 30 s, then one more try fits). Waiting longer is not only slower: librdkafka
+(2.16) can leave a producer whose broker restarted without a usable connection after the broker
+is back ("No brokers available for Transactions"), its outputs unacknowledged for minutes, while
+a new producer connects at once. Shorter than the transaction timeout, after which the broker
+aborts the transaction anyway."""
 RETRY_BACKOFF_MAX_SECONDS = 30.0
 """The longest wait between two tries of a transaction while Kafka is unavailable."""
 CONNECT_TIMEOUT_SECONDS = 5.0
@@ -48,42 +58,65 @@ CONNECT_TIMEOUT_SECONDS = 5.0
 then waits on its own, retrying)."""
 OFFSETS_TIMEOUT_SECONDS = 10.0
 """How long one send_offsets_to_transaction may take (a retriable timeout is tried again)."""
-OFFSETS_STUCK_SECONDS = OFFSETS_TIMEOUT_SECONDS + 5.0
-"""When a send_offsets_to_transaction that has not returned counts as never returning: librdkafka
-(2.16) can leave its request to the group coordinator unanswered past its own timeout, for good,
-when the coordinator's broker died and left the metadata (librdkafka issues 5456 and 5511)."""
+CALL_STUCK_SECONDS = 5.0
+"""How long past its own timeout a producer call may go on before it counts as never returning:
+librdkafka (2.16) can leave send_offsets_to_transaction's request to the group coordinator
+unanswered past the call's timeout, for good, when the coordinator's broker died and left the
+metadata (librdkafka issues 5456 and 5511). The call is then left to its thread and its producer
+given up; a whole commit likewise, COMMIT_DEADLINE_SECONDS + this after it began."""
 
 
 class _Backoff:
-    """Waits between tries of one slot's transaction, doubling up to a cap, one log line each.
+    """Waits between tries of one slot's transaction, doubling up to a cap, one log line each, and
+    keeps the transaction's deadline (COMMIT_DEADLINE_SECONDS from the first try).
 
-    It gives up (TransactionFailed) when `give_up` is set (the worker stops: a SIGTERM must not
-    wait for Kafka to come back), or once the commit has been retried for longer than the
-    transaction timeout: by then the broker has aborted the transaction anyway, and a producer
-    can also be stuck for good (librdkafka 2.16 left AddOffsetsToTxn unanswered after a broker
-    outage, each send_offsets_to_transaction timing out). The slot's next acquire (in place, by
-    its owner, or by its next worker) starts a fresh producer and restores from what committed."""
+    It gives up (TransactionFailed) at a failure once `give_up` is set (the worker stops: a SIGTERM
+    must not wait for Kafka to come back, but a commit that works still commits), before any call
+    once `abandoned` is set (the worker gave this producer up), or at the deadline: each call's
+    timeout is cut to what is left of it (`timeout`), and a failure or a call that would start
+    after it ends the transaction. The slot's next acquire (in place, by its owner, or by its next
+    worker) starts a fresh producer and restores from what committed."""
 
-    def __init__(self, who: str, give_up: threading.Event) -> None:
+    def __init__(self, who: str, give_up: threading.Event, abandoned: threading.Event,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.who = who
         self.give_up = give_up
+        self.abandoned = abandoned
         self.tries = 0
         self.delay = 0.5
-        self.deadline = time.monotonic() + TRANSACTION_TIMEOUT_MS / 1000
+        self._clock = clock
+        self.deadline = clock() + COMMIT_DEADLINE_SECONDS
 
     def failed(self, why: str) -> None:
+        """A try failed: wait before the next one, or raise TransactionFailed if none may follow."""
         self.tries += 1
-        if self.give_up.is_set():
-            raise TransactionFailed(f"{self.who}: {why}, and the worker is stopping: not trying again; its "
-                                    "uncommitted events run again from the last committed offsets", gave_up=True)
-        if time.monotonic() > self.deadline:
-            raise TransactionFailed(f"{self.who}: {why}, still failing after {self.tries} tries over more than "
-                                    f"the transaction timeout ({TRANSACTION_TIMEOUT_MS // 1000} s): giving this "
-                                    "producer up; the slot resumes from the last committed offsets", gave_up=True)
+        if self.give_up.is_set() or self.abandoned.is_set():
+            raise self._given_up(why)
+        if self._clock() >= self.deadline:
+            raise TransactionFailed(f"{self.who}: {why}, still failing after {self.tries} tries over "
+                                    f"{COMMIT_DEADLINE_SECONDS:g} s: giving this producer up; the slot resumes from "
+                                    "the last committed offsets", gave_up=True)
         log.warning("%s: %s; Kafka may be unavailable: trying again in %.1f s (try %d)", self.who, why,
                     self.delay, self.tries)
-        self.give_up.wait(self.delay)
+        self.give_up.wait(min(self.delay, self.deadline - self._clock()))
         self.delay = min(self.delay * 2, RETRY_BACKOFF_MAX_SECONDS)
+
+    def timeout(self, longest: float, what: str) -> float:
+        """The timeout of the next call (`what`): `longest`, cut to what is left of the deadline;
+        TransactionFailed if nothing is left, or the worker gave this producer up."""
+        if self.abandoned.is_set():
+            raise self._given_up(f"{what} not started")
+        left = self.deadline - self._clock()
+        if left <= 0:
+            raise TransactionFailed(f"{self.who}: no commit within {COMMIT_DEADLINE_SECONDS:g} s ({self.tries} "
+                                    f"failed tries; {what} not started): giving this producer up; the slot "
+                                    "resumes from the last committed offsets", gave_up=True)
+        return min(longest, left)
+
+    def _given_up(self, why: str) -> TransactionFailed:
+        return TransactionFailed(f"{self.who}: {why}, and the worker is stopping or gave this producer up: not "
+                                 "trying again; its uncommitted events run again from the last committed offsets",
+                                 gave_up=True)
 
     def recovered(self) -> None:
         if self.tries:
@@ -97,7 +130,7 @@ class TransactionFailed(RuntimeError):
     def __init__(self, message: str, gave_up: bool = False) -> None:
         super().__init__(message)
         self.gave_up = gave_up
-        """This worker gave the producer up (stuck, or Kafka away past the transaction timeout, or
+        """This worker gave the producer up (stuck, or no commit within COMMIT_DEADLINE_SECONDS, or
         stopping); False: Kafka failed it (fenced by another producer of the slot, ...), which only
         whoever assigns slots may overrule."""
 
@@ -128,8 +161,9 @@ class SlotTransactions:
         self._producer: Producer | None = None
         self._initialised = False
         self._give_up = threading.Event()
-        self._stuck = False
-        """A call of the producer never returned (see `_send_offsets`): it is not touched again."""
+        self._abandoned = threading.Event()
+        """A call of the producer did not return (see `_send_offsets` and `commit`): the producer is
+        given up, not touched again, and nothing waits behind the call."""
         # Created now (connections and metadata warm up while the slot is still read ahead), but
         # initialised only by `open`: initialising fences the slot's current owner.
         self._created = self._executor.submit(self._create)
@@ -138,11 +172,11 @@ class SlotTransactions:
         s = self._settings
         self._producer = self._make_producer(s.clients.transactional_producer(
             self.transactional_id,
-            # The broker aborts (and fences) a transaction open longer than this. An outage shorter
-            # than it is waited out in place (the same transaction commits once Kafka is back); a
-            # killed worker's open transaction is aborted at once by the slot's next owner anyway
-            # (its init_transactions), so this only bounds how long an orphaned one holds back
-            # read_committed readers (e.g. the aggregation) when nobody takes the slot over.
+            # The broker aborts (and fences) a transaction open longer than this. A slot gives its
+            # producer up sooner (COMMIT_DEADLINE_SECONDS), and a killed worker's open transaction
+            # is aborted at once by the slot's next owner anyway (its init_transactions), so this
+            # only bounds how long an orphaned one holds back read_committed readers (e.g. the
+            # aggregation) when nobody takes the slot over.
             transaction_timeout_ms=TRANSACTION_TIMEOUT_MS,
             tuning={"client.id": worker_client_id(s, f"slot-{self.slot}"),
                     # A request to a frozen broker (SIGSTOP, a stalled VM: its connection stays
@@ -195,8 +229,23 @@ class SlotTransactions:
 
     async def commit(self, records: list[OutputRecord], offsets: list[TopicPartition]) -> None:
         """Write `records` and commit `offsets` atomically; raise TransactionFailed if impossible
-        (fenced: another worker acquired the slot)."""
-        await asyncio.get_running_loop().run_in_executor(self._executor, self._commit, records, offsets)
+        (fenced: another worker acquired the slot), or not done within COMMIT_DEADLINE_SECONDS.
+
+        The deadline is kept by the commit's own thread (`_Backoff`); should a producer call
+        ignore its timeout, this gives the producer up CALL_STUCK_SECONDS later all the same,
+        leaving the call to its thread, so that no slot waits on a producer for longer."""
+        running = asyncio.get_running_loop().run_in_executor(self._executor, self._commit, records, offsets)
+        longest = COMMIT_DEADLINE_SECONDS + CALL_STUCK_SECONDS
+        try:
+            await asyncio.wait_for(asyncio.shield(running), longest)
+        except TimeoutError:
+            self._abandoned.set()  # the thread starts no other call once this one returns
+            self._give_up.set()  # nor waits out its backoff
+            running.add_done_callback(lambda done: done.cancelled() or done.exception())  # ends as it may
+            raise TransactionFailed(
+                f"slot {self.slot}: its transaction did not end within {longest:g} s "
+                "(a producer call did not return within its timeout): giving this producer up; the slot resumes "
+                "from the last committed offsets", gave_up=True) from None
 
     def _commit(self, records: list[OutputRecord], offsets: list[TopicPartition]) -> None:
         producer = self._producer
@@ -205,7 +254,7 @@ class SlotTransactions:
         # Transient trouble (the broker away, a coordinator moving, a transaction timed out by
         # the broker) is waited out: aborted if it must be, then the same batch again, with a
         # backoff and one log line per try. Only a fatal error (fenced) gives up.
-        retry = _Backoff(f"slot {self.slot}", self._give_up)
+        retry = _Backoff(f"slot {self.slot}", self._give_up, self._abandoned)
         while True:
             try:
                 producer.begin_transaction()
@@ -219,8 +268,9 @@ class SlotTransactions:
                     # if those offsets become visible, so did every output before them (no loss);
                     # rebuild.py copes with the torn prefixes of outputs and changelog.
                     self._flush(producer, retry)
-                    self._retrying(retry, "sending its offsets", lambda: self._send_offsets(producer, offsets))
-                self._retrying(retry, "committing", lambda: producer.commit_transaction(self._timeout))
+                    self._retrying(retry, "sending its offsets", OFFSETS_TIMEOUT_SECONDS,
+                                   lambda timeout: self._send_offsets(producer, offsets, timeout))
+                self._retrying(retry, "committing", self._timeout, producer.commit_transaction)
                 retry.recovered()
                 return
             except KafkaException as exc:
@@ -229,21 +279,22 @@ class SlotTransactions:
                     raise self._failed(error, len(records)) from exc
                 retry.failed(f"the transaction was aborted ({error})")
                 try:
-                    self._retrying(retry, "aborting", lambda: producer.abort_transaction(self._timeout))
+                    self._retrying(retry, "aborting", self._timeout, producer.abort_transaction)
                 except KafkaException as abort_exc:
                     raise self._failed(abort_exc.args[0], len(records)) from abort_exc
 
-    def _send_offsets(self, producer: Producer, offsets: list[TopicPartition]) -> None:
+    def _send_offsets(self, producer: Producer, offsets: list[TopicPartition], timeout: float) -> None:
         """send_offsets_to_transaction, on a thread of its own so that a call that never returns
-        (OFFSETS_STUCK_SECONDS) gives this producer up (TransactionFailed) instead of the slot's
-        commits, and the worker's stop, waiting for it forever. The slot's next acquire starts a
-        fresh producer of its transactional id: the stuck one is fenced, and left to its thread."""
+        (CALL_STUCK_SECONDS past `timeout`) gives this producer up (TransactionFailed) instead of
+        the slot's commits, and the worker's stop, waiting for it forever. The slot's next acquire
+        starts a fresh producer of its transactional id: the stuck one is fenced, and left to its
+        thread."""
         outcome: list[BaseException | None] = []
         returned = threading.Event()
 
         def call() -> None:
             try:
-                producer.send_offsets_to_transaction(offsets, self._group_metadata, OFFSETS_TIMEOUT_SECONDS)
+                producer.send_offsets_to_transaction(offsets, self._group_metadata, timeout)
                 outcome.append(None)
             except BaseException as exc:  # noqa: BLE001 - handed to the commit's thread
                 outcome.append(exc)
@@ -251,11 +302,11 @@ class SlotTransactions:
 
         # A daemon thread: one stuck in librdkafka for good must not hold up the process's exit.
         threading.Thread(target=call, name=f"keyrange-slot-{self.slot}-offsets", daemon=True).start()
-        if not returned.wait(OFFSETS_STUCK_SECONDS):
-            self._stuck = True
+        if not returned.wait(timeout + CALL_STUCK_SECONDS):
+            self._abandoned.set()
             raise TransactionFailed(
                 f"slot {self.slot}: sending its offsets to the transaction did not return within "
-                f"{OFFSETS_STUCK_SECONDS:g} s (librdkafka leaves a request to a group coordinator that left the "
+                f"{timeout + CALL_STUCK_SECONDS:g} s (librdkafka leaves a request to a group coordinator that left the "
                 "cluster unanswered): giving this producer up; the slot resumes from the last committed offsets",
                 gave_up=True)
         if outcome[0] is not None:
@@ -287,11 +338,12 @@ class SlotTransactions:
         return self._settings.kafka_timeout_seconds
 
     @staticmethod
-    def _retrying(retry: _Backoff, what: str, call: Callable[[], object]) -> None:
-        """`call` until it succeeds, waiting out retriable errors; others are raised."""
+    def _retrying(retry: _Backoff, what: str, longest: float, call: Callable[[float], object]) -> None:
+        """`call(timeout)` until it succeeds, waiting out retriable errors; others are raised. Each
+        try's timeout is `longest`, cut to what is left of the transaction's deadline."""
         while True:
             try:
-                call()
+                call(retry.timeout(longest, what))
                 return
             except KafkaException as exc:
                 error: KafkaError = exc.args[0]
@@ -302,8 +354,11 @@ class SlotTransactions:
     def _flush(self, producer: Producer, retry: _Backoff) -> None:
         # Outputs not acknowledged in time keep being retried by librdkafka until their message
         # timeout; then they fail, and the transaction needs an abort (raised by the next call).
-        while producer.flush(self._timeout) > 0:
-            retry.failed(f"outputs not acknowledged within {self._timeout:g} s")
+        while True:
+            timeout = retry.timeout(self._timeout, "flushing its outputs")
+            if producer.flush(timeout) == 0:
+                return
+            retry.failed(f"outputs not acknowledged within {timeout:.3g} s")
 
     @staticmethod
     def _produce(producer: Producer, r: OutputRecord) -> None:
@@ -321,12 +376,19 @@ class SlotTransactions:
 
     async def close(self) -> None:
         """Release the producer and its thread (the engine committed or discarded what the slot had)."""
+        if self._abandoned.is_set():
+            # Not through the executor, whose thread may still be in the call: the producer is left
+            # to that thread (and dropped there, not on the event loop), its transactional id fenced
+            # by the slot's next producer.
+            self._producer = None
+            self._executor.shutdown(wait=False)
+            return
 
         def close() -> None:
             with contextlib.suppress(Exception):
                 self._created.result()
             producer, self._producer = self._producer, None
-            if producer is not None and not self._stuck:
+            if producer is not None:
                 with contextlib.suppress(KafkaException):  # a fenced producer raises its fatal error
                     producer.flush(5.0)
 
