@@ -27,13 +27,13 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException, Producer, TopicPartition
 
 from keyrange.events import MAX_EVENT_BYTES
+from keyrange.worker.callthread import CallThread
 from keyrange.worker.consumer import worker_client_id
 from keyrange.worker.settings import WorkerSettings
 
@@ -157,7 +157,9 @@ class SlotTransactions:
         self.slot = slot
         self.transactional_id = settings.slot_transactional_id(slot)
         self._group_metadata = group_metadata
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"keyrange-slot-{slot}")
+        self._executor = CallThread(f"keyrange-slot-{slot}")
+        """Every call of the producer, in order; a daemon thread, so that one left in a call that
+        does not return does not hold up the process's exit."""
         self._producer: Producer | None = None
         self._initialised = False
         self._give_up = threading.Event()
