@@ -323,3 +323,14 @@ async def test_a_commit_whose_call_ignores_its_timeout_gives_its_producer_up(mon
         assert producer.calls == ["begin", "produce events.processed", "flush"]
     finally:
         producer.released.set()
+
+
+async def test_a_producer_whose_transaction_failed_is_closed_without_a_flush(monkeypatch: Any) -> None:
+    monkeypatch.setattr(transactions, "COMMIT_DEADLINE_SECONDS", 0.2)
+    producer = StalledOutputsProducer()
+    output = open_slot(4, producer)
+    with pytest.raises(TransactionFailed):
+        await output.commit([OutputRecord("events.processed", 4, b"1", b"{}")], [TopicPartition("events", 4, 10)])
+    flushes = len(producer.flush_timeouts)
+    await output.close()  # with Kafka away, a flush would wait its whole 5 s for nothing
+    assert len(producer.flush_timeouts) == flushes

@@ -163,6 +163,8 @@ class SlotTransactions:
         self._producer: Producer | None = None
         self._initialised = False
         self._give_up = threading.Event()
+        self._transaction_failed = False
+        """A commit raised TransactionFailed: what the producer still holds is discarded unsent."""
         self._abandoned = threading.Event()
         """A call of the producer did not return (see `_send_offsets` and `commit`): the producer is
         given up, not touched again, and nothing waits behind the call."""
@@ -240,6 +242,9 @@ class SlotTransactions:
         longest = COMMIT_DEADLINE_SECONDS + CALL_STUCK_SECONDS
         try:
             await asyncio.wait_for(asyncio.shield(running), longest)
+        except TransactionFailed:
+            self._transaction_failed = True
+            raise
         except TimeoutError:
             self._abandoned.set()  # the thread starts no other call once this one returns
             self._give_up.set()  # nor waits out its backoff
@@ -390,7 +395,10 @@ class SlotTransactions:
             with contextlib.suppress(Exception):
                 self._created.result()
             producer, self._producer = self._producer, None
-            if producer is not None:
+            # A producer whose transaction failed is not flushed: its outputs are discarded with
+            # the transaction, and with Kafka away the flush only waited its 5 s (every slot's
+            # release took 5 s in a 45 s outage).
+            if producer is not None and not self._transaction_failed:
                 with contextlib.suppress(KafkaException):  # a fenced producer raises its fatal error
                     producer.flush(5.0)
 
