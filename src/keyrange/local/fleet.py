@@ -46,7 +46,8 @@ class WorkerProcess:
     """One worker ordinal and its current process."""
 
     ordinal: int
-    metrics_port: int
+    metrics_port: int = 0
+    """Where the current process serves /metrics: a new port at every start (see `ProcessFleet._start`)."""
     process: subprocess.Popen[bytes] | None = None
     log_file: IO[bytes] | None = None
     started_at: float = 0.0
@@ -150,11 +151,14 @@ class ProcessFleet:
     def _start(self, ordinal: int) -> None:
         w = self.workers.get(ordinal)
         if w is None:
-            w = WorkerProcess(ordinal, free_port())
+            w = WorkerProcess(ordinal)
             self.workers[ordinal] = w
         else:
             w.restarts += 1
             self._close_log(w)
+        # A new port at every start: another process may have taken the old one since, and every
+        # restart on it would then fail the same way. The supervisor scrapes `metrics_url`.
+        w.metrics_port = free_port()
         self.log_dir.mkdir(parents=True, exist_ok=True)
         w.log_file = open(self.log_dir / f"worker-{ordinal}.log", "ab")  # noqa: SIM115 - closed in _close_log
         command = [sys.executable, "-m", "keyrange.cli", "worker", "--spec-file", str(self.spec_file),

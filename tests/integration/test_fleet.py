@@ -1,0 +1,93 @@
+"""`keyrange run`'s worker processes (ProcessFleet) and their metrics ports, on the session broker.
+
+Another process may take a port at any time (the suite's Kafka clients draw their local ports
+from the same ephemeral range as the ports the fleet gives its workers): a worker that cannot
+bind its port exits, and the supervisor's tick restarts it.
+"""
+
+from __future__ import annotations
+
+import signal
+import socket
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from keyrange.autoscale.scrape import scrape
+from keyrange.local.fleet import ProcessFleet
+from keyrange.local.supervisor import Supervisor
+from keyrange.spec import load_file
+
+SPEC = """apiVersion: keyrange.dev/v1alpha1
+kind: StreamConsumer
+metadata: {{name: fleet}}
+spec:
+  kafka: {{topic: {topic}, groupId: {topic}-g, partitions: 2}}
+  handler: sleep
+  workers: {{min: 1, max: 1}}
+"""
+
+
+@pytest.fixture
+def supervisor(bootstrap: str, topic_name: str, tmp_path: Path) -> Iterator[Supervisor]:
+    """A started supervisor of one worker; it is not ticked unless the test ticks it."""
+    path = tmp_path / "consumer.yaml"
+    path.write_text(SPEC.format(topic=topic_name))
+    sup = Supervisor(load_file(path), path, bootstrap, tmp_path / "run")
+    sup.start()
+    try:
+        yield sup
+    finally:
+        sup.stop()
+
+
+def worker_logs(sup: Supervisor) -> str:
+    return "".join(f"{p.name}: {p.read_text()}" for p in sorted((sup.run_dir / "logs").glob("*.log")))
+
+
+def serving(fleet: ProcessFleet, ordinal: int) -> bool:
+    url = fleet.urls().get(ordinal)
+    return url is not None and scrape(url, time.monotonic()) is not None
+
+
+def wait_until(condition: Callable[[], bool], what: str, sup: Supervisor, tick: bool = False,
+               timeout_seconds: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout_seconds
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout_seconds:g} s waiting for {what}; worker logs:\n"
+                                 f"{worker_logs(sup)}")
+        if tick:
+            sup.tick()
+        time.sleep(0.1)
+
+
+def listen_on(port: int) -> socket.socket:
+    """Another process's server on `port` (it fails if the port is taken)."""
+    taker = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        taker.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        taker.bind(("", port))
+        taker.listen()
+    except OSError:
+        taker.close()
+        raise
+    return taker
+
+
+def test_a_restarted_worker_gets_a_new_metrics_port_when_its_old_one_was_taken(supervisor: Supervisor) -> None:
+    fleet = supervisor.fleet
+    assert fleet is not None
+    wait_until(lambda: serving(fleet, 0), "worker 0 to serve /metrics", supervisor)
+    old_port = fleet.workers[0].metrics_port
+    fleet.kill(0, signal.SIGKILL)
+    wait_until(lambda: not fleet.workers[0].alive(), "worker 0 to die", supervisor)
+    with listen_on(old_port):
+        # The supervisor's ticks restart the worker and scrape whatever port it now has.
+        wait_until(lambda: fleet.workers[0].restarts >= 1 and serving(fleet, 0),
+                   "the restarted worker 0 to serve /metrics", supervisor, tick=True)
+        assert fleet.workers[0].metrics_port != old_port
+        assert fleet.workers[0].restarts == 1, worker_logs(supervisor)
+        assert fleet.workers[0].alive()
