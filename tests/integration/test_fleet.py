@@ -1,12 +1,14 @@
 """`keyrange run`'s worker processes (ProcessFleet) and their metrics ports, on the session broker.
 
 Another process may take a port at any time (the suite's Kafka clients draw their local ports
-from the same ephemeral range as the ports the fleet gives its workers): a worker that cannot
-bind its port exits, and the supervisor's tick restarts it.
+from the same ephemeral range as the free ports the fleet gives its workers), and a worker that
+cannot bind its port exits. So the fleet binds each worker's port itself and passes the socket
+down, and gives a restarted worker a new port.
 """
 
 from __future__ import annotations
 
+import contextlib
 import signal
 import socket
 import time
@@ -91,3 +93,19 @@ def test_a_restarted_worker_gets_a_new_metrics_port_when_its_old_one_was_taken(s
         assert fleet.workers[0].metrics_port != old_port
         assert fleet.workers[0].restarts == 1, worker_logs(supervisor)
         assert fleet.workers[0].alive()
+
+
+def test_no_other_process_can_take_a_worker_s_port_before_the_worker_serves_on_it(supervisor: Supervisor) -> None:
+    fleet = supervisor.fleet
+    assert fleet is not None
+    # `start` has just returned: worker 0's process is still starting Python (hundreds of ms, more
+    # on a loaded machine), the window in which another process could take its port.
+    port = fleet.workers[0].metrics_port
+    with contextlib.ExitStack() as taken:
+        with contextlib.suppress(OSError):
+            taken.enter_context(listen_on(port))
+        # Not ticked: a worker that failed to bind would not be restarted, as in a test that only
+        # starts and stops a supervisor.
+        wait_until(lambda: serving(fleet, 0), "worker 0 to serve /metrics", supervisor)
+    assert fleet.workers[0].restarts == 0
+    assert fleet.workers[0].metrics_port == port

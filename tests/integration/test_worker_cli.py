@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -171,10 +172,16 @@ def test_cli_errors_are_one_clear_line(bootstrap: str, topic_name: str) -> None:
         "--partitions: bad slot list": [*base, "--topic", topic_name, "--partitions", "3-1"],
         "must differ from the input topic": [*base, "--topic", topic_name, "--partitions", "0",
                                              "--dlq-topic", topic_name],
+        "--metrics-fd 99 is not an open socket": [*base, "--topic", topic_name, "--partitions", "0",
+                                                  "--metrics-fd", "99"],
     }
-    for expected, args in cases.items():
-        result = run_cli(*args)
-        assert result.returncode == 2, (expected, result.stderr)
-        lines = [line for line in result.stderr.splitlines() if line.startswith("keyrange worker: error:")]
-        assert len(lines) == 1 and expected in lines[0], (expected, result.stderr)
-        assert "Traceback" not in result.stderr
+    with socket.create_server(("", 0)) as taken:
+        port = taken.getsockname()[1]
+        cases[f"cannot serve metrics on port {port}: Address already in use"] = [
+            *base, "--topic", topic_name, "--partitions", "0", "--metrics-port", str(port)]
+        for expected, args in cases.items():
+            result = run_cli(*args)
+            assert result.returncode == 2, (expected, result.stderr)
+            lines = [line for line in result.stderr.splitlines() if line.startswith("keyrange worker: error:")]
+            assert len(lines) == 1 and expected in lines[0], (expected, result.stderr)
+            assert "Traceback" not in result.stderr

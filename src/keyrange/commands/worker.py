@@ -14,6 +14,7 @@ import asyncio
 import logging
 import os
 import signal
+import socket
 import sys
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -47,8 +48,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--handler-config", help='handler settings as JSON, e.g. \'{"meanMs": 10}\'')
     parser.add_argument("--worker-id", help="stable worker identity (default: derived from the slots, or the "
                                             "StatefulSet ordinal in controlled mode)")
-    parser.add_argument("--metrics-port", type=int,
-                        help="serve Prometheus metrics (/metrics) and the probes (/healthz, /readyz) on this port")
+    metrics = parser.add_mutually_exclusive_group()
+    metrics.add_argument("--metrics-port", type=int,
+                         help="serve Prometheus metrics (/metrics) and the probes (/healthz, /readyz) on this port")
+    metrics.add_argument("--metrics-fd", type=int,
+                         help="serve them on this inherited listening socket instead (`keyrange run` binds each "
+                              "worker's port itself, so no other process can take it while the worker starts)")
     parser.add_argument("--concurrency", type=int, help="handler calls in flight (default 64)")
     parser.add_argument("--max-pending", type=int, help="unfinished events per partition before pausing (default 1000)")
     parser.add_argument("--ttl-seconds", type=float, help="dedup window (default 10)")
@@ -148,7 +153,13 @@ def run(args: argparse.Namespace) -> int:
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     p = plan(args)
     health = Health()
-    if args.metrics_port is not None:
+    if args.metrics_fd is not None:
+        try:
+            listener = socket.socket(fileno=args.metrics_fd)
+        except OSError as exc:
+            raise UserError(f"--metrics-fd {args.metrics_fd} is not an open socket: {exc.strerror}") from None
+        serve_probes(listener, health)
+    elif args.metrics_port is not None:
         try:
             serve_probes(args.metrics_port, health)
         except OSError as exc:

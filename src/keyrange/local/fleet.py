@@ -1,9 +1,12 @@
 """Worker processes on this machine: the local stand-in for the StatefulSet.
 
-Each worker is `keyrange worker --spec-file F --worker-id N --metrics-port P` in controlled mode
-(it takes its slots from the control topic). The controller calls `scale_to`; the supervisor
-calls `check` every tick to restart a worker that died (the handoff protocol lets it catch up
-from the newest epoch) and to reap the ones it stopped.
+Each worker is `keyrange worker --spec-file F --worker-id N --metrics-fd FD` in controlled mode
+(it takes its slots from the control topic). FD is a socket this process bound to a free port and
+listens on, so the port is the worker's from the moment it is chosen: choosing a free port and
+letting the worker bind it would leave the worker's start as a window in which any process can
+take it (on a loaded machine, the Kafka clients draw their local ports from the same range). The
+controller calls `scale_to`; the supervisor calls `check` every tick to restart a worker that died
+(the handoff protocol lets it catch up from the newest epoch) and to reap the ones it stopped.
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ import contextlib
 import logging
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -19,8 +23,6 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
-
-from keyrange.local.broker import free_port
 
 log = logging.getLogger(__name__)
 
@@ -47,7 +49,7 @@ class WorkerProcess:
 
     ordinal: int
     metrics_port: int = 0
-    """Where the current process serves /metrics: a new port at every start (see `ProcessFleet._start`)."""
+    """Where the current process serves /metrics: a new port at every start (module docstring)."""
     process: subprocess.Popen[bytes] | None = None
     log_file: IO[bytes] | None = None
     started_at: float = 0.0
@@ -156,18 +158,19 @@ class ProcessFleet:
         else:
             w.restarts += 1
             self._close_log(w)
-        # A new port at every start: another process may have taken the old one since, and every
-        # restart on it would then fail the same way. The supervisor scrapes `metrics_url`.
-        w.metrics_port = free_port()
         self.log_dir.mkdir(parents=True, exist_ok=True)
         w.log_file = open(self.log_dir / f"worker-{ordinal}.log", "ab")  # noqa: SIM115 - closed in _close_log
-        command = [sys.executable, "-m", "keyrange.cli", "worker", "--spec-file", str(self.spec_file),
-                   "--bootstrap", self.bootstrap, "--worker-id", str(ordinal),
-                   "--metrics-port", str(w.metrics_port), *self.extra_args]
-        # Own session: Ctrl-C reaches only the supervisor, which then SIGTERMs workers in order.
-        w.process = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=w.log_file,
-                                     stderr=subprocess.STDOUT, start_new_session=True,
-                                     preexec_fn=_terminate_with_parent)
+        # A new port at every start: another process may have taken the old one since the worker
+        # died. The supervisor scrapes `metrics_url`, so it follows.
+        with socket.create_server(("", 0)) as listener:
+            w.metrics_port = listener.getsockname()[1]
+            command = [sys.executable, "-m", "keyrange.cli", "worker", "--spec-file", str(self.spec_file),
+                       "--bootstrap", self.bootstrap, "--worker-id", str(ordinal),
+                       "--metrics-fd", str(listener.fileno()), *self.extra_args]
+            # Own session: Ctrl-C reaches only the supervisor, which then SIGTERMs workers in order.
+            w.process = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=w.log_file,
+                                         stderr=subprocess.STDOUT, start_new_session=True,
+                                         pass_fds=(listener.fileno(),), preexec_fn=_terminate_with_parent)
         w.started_at = time.monotonic()
         w.stopping_since = None
         log.info("started worker %d (pid %d, metrics on :%d)", ordinal, w.process.pid, w.metrics_port)

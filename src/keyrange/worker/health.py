@@ -10,6 +10,7 @@ attempts.py); a restart is the only cure for both. `/readyz` is ready once the w
 from __future__ import annotations
 
 import asyncio
+import socket
 import threading
 import time
 from collections.abc import Callable
@@ -69,8 +70,9 @@ class Health:
         return self.liveness()
 
 
-def serve(port: int, health: Health) -> ThreadingHTTPServer:
-    """Serve /metrics, /healthz and /readyz on `port` (all interfaces) in a daemon thread."""
+def serve(where: int | socket.socket, health: Health) -> ThreadingHTTPServer:
+    """Serve /metrics, /healthz and /readyz in a daemon thread: on a port (all interfaces), or on a
+    socket already bound and listening (the one `keyrange run` passes each worker)."""
 
     class Handler(BaseHTTPRequestHandler):
         def do_GET(self) -> None:
@@ -93,7 +95,12 @@ def serve(port: int, health: Health) -> ThreadingHTTPServer:
         def log_message(self, format: str, *args: object) -> None:
             return  # a scrape every few seconds is not news
 
-    server = ThreadingHTTPServer(("", port), Handler)
+    if isinstance(where, socket.socket):
+        server = ThreadingHTTPServer(where.getsockname()[:2], Handler, bind_and_activate=False)
+        server.socket.close()
+        server.socket = where
+    else:
+        server = ThreadingHTTPServer(("", where), Handler)
     server.daemon_threads = True
     threading.Thread(target=server.serve_forever, name="keyrange-http", daemon=True).start()
     return server
