@@ -140,10 +140,13 @@ def test_keyrange_run_works_end_to_end_over_tls_and_scram(secure_kafka: SecureKa
         stop.set()
         supervisor.stop()
     assert distinct > 1000
+    worker_logs = "".join(p.read_text() for p in (tmp_path / "run" / "logs").glob("*.log"))
+    # Before the totals: if no worker ran there is no state topic to read them from, and that
+    # read's timeout would hide the worker logs that say why.
+    assert len(processed) >= distinct, f"{len(processed)} of {distinct} events processed; worker logs:\n{worker_logs}"
     counts = read_counts(plain, topic_name, consumer.group_id, covering=len(log))
     check_all(log, list(processed), counts, ledger=True)
     assert len(processed) == distinct
-    worker_logs = "".join(p.read_text() for p in (tmp_path / "run" / "logs").glob("*.log"))
     assert "Traceback" not in worker_logs
 
 
