@@ -1,6 +1,6 @@
 """A restore's reads time out when they stop moving, not after a fixed time: a large changelog or
-backlog is read to its end however long that takes, and a read held back (an open transaction)
-fails with a RestoreError that says why."""
+backlog is read to its end however long that takes, and a read held back (an open transaction, a
+topic that does not exist) fails with a RestoreError that says why."""
 
 from __future__ import annotations
 
@@ -58,8 +58,19 @@ def test_a_read_held_back_by_an_open_transaction_fails_saying_so(any_bootstrap: 
     assert producer.flush(30) == 0
     reader = LogReader(settings_for(any_bootstrap, topic_name, kafka_timeout_seconds=1.0))
     try:
-        with pytest.raises(RestoreError, match="made no progress for 1 s"):
+        with pytest.raises(RestoreError, match=r"made no progress for 1 s \(an open transaction holds it back"):
             reader.read({(topic_name, 0): 0})
     finally:
         reader.close()
         producer.abort_transaction(30)
+
+
+def test_a_read_of_a_topic_that_does_not_exist_fails_saying_so(any_bootstrap: str, topic_name: str) -> None:
+    ensure_topics(any_bootstrap, [TopicSpec(topic_name, 1)])
+    reader = LogReader(settings_for(any_bootstrap, topic_name, kafka_timeout_seconds=1.0))
+    try:
+        missing = f"{topic_name}.missing"
+        with pytest.raises(RestoreError, match=f"made no progress for 1 s: the broker has no topic {missing}$"):
+            reader.read({(topic_name, 0): 0, (missing, 0): 0})
+    finally:
+        reader.close()

@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from collections.abc import Iterable
 
-from confluent_kafka import Consumer, Message, TopicPartition
+from confluent_kafka import Consumer, KafkaException, Message, TopicPartition
 
 from keyrange.errors import UserError
 from keyrange.logend import Span, fetched_end, reached
@@ -49,6 +49,20 @@ class LogReader:
             # refresh (about 1 s) before its first fetch.
             self._consumer.list_topics(topic, timeout=self._settings.kafka_timeout_seconds)
             self._known_topics.add(topic)
+
+    def _no_progress(self, spans: list[Span], timeout: float) -> str:
+        """Why a read stopped moving, as far as can be told: a missing topic (nobody created it, e.g.
+        no worker of the group ever started) would otherwise read like a stuck transaction."""
+        what = f"reading {spans} (topic, partition) to the end made no progress for {timeout:g} s"
+        try:
+            existing = self._consumer.list_topics(timeout=timeout).topics
+        except KafkaException:
+            existing = None
+        missing = sorted({t for t, _ in spans} - set(existing)) if existing is not None else []
+        if missing:
+            return f"{what}: the broker has no topic {' or '.join(missing)}"
+        return (f"{what} (an open transaction holds it back, or the broker does not answer); retry, or raise the "
+                "Kafka timeout")
 
     def start_offsets(self, topic: str, partitions: Iterable[int]) -> dict[int, int]:
         """Where each partition resumes: the group's committed offset, or the first offset when none."""
@@ -100,11 +114,7 @@ class LogReader:
                 if mark != progress_mark:
                     progress_at, progress_mark = time.monotonic(), mark
                 elif time.monotonic() - progress_at > timeout:
-                    raise RestoreError(
-                        f"reading {sorted(wanted)} (topic, partition) to the end made no progress for {timeout:g} s "
-                        "(an open transaction holds it back, or the broker does not answer); retry, or raise the "
-                        "Kafka timeout"
-                    )
+                    raise RestoreError(self._no_progress(sorted(wanted), timeout))
                 # Take what is buffered; wait briefly only when nothing is (a batch consume waits
                 # for a full batch or the timeout, which would add the timeout to every read).
                 messages = consumer.consume(READ_BATCH, 0) or consumer.consume(1, POLL_SECONDS)
