@@ -30,6 +30,7 @@ from keyrange.ranges.slots import format_slot_list, parse_slot_list
 from keyrange.spec import load_file
 from keyrange.worker import Worker, WorkerSettings
 from keyrange.worker.engine import SlotFailure
+from keyrange.worker.gcsettings import tune_garbage_collector
 from keyrange.worker.health import Health
 from keyrange.worker.health import serve as serve_probes
 from keyrange.worker.stats import percentile
@@ -164,6 +165,7 @@ def run(args: argparse.Namespace) -> int:
             serve_probes(args.metrics_port, health)
         except OSError as exc:
             raise UserError(f"cannot serve metrics on port {args.metrics_port}: {exc.strerror}") from None
+    tune_garbage_collector()  # the code is loaded: what is alive now stays alive
     asyncio.run(_serve(p, args.summary_seconds, health))
     return 0
 
