@@ -3,12 +3,14 @@
 Another process may take a port at any time (the suite's Kafka clients draw their local ports
 from the same ephemeral range as the free ports the fleet gives its workers), and a worker that
 cannot bind its port exits. So the fleet binds each worker's port itself and passes the socket
-down, and gives a restarted worker a new port.
+down, and gives a restarted worker a new port. A worker that keeps exiting at start is restarted
+ever later (1, 2, 4, ... s), not at every tick.
 """
 
 from __future__ import annotations
 
 import contextlib
+import logging
 import signal
 import socket
 import time
@@ -29,6 +31,16 @@ spec:
   kafka: {{topic: {topic}, groupId: {topic}-g, partitions: 2}}
   handler: sleep
   workers: {{min: 1, max: 1}}
+"""
+
+
+FAILING_SPEC = """apiVersion: keyrange.dev/v1alpha1
+kind: StreamConsumer
+metadata: {name: failing}
+spec:
+  kafka: {topic: failing, partitions: 2}
+  handler: no_such_module_here:handle
+  workers: {min: 1, max: 1}
 """
 
 
@@ -109,3 +121,34 @@ def test_no_other_process_can_take_a_worker_s_port_before_the_worker_serves_on_i
         wait_until(lambda: serving(fleet, 0), "worker 0 to serve /metrics", supervisor)
     assert fleet.workers[0].restarts == 0
     assert fleet.workers[0].metrics_port == port
+
+
+def test_a_worker_that_keeps_exiting_at_start_is_restarted_ever_later(tmp_path: Path,
+                                                                    caplog: pytest.LogCaptureFixture) -> None:
+    spec_file = tmp_path / "failing.yaml"
+    spec_file.write_text(FAILING_SPEC)
+    now = [0.0]
+    # The backoff runs on a fake clock, so the test waits only for each process to exit.
+    fleet = ProcessFleet(spec_file, "127.0.0.1:9", tmp_path / "logs", clock=lambda: now[0])
+    log_path = tmp_path / "logs" / "worker-0.log"
+    caplog.set_level(logging.WARNING, logger="keyrange.local.fleet")
+    fleet.scale_to(1)
+    try:
+        waits = []
+        for _ in range(4):
+            deadline = time.monotonic() + 60
+            while fleet.workers[0].alive():
+                assert time.monotonic() < deadline, f"the worker did not exit in 60 s: {log_path.read_text()}"
+                time.sleep(0.05)
+            began = now[0]
+            while not fleet.check():  # a tick every 0.5 s of the fake clock
+                now[0] += 0.5
+            waits.append(now[0] - began)
+        assert waits == [0, 1, 2, 4]
+        assert fleet.workers[0].restarts == 4
+        assert "cannot import handler module 'no_such_module_here'" in log_path.read_text()
+        assert f"worker 0 exited with code 2; restarting it now; its log: {log_path}" in caplog.text
+        assert f"worker 0 exited with code 2 (4 exits in a row); restarting it in 4 s; its log: {log_path}" \
+            in caplog.text
+    finally:
+        fleet.stop()

@@ -6,7 +6,9 @@ listens on, so the port is the worker's from the moment it is chosen: choosing a
 letting the worker bind it would leave the worker's start as a window in which any process can
 take it (on a loaded machine, the Kafka clients draw their local ports from the same range). The
 controller calls `scale_to`; the supervisor calls `check` every tick to restart a worker that died
-(the handoff protocol lets it catch up from the newest epoch) and to reap the ones it stopped.
+(the handoff protocol lets it catch up from the newest epoch) and to reap the ones it stopped. A
+worker that died once is restarted at once; one that keeps dying waits longer before each next
+start (`RestartBackoff`, like Kubernetes' CrashLoopBackOff).
 """
 
 from __future__ import annotations
@@ -20,9 +22,12 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
+
+from keyrange.local.restarts import RestartBackoff
 
 log = logging.getLogger(__name__)
 
@@ -54,6 +59,10 @@ class WorkerProcess:
     log_file: IO[bytes] | None = None
     started_at: float = 0.0
     restarts: int = 0
+    exits_in_a_row: int = 0
+    """How many times in a row the ordinal's process exited without staying up (`RestartBackoff`)."""
+    restart_at: float | None = None
+    """When the dead process's successor may start (fleet clock); None until its exit is seen."""
     stopping_since: float | None = None
 
     @property
@@ -80,6 +89,10 @@ class ProcessFleet:
     spare: int = 0
     """Standby processes above the wanted ordinals (they hold nothing), so a split does not wait for
     a Python process to start: the next ordinal already runs and reports."""
+    backoff: RestartBackoff = field(default_factory=RestartBackoff)
+    """How long a worker that keeps exiting waits before its next start."""
+    clock: Callable[[], float] = time.monotonic
+    """Seconds, for the restart backoff and the stop timeout (tests inject a fake one)."""
     workers: dict[int, WorkerProcess] = field(default_factory=dict)
     desired: int = 0
     _lock: threading.RLock = field(default_factory=threading.RLock)
@@ -91,26 +104,25 @@ class ProcessFleet:
         with self._lock:
             workers = max(workers, min(workers + self.spare, self.max_workers)) if self.spare else workers
             self.desired = workers
+            now = self.clock()
             for ordinal in range(workers):
                 w = self.workers.get(ordinal)
-                if w is None or (not w.alive() and w.stopping_since is None):
+                if w is None or (not w.alive() and w.stopping_since is None and self._restart_due(w, now)):
                     self._start(ordinal)
             for ordinal in [o for o in self.workers if o >= workers]:
                 self._retire(self.workers.pop(ordinal))
 
     def check(self) -> list[int]:
-        """Restart workers that died; reap retired ones (SIGKILL past the stop timeout).
-        Returns the ordinals restarted."""
+        """Restart workers that died, once their backoff has passed; reap retired ones (SIGKILL past
+        the stop timeout). Returns the ordinals restarted."""
         restarted = []
         with self._lock:
+            now = self.clock()
             for ordinal in range(self.desired):
                 w = self.workers.get(ordinal)
-                if w is not None and not w.alive():
-                    code = w.process.returncode if w.process else None
-                    log.warning("worker %d exited with code %s; restarting it", ordinal, code)
+                if w is not None and not w.alive() and self._restart_due(w, now):
                     self._start(ordinal)
                     restarted.append(ordinal)
-            now = time.monotonic()
             for w in list(self._retired):
                 if not w.alive():
                     self._retired.remove(w)
@@ -171,15 +183,33 @@ class ProcessFleet:
             w.process = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=w.log_file,
                                          stderr=subprocess.STDOUT, start_new_session=True,
                                          pass_fds=(listener.fileno(),), preexec_fn=_terminate_with_parent)
-        w.started_at = time.monotonic()
+        w.started_at = self.clock()
+        w.restart_at = None
         w.stopping_since = None
         log.info("started worker %d (pid %d, metrics on :%d)", ordinal, w.process.pid, w.metrics_port)
+
+    def _restart_due(self, w: WorkerProcess, now: float) -> bool:
+        """For a dead worker: whether its backoff has passed. The first call after its exit counts the
+        exit, schedules the restart and says so in the log."""
+        if w.restart_at is None:
+            # The exit is seen at a tick, so the time up is measured to the tick that saw it.
+            w.exits_in_a_row = self.backoff.exits_in_a_row(w.exits_in_a_row, now - w.started_at)
+            delay = self.backoff.delay_seconds(w.exits_in_a_row)
+            w.restart_at = now + delay
+            how = _describe_exit(w.process.returncode if w.process is not None else None)
+            log_path = self.log_dir / f"worker-{w.ordinal}.log"
+            if delay:
+                log.warning("worker %d %s (%d exits in a row); restarting it in %g s; its log: %s",
+                            w.ordinal, how, w.exits_in_a_row, delay, log_path)
+            else:
+                log.warning("worker %d %s; restarting it now; its log: %s", w.ordinal, how, log_path)
+        return now >= w.restart_at
 
     def _retire(self, w: WorkerProcess) -> None:
         if w.alive():
             assert w.process is not None
             w.process.terminate()
-        w.stopping_since = time.monotonic()
+        w.stopping_since = self.clock()
         self._retired.append(w)
 
     @staticmethod
@@ -187,3 +217,11 @@ class ProcessFleet:
         if w.log_file is not None:
             w.log_file.close()
             w.log_file = None
+
+
+def _describe_exit(code: int | None) -> str:
+    """"exited with code 2", or "was killed by SIGKILL" for a negative Popen return code."""
+    if code is not None and code < 0:
+        with contextlib.suppress(ValueError):
+            return f"was killed by {signal.Signals(-code).name}"
+    return f"exited with code {code}"
