@@ -22,8 +22,9 @@ from keyrange.autoscale.receiver import AlertReceiver, ScaleDecision, ScaleOutco
 from keyrange.autoscale.rules import RuleOptions, render_rule_groups
 from keyrange.autoscale.tracker import ConsumerRef, Direction
 from keyrange.local.monitoring import ReceiverServer
+from keyrange.local.ports import free_port
 from keyrange.spec import parse_spec
-from tests.integration.prometheus.stack import PrometheusStack, free_port
+from tests.integration.prometheus.stack import PrometheusStack
 
 CONSUMER = ConsumerRef("default", "payments")
 COOLDOWN_SECONDS = 12.0

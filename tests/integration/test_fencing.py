@@ -15,7 +15,7 @@ import pytest
 from confluent_kafka import Consumer, TopicPartition
 
 from keyrange.errors import UserError
-from keyrange.local.broker import free_port
+from keyrange.local.ports import free_port
 from keyrange.ranges.assigner import Controller, ControllerFenced
 from keyrange.ranges.channel import ControlChannel, Publication, now_ms
 from keyrange.ranges.planner import ScalingLimits

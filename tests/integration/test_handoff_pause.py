@@ -21,12 +21,13 @@ from keyrange.handlers import load_handler
 from keyrange.kafkaio import TopicSpec, ensure_topics
 from keyrange.loadgen import LoadShape
 from keyrange.local.load import LoadTotals, Phase, produce_phases
+from keyrange.local.ports import free_port
 from keyrange.ranges.assigner import Controller, Rescale
 from keyrange.ranges.channel import ControlChannel
 from keyrange.ranges.membership import run_controlled
 from keyrange.ranges.planner import ScalingLimits, SlotLag
 from keyrange.worker import Worker, WorkerSettings
-from tests.integration.prometheus.stack import PrometheusStack, free_port
+from tests.integration.prometheus.stack import PrometheusStack
 from tests.kafkatools import read_input_log, read_processed
 
 PARTITIONS = 4

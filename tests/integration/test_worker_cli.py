@@ -18,7 +18,7 @@ from confluent_kafka import Consumer, TopicPartition
 
 from keyrange.kafkaio import TopicSpec, ensure_topics
 from keyrange.loadgen import make_producer
-from keyrange.local.broker import free_port
+from keyrange.local.ports import free_port
 from tests.checkers import check_all, first_occurrences
 from tests.integration.worker_helpers import produce_stream
 from tests.kafkatools import read_counts, read_input_log, read_processed

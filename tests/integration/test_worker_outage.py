@@ -119,7 +119,7 @@ def test_a_worker_started_before_its_broker_waits_for_it(own_kafka: KafkaCluster
 
 
 def test_sigterm_while_waiting_for_the_broker_exits_cleanly(tmp_path: Path) -> None:
-    from keyrange.local.broker import free_port
+    from keyrange.local.ports import free_port
 
     port, log_path = free_port_and_log(tmp_path)
     worker = subprocess.Popen([sys.executable, "-m", "keyrange.cli", "worker", "--bootstrap",
@@ -144,6 +144,6 @@ def cpu_seconds(pid: int) -> float:
 
 
 def free_port_and_log(tmp_path: Path) -> tuple[int, Path]:
-    from keyrange.local.broker import free_port
+    from keyrange.local.ports import free_port
 
     return free_port(), tmp_path / "worker.log"

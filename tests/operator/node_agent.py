@@ -38,7 +38,6 @@ import logging
 import os
 import re
 import signal
-import socket
 import sys
 import urllib.parse
 from collections.abc import Awaitable, Callable
@@ -49,6 +48,7 @@ from typing import Any
 
 import aiohttp
 
+from keyrange.local.ports import free_port
 from tests.operator.conftest import Api
 from tests.operator.kubecluster import ClientCertificate
 
@@ -56,12 +56,6 @@ POD_DNS = Path(__file__).parent / "pod_dns"
 CHECKOUT = Path(__file__).resolve().parents[2]
 """The project's checkout (the pods run from its venv)."""
 """Holds the sitecustomize.py that gives the agent's processes pod DNS."""
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _now() -> str:
@@ -254,7 +248,7 @@ class TestNodeAgent:
 
     async def _start(self, namespace: str, pod: dict[str, Any], restarts: int) -> PodProcess:
         container = pod["spec"]["containers"][0]
-        ports = {int(p["containerPort"]): _free_port() for p in container.get("ports") or []}
+        ports = {int(p["containerPort"]): free_port() for p in container.get("ports") or []}
         running = PodProcess(pod["metadata"]["uid"], None, ports, restarts)
         if not self.processes:
             return running

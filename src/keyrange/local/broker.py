@@ -10,7 +10,6 @@ from __future__ import annotations
 import contextlib
 import importlib.resources
 import os
-import socket
 import subprocess
 import time
 from dataclasses import dataclass, field
@@ -20,6 +19,7 @@ from types import TracebackType
 from confluent_kafka.admin import AdminClient
 
 from keyrange.errors import UserError
+from keyrange.local.ports import free_port
 
 # tansu reads these generic names from the environment; a stray value in the user's shell would
 # silently change where it listens or stores data, so they never reach the child process.
@@ -52,13 +52,6 @@ def tansu_binary() -> Path:
     if not os.access(path, os.X_OK):
         path.chmod(path.stat().st_mode | 0o111)
     return path
-
-
-def free_port() -> int:
-    """Ask the kernel for a free TCP port on 127.0.0.1."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def wait_until_ready(bootstrap: str, timeout_seconds: float) -> None:

@@ -27,7 +27,7 @@ from types import TracebackType
 
 from confluent_kafka.admin import AdminClient
 
-from keyrange.local.broker import BrokerError, free_port
+from keyrange.local.broker import BrokerError
 from keyrange.local.kafka_setup import (
     LOG4J2_PROPERTIES,
     NodeAddress,
@@ -37,6 +37,7 @@ from keyrange.local.kafka_setup import (
     server_properties,
     write_properties,
 )
+from keyrange.local.ports import free_port
 
 QUICK_START_JVM_OPTIONS = ("-XX:TieredStopAtLevel=1",)
 """For tests: only the JVM's quick compiler. A node needs about a third less CPU to start (8 s instead

@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import socket
 import subprocess
 import time
 import urllib.parse
@@ -23,13 +22,7 @@ from typing import Any
 import yaml
 
 from keyrange.local.monitoring import alertmanager_config, prometheus_config
-
-
-def free_port() -> int:
-    """A TCP port free on 127.0.0.1 right now."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+from keyrange.local.ports import free_port
 
 
 def _binary(name: str) -> str:
