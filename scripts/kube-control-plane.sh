@@ -75,8 +75,30 @@ link_kubectl() {
   ln -sfn "$1/kubectl" "$tools/bin/kubectl"
 }
 
+# A free port below the kernel's ephemeral range, as keyrange.local.ports.free_port chooses one (this
+# script may run without keyrange installed): a port taken from that range (bind to port 0) and
+# bound only once etcd or the API server starts can be taken in between by any outgoing connection.
 free_port() {
-  python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
+  python3 - <<'PY'
+import random, socket
+try:
+    first = int(open("/proc/sys/net/ipv4/ip_local_port_range").read().split()[0])
+except (OSError, ValueError, IndexError):
+    first = 32768
+candidates = range(10000, first)
+for port in random.sample(candidates, min(100, len(candidates))):
+    with socket.socket() as s:
+        try:
+            s.bind(("0.0.0.0", port))
+        except OSError:
+            continue
+    print(port)
+    break
+else:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        print(s.getsockname()[1])
+PY
 }
 
 # openssl req/x509 wrappers: a CA, then leaf certificates signed by it.
