@@ -9,20 +9,24 @@ that was paused (GC, a frozen VM, SIGSTOP) through a handoff from committing whe
 from __future__ import annotations
 
 import signal
+import time
 from pathlib import Path
+from typing import Any
 
 import pytest
-from confluent_kafka import Consumer, TopicPartition
+from confluent_kafka import Consumer, Producer, TopicPartition
 
 from keyrange.errors import UserError
+from keyrange.kafkaio import TopicSpec, ensure_topics
 from keyrange.local.ports import free_port
 from keyrange.ranges.assigner import Controller, ControllerFenced
 from keyrange.ranges.channel import ControlChannel, Publication, now_ms
 from keyrange.ranges.planner import ScalingLimits
 from keyrange.ranges.rangemap import RangeMap
+from keyrange.worker.transactions import COMMIT_DEADLINE_SECONDS, OutputRecord, SlotTransactions, TransactionFailed
 from tests.checkers import check_all, first_occurrences
 from tests.integration.test_worker_cli import PARTITIONS, metric_sum, start, wait, worker_command
-from tests.integration.worker_helpers import produce_stream
+from tests.integration.worker_helpers import produce_stream, settings_for
 from tests.kafkatools import read_counts, read_input_log, read_processed
 
 
@@ -105,3 +109,57 @@ def test_a_second_controller_fences_the_first(any_bootstrap: str, topic_name: st
 class _NoLag:
     def slot_lag(self) -> dict[int, object]:
         return {}
+
+
+class FencedBeforeItsOffsets:
+    """A slot's real producer, fenced by another producer of its transactional id once `armed`,
+    right before the transaction's offsets are sent: after its outputs were acknowledged."""
+
+    def __init__(self, producer: Producer, fencer: Producer) -> None:
+        self._producer = producer
+        self._fencer = fencer
+        self.armed = False
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._producer, name)
+
+    def send_offsets_to_transaction(self, offsets: Any, metadata: Any, timeout: float) -> None:
+        if self.armed:
+            self._fencer.init_transactions(30)
+        self._producer.send_offsets_to_transaction(offsets, metadata, timeout)
+
+
+async def test_a_slot_producer_fenced_in_the_middle_of_a_transaction_fails_as_fenced_at_once(
+        any_bootstrap: str, topic_name: str) -> None:
+    """Apache Kafka rejects the fenced producer's AddOffsetsToTxn (fatal _FENCED); tansu accepts it
+    and fails the TxnOffsetCommit, which librdkafka flags only abortable. Either way the slot fails
+    as fenced, at once: not after retrying an abort until the commit deadline (the worker then
+    counted its producer as given up, see transactions.py `_FENCED_CODES`), and its offsets never
+    commit."""
+    s = settings_for(any_bootstrap, topic_name)
+    ensure_topics(any_bootstrap, [TopicSpec(topic_name, 1), TopicSpec(s.sink, 1)], s.kafka_timeout_seconds)
+    consumer = Consumer({"bootstrap.servers": any_bootstrap, "group.id": s.group_id, "log_level": 3})
+    fencer = Producer({"bootstrap.servers": any_bootstrap, "transactional.id": s.slot_transactional_id(0),
+                       "log_level": 0})
+    made: list[FencedBeforeItsOffsets] = []
+
+    def make_producer(config: dict[str, Any]) -> Producer:
+        made.append(FencedBeforeItsOffsets(Producer(config), fencer))
+        return made[0]  # type: ignore[return-value]
+
+    output = SlotTransactions(s, 0, consumer.consumer_group_metadata(), make_producer=make_producer)
+    try:
+        await output.open()
+        record = OutputRecord(s.sink, 0, b"1", b"{}")
+        await output.commit([record], [TopicPartition(topic_name, 0, 10)])
+        made[0].armed = True
+        began = time.monotonic()
+        with pytest.raises(TransactionFailed) as failed:
+            await output.commit([record], [TopicPartition(topic_name, 0, 20)])
+        assert time.monotonic() - began < COMMIT_DEADLINE_SECONDS / 4, failed.value
+        assert not failed.value.gave_up and "slot 0 was acquired by another worker" in str(failed.value), failed.value
+        [offset] = consumer.committed([TopicPartition(topic_name, 0)], timeout=10)
+        assert offset.offset == 10  # the fenced transaction's offsets did not commit
+    finally:
+        await output.close()
+        consumer.close()

@@ -196,6 +196,52 @@ def test_a_producer_fenced_by_kafka_is_not_one_the_worker_gave_up() -> None:
     assert len(outcome) == 1 and isinstance(outcome[0], TransactionFailed) and not outcome[0].gave_up, outcome
 
 
+class FencedMidTransactionProducer(RecordingProducer):
+    """A producer fenced in the middle of a transaction, as librdkafka (2.16) reports it from tansu:
+    its ProduceRequest answered PRODUCER_FENCED (Apache Kafka answers INVALID_PRODUCER_EPOCH, which
+    librdkafka makes fatal), or its TxnOffsetCommit (_FENCED), flagged abortable, not fatal; and
+    every abort then times out (tansu drops the connection on a fenced EndTxn)."""
+
+    def __init__(self, error: KafkaError) -> None:
+        super().__init__()
+        self.error = error
+
+    def send_offsets_to_transaction(self, offsets: Any, metadata: Any, timeout: float) -> None:
+        self.calls.append("send_offsets")
+        raise KafkaException(self.error)
+
+    def abort_transaction(self, timeout: float) -> None:
+        self.calls.append("abort")
+        time.sleep(0.05)  # stands for the call's own timeout
+        raise KafkaException(KafkaError(KafkaError._TIMED_OUT, "Timed out waiting for operation to finish, retry "
+                                        "call to resume", retriable=True))
+
+
+@pytest.mark.parametrize("error", [
+    KafkaError(KafkaError.PRODUCER_FENCED, "ProduceRequest for events.processed [5] with 1 message(s) failed: Broker: "
+               "There is a newer producer with the same transactionalId which fences the current one: current "
+               "transaction must be aborted", txn_requires_abort=True),
+    KafkaError(KafkaError._FENCED, "Failed to commit offsets to transaction on broker 127.0.0.1:9092/111: "
+               "events((null))[5](Broker: There is a newer producer with the same transactionalId which fences "
+               "the current one) (after 0ms)", txn_requires_abort=True),
+], ids=["produce-PRODUCER_FENCED", "offsets-_FENCED"])
+def test_a_producer_fenced_mid_transaction_is_fenced_even_when_the_error_is_only_abortable(
+        monkeypatch: Any, error: KafkaError) -> None:
+    """Fenced is fenced, whatever librdkafka's flags: the broker holds a newer epoch of the slot's
+    transactional id, so neither a commit nor an abort of this producer can succeed. Taken for a
+    transient failure, the abort was retried until the commit deadline and the producer counted as
+    given up (the fenced-in-place test's rare failure on tansu)."""
+    monkeypatch.setattr(transactions, "COMMIT_DEADLINE_SECONDS", 1.5)
+    producer = FencedMidTransactionProducer(error)
+    thread, outcome = commit_in_thread(open_slot(5, producer))
+    thread.join(20)
+    assert not thread.is_alive(), f"still retrying after 20 s: {producer.calls[-5:]}"
+    assert len(outcome) == 1 and isinstance(outcome[0], TransactionFailed), outcome
+    assert not outcome[0].gave_up, outcome[0]
+    assert "slot 5 was acquired by another worker" in str(outcome[0])
+    assert "abort" not in producer.calls  # nothing to abort: the broker resolves what the fenced producer left open
+
+
 class BlockingProducer(RecordingProducer):
     """A producer whose call blocks past its timeout until `released`."""
 

@@ -65,6 +65,20 @@ unanswered past the call's timeout, for good, when the coordinator's broker died
 metadata (librdkafka issues 5456 and 5511). The call is then left to its thread and its producer
 given up; a whole commit likewise, COMMIT_DEADLINE_SECONDS + this after it began."""
 
+_FENCED_CODES = frozenset({KafkaError._FENCED, KafkaError.PRODUCER_FENCED})
+"""Errors that say another producer initialised the slot's transactional id: this producer can
+neither commit nor abort again, whether librdkafka flags the error fatal or only abortable.
+tansu workaround: Apache Kafka's fencing answers reach a transaction as fatal _FENCED wherever it
+is fenced (AddPartitionsToTxn, Produce, AddOffsetsToTxn, EndTxn), but tansu answers a fenced
+ProduceRequest with PRODUCER_FENCED and accepts a fenced AddOffsetsToTxn, then fails its
+TxnOffsetCommit (_FENCED): librdkafka (2.16) flags both only abortable. Taken for a transient
+failure, the abort was retried until COMMIT_DEADLINE_SECONDS (tansu drops the connection on a fenced
+EndTxn) and the producer counted as given up instead of fenced. On Kafka these codes only ever came
+fatal (at each of those five points), so recognising them by code changes nothing there: a worker
+with static slots stops on them (engine.py `SlotFailure`) as it already did. INVALID_PRODUCER_EPOCH
+is left to librdkafka's flags: flagged abortable (Java clients since KIP-588) it means the broker
+aborted this producer's own timed-out transaction, which an abort and a retry get over."""
+
 
 class _Backoff:
     """Waits between tries of one slot's transaction, doubling up to a cap, one log line each, and
@@ -260,7 +274,7 @@ class SlotTransactions:
             raise TransactionFailed(f"{self.transactional_id} is not open")
         # Transient trouble (the broker away, a coordinator moving, a transaction timed out by
         # the broker) is waited out: aborted if it must be, then the same batch again, with a
-        # backoff and one log line per try. Only a fatal error (fenced) gives up.
+        # backoff and one log line per try. Only a fatal or fencing error gives up.
         retry = _Backoff(f"slot {self.slot}", self._give_up, self._abandoned)
         while True:
             try:
@@ -282,7 +296,7 @@ class SlotTransactions:
                 return
             except KafkaException as exc:
                 error: KafkaError = exc.args[0]
-                if error.fatal() or error.code() == KafkaError._CONFLICT:
+                if error.fatal() or error.code() in _FENCED_CODES or error.code() == KafkaError._CONFLICT:
                     raise self._failed(error, len(records)) from exc
                 retry.failed(f"the transaction was aborted ({error})")
                 try:
