@@ -12,7 +12,7 @@ from keyrange.worker.partition import PartitionMetrics, PartitionState
 from keyrange.worker.rebuild import RestoredPartition
 from keyrange.worker.settings import WorkerSettings
 from keyrange.worker.stats import WorkerStats
-from keyrange.worker.transactions import OutputRecord
+from keyrange.worker.transactions import OutputRecord, TransactionFailed
 
 SETTINGS = WorkerSettings(bootstrap="127.0.0.1:1", topic="events", group_id="g", worker_id="w0")
 
@@ -47,3 +47,142 @@ def test_a_release_commits_only_the_released_slots_and_the_others_commit_on_thei
     asyncio.run(committer.commit_now())
     assert len(kept_txn.commits) == 1 and len(released_txn.commits) == 1  # nothing new on slot 1
     assert [r.key for r in kept_txn.commits[0]] == [b"1000"]
+
+
+class GatedTransactions(RecordingTransactions):
+    """A slot's transactions whose commits wait for `gate`: a producer stuck on Kafka."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.gate = asyncio.Event()
+        self.began = asyncio.Event()
+        self.in_flight = 0
+        self.most_in_flight = 0
+
+    async def commit(self, records: list[OutputRecord], offsets: list[TopicPartition]) -> None:
+        self.in_flight += 1
+        self.most_in_flight = max(self.most_in_flight, self.in_flight)
+        self.began.set()
+        try:
+            await self.gate.wait()
+            await super().commit(records, offsets)
+        finally:
+            self.in_flight -= 1
+
+
+class CountingTransactions(RecordingTransactions):
+    """A slot's transactions that tell each commit as it happens."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.committed = asyncio.Condition()
+
+    async def commit(self, records: list[OutputRecord], offsets: list[TopicPartition]) -> None:
+        await super().commit(records, offsets)
+        async with self.committed:
+            self.committed.notify_all()
+
+    async def wait_for_commits(self, n: int) -> None:
+        async with self.committed:
+            await asyncio.wait_for(self.committed.wait_for(lambda: len(self.commits) >= n), 5.0)
+
+
+def slot(n: int, transactions: RecordingTransactions) -> PartitionState:
+    ps = PartitionState(n, RestoredPartition(0), 10.0, time.time, PartitionMetrics("c", "w0", n),
+                        transactions)  # type: ignore[arg-type]
+    ps.dirty_state[1000 + n] = (b"1", 0)
+    return ps
+
+
+FAST = WorkerSettings(bootstrap="127.0.0.1:1", topic="events", group_id="g", worker_id="w0", commit_interval_ms=5)
+
+
+def test_a_slot_stuck_in_its_transaction_holds_up_neither_the_other_slots_commits_nor_their_release() -> None:
+    async def scenario() -> None:
+        stuck_txn, flowing_txn = GatedTransactions(), CountingTransactions()
+        stuck, flowing = slot(0, stuck_txn), slot(1, flowing_txn)
+        committer = Committer(FAST, lambda: [stuck, flowing], WorkerStats())
+        running = asyncio.create_task(committer.run())
+        await asyncio.wait_for(stuck_txn.began.wait(), 5.0)
+        await flowing_txn.wait_for_commits(1)
+
+        stuck.dirty_state[2000] = (b"2", 1)  # staged behind the stuck transaction
+        for more in range(2, 5):  # the other slot commits on every interval meanwhile
+            flowing.dirty_state[1000 + more] = (b"x", more)
+            await flowing_txn.wait_for_commits(more)
+        assert stuck_txn.most_in_flight == 1 and stuck_txn.commits == []
+
+        flowing.dirty_state[1999] = (b"last", 9)
+        await asyncio.wait_for(committer.commit_now(only={1}), 5.0)  # a release of the other slot
+        await asyncio.wait_for(committer.idle([flowing]), 5.0)
+        assert [r.key for r in flowing_txn.commits[-1]] == [b"1999"]
+
+        stuck_txn.gate.set()
+        await asyncio.wait_for(committer.commit_now(only={0}), 5.0)  # waits the stuck one out, then the rest
+        assert [[r.key for r in c] for c in stuck_txn.commits] == [[b"1000"], [b"2000"]]
+        assert stuck_txn.most_in_flight == 1
+        running.cancel()
+        await asyncio.gather(running, return_exceptions=True)
+
+    asyncio.run(scenario())
+
+
+def test_a_release_waits_out_its_slots_transaction_in_flight() -> None:
+    async def scenario() -> None:
+        txn = GatedTransactions()
+        ps = slot(0, txn)
+        committer = Committer(FAST, lambda: [ps], WorkerStats())
+        running = asyncio.create_task(committer.run())
+        await asyncio.wait_for(txn.began.wait(), 5.0)
+        waiting = asyncio.create_task(committer.idle([ps]))
+        await asyncio.sleep(0.05)  # ten intervals: idle must still wait, as the transaction has not ended
+        assert not waiting.done()
+        txn.gate.set()
+        await asyncio.wait_for(waiting, 5.0)
+        assert len(txn.commits) == 1
+        running.cancel()
+        await asyncio.gather(running, return_exceptions=True)
+
+    asyncio.run(scenario())
+
+
+class FailingTransactions(RecordingTransactions):
+    async def commit(self, records: list[OutputRecord], offsets: list[TopicPartition]) -> None:
+        raise TransactionFailed("slot 0 was acquired by another worker")
+
+
+def test_a_failed_interval_transaction_the_worker_cannot_go_on_without_fails_the_commit_loop() -> None:
+    async def scenario() -> None:
+        committer = Committer(FAST, lambda: [slot(0, FailingTransactions())], WorkerStats(),
+                              slot_failed=lambda ps, exc: False)
+        try:
+            await asyncio.wait_for(committer.run(), 5.0)
+        except TransactionFailed as exc:
+            assert "acquired by another worker" in str(exc)
+        else:
+            raise AssertionError("the commit loop went on")
+
+    asyncio.run(scenario())
+
+
+def test_a_failed_transaction_of_a_slot_the_worker_gives_up_leaves_the_commit_loop_running() -> None:
+    async def scenario() -> None:
+        given_up: list[int] = []
+        flowing_txn = CountingTransactions()
+        failing, flowing = slot(0, FailingTransactions()), slot(1, flowing_txn)
+
+        def slot_failed(ps: PartitionState, exc: TransactionFailed) -> bool:
+            given_up.append(ps.partition)
+            ps.lost = True
+            return True
+
+        committer = Committer(FAST, lambda: [failing, flowing], WorkerStats(), slot_failed)
+        running = asyncio.create_task(committer.run())
+        await flowing_txn.wait_for_commits(1)
+        flowing.dirty_state[1500] = (b"y", 3)
+        await flowing_txn.wait_for_commits(2)
+        assert given_up == [0] and not running.done()
+        running.cancel()
+        await asyncio.gather(running, return_exceptions=True)
+
+    asyncio.run(scenario())

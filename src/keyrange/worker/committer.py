@@ -2,16 +2,21 @@
 
 A slot's transaction carries its staged outputs (processed records, dead letters, state changes),
 its committable offset (the lowest unfinished one: commits.py) and, with it, the slot's totals
-over the offsets below it; the slots of a worker commit in parallel, each through its own
-producer (transactions.py). Counters count what a transaction committed, never what was merely
-staged: staged outputs of a slot released without committing are discarded, and its next owner
-produces (and counts) them again. The lock is shared with release, so a release can wait out a
-commit in flight and know that no later one sees its slots.
+over the offsets below it; each slot commits through its own producer (transactions.py).
+
+Slots commit independently: at most one transaction of a slot is in flight, and a slot whose
+last one has not ended is skipped at the next interval (what it finishes meanwhile goes into its
+next one), so a slot stuck on Kafka (up to COMMIT_DEADLINE_SECONDS and more) holds up neither the
+other slots' commits nor their releases. Counters count what a transaction committed, never what
+was merely staged: staged outputs of a slot released without committing are discarded, and its
+next owner produces (and counts) them again. A release waits out its slots' commit in flight
+(`idle`) and knows that no later one sees them.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass
 
@@ -48,58 +53,106 @@ class Committer:
         self._partitions = partitions
         self._slot_failed = slot_failed
         """Told of a slot whose transaction failed; True: the worker goes on without it (it is
-        marked `lost` and never committed again), False: commit_now raises the error."""
+        marked `lost` and never committed again), False: the error fails the commit (the worker's,
+        from `run`; the caller's, from `commit_now`)."""
         self._stats = stats
         self._transactions = metric_defs.TRANSACTIONS.labels(settings.metrics_consumer, settings.worker_id)
-        self.lock = asyncio.Lock()
-        """Held while a transaction is built and committed."""
+        self._in_flight: dict[PartitionState, asyncio.Task[None]] = {}
+        """Each slot's transaction in flight, if it has one."""
+        self._failure: BaseException | None = None
+        """What failed a transaction that `run` started; `run` raises it at its next interval."""
 
     async def run(self) -> None:
-        """Commit every `commit_interval_ms`, until cancelled."""
+        """Every `commit_interval_ms`, start a transaction for each held slot with something to
+        commit and none in flight, until cancelled (which cancels those in flight) or one fails."""
         interval = self._settings.commit_interval_ms / 1000
-        while True:
-            await asyncio.sleep(interval)
-            await self.commit_now()
+        started: set[asyncio.Task[None]] = set()
+        try:
+            while True:
+                await asyncio.sleep(interval)
+                if self._failure is not None:
+                    raise self._failure
+                for task in self._start([ps for ps in self._partitions() if ps not in self._in_flight]):
+                    started.add(task)
+                    task.add_done_callback(started.discard)
+                    task.add_done_callback(self._note_failure)
+        finally:  # only its own: a release's commit (commit_now) is its caller's to end
+            for task in started:
+                task.cancel()
+            await asyncio.gather(*started, return_exceptions=True)
 
     async def commit_now(self, only: Collection[int] | None = None) -> None:
         """Commit, for every held slot with something to commit (or those of them in `only`), its
-        finished outputs, state changes and committable offset in one transaction; the slots'
-        transactions run in parallel."""
+        finished outputs, state changes and committable offset in one transaction, once its
+        transaction in flight (if any) has ended; the slots' transactions run in parallel. Raises
+        what failed one of them (unless `slot_failed` took the slot)."""
+        chosen = [ps for ps in self._partitions() if only is None or ps.partition in only]
+        await self.idle(chosen)
+        tasks = self._start(chosen)  # no await since `idle`: no other transaction of them started
+        failures = [r for r in await asyncio.gather(*tasks, return_exceptions=True) if isinstance(r, BaseException)]
+        if failures:
+            raise failures[0]
+
+    async def idle(self, states: Iterable[PartitionState]) -> None:
+        """Return once none of `states` has a transaction in flight. Until the caller next awaits,
+        none starts one: e.g. a release removes its slots right after, and no later transaction
+        sees them."""
+        states = list(states)
+        while running := [task for ps in states if (task := self._in_flight.get(ps)) is not None]:
+            await asyncio.wait(running)
+
+    def _start(self, states: Iterable[PartitionState]) -> list[asyncio.Task[None]]:
+        """Start a transaction for each of `states` with something to commit (none in flight)."""
+        loop = asyncio.get_running_loop()
+        tasks = []
+        for ps in states:
+            batch = self._batch(ps)
+            if batch is None:
+                continue
+            task = loop.create_task(self._commit(batch))
+            self._in_flight[ps] = task
+            task.add_done_callback(functools.partial(self._ended, ps))
+            tasks.append(task)
+        return tasks
+
+    def _ended(self, ps: PartitionState, task: asyncio.Task[None]) -> None:
+        if self._in_flight.get(ps) is task:
+            del self._in_flight[ps]
+
+    def _note_failure(self, task: asyncio.Task[None]) -> None:
+        """An interval's transaction ended: keep what failed it for `run` to raise."""
+        if not task.cancelled() and (exc := task.exception()) is not None and self._failure is None:
+            self._failure = exc
+
+    def _batch(self, ps: PartitionState) -> _Batch | None:
+        """Take what the slot's next transaction carries; None if nothing (or the slot is lost)."""
+        if ps.lost:
+            return None  # its producer failed: what it staged is discarded with it
         s = self._settings
-        async with self.lock:
-            batches: list[_Batch] = []
-            for ps in list(self._partitions()):
-                if ps.lost:
-                    continue  # its producer failed: what it staged is discarded with it
-                if only is not None and ps.partition not in only:
-                    continue
-                records, processed, dead_letters = ps.take_outputs(s.state)
-                committable = ps.window.committable
-                offsets: list[TopicPartition] = []
-                totals = None
-                if committable > ps.committed_offset:
-                    offsets.append(TopicPartition(s.topic, ps.partition, committable))
-                    record, totals = ps.totals_record(s.state, committable)
-                    records.append(record)
-                if records:
-                    batches.append(_Batch(ps, records, offsets, committable, processed, dead_letters, totals))
-            if not batches:
-                return
-            results = await asyncio.gather(*(b.ps.transactions.commit(b.records, b.offsets) for b in batches),
-                                           return_exceptions=True)
-            failure: BaseException | None = None
-            for batch, result in zip(batches, results, strict=True):
-                if isinstance(result, BaseException):
-                    if not (isinstance(result, TransactionFailed) and self._slot_failed(batch.ps, result)):
-                        failure = failure or result
-                    continue
-                self._transactions.inc()
-                ps = batch.ps
-                self._count(ps, batch.processed, batch.dead_letters, batch.totals)
-                if batch.totals is not None:
-                    ps.committed_offset, ps.committed_totals = batch.committable, batch.totals
-            if failure is not None:
-                raise failure
+        records, processed, dead_letters = ps.take_outputs(s.state)
+        committable = ps.window.committable
+        offsets: list[TopicPartition] = []
+        totals = None
+        if committable > ps.committed_offset:
+            offsets.append(TopicPartition(s.topic, ps.partition, committable))
+            record, totals = ps.totals_record(s.state, committable)
+            records.append(record)
+        if not records:
+            return None
+        return _Batch(ps, records, offsets, committable, processed, dead_letters, totals)
+
+    async def _commit(self, batch: _Batch) -> None:
+        ps = batch.ps
+        try:
+            await ps.transactions.commit(batch.records, batch.offsets)
+        except TransactionFailed as exc:
+            if not self._slot_failed(ps, exc):
+                raise
+            return
+        self._transactions.inc()
+        self._count(ps, batch.processed, batch.dead_letters, batch.totals)
+        if batch.totals is not None:
+            ps.committed_offset, ps.committed_totals = batch.committable, batch.totals
 
     def _count(self, ps: PartitionState, processed: int, dead_letters: list[str], totals: Totals | None) -> None:
         stats = self._stats

@@ -316,13 +316,13 @@ class Worker:
         if commit:
             # Only the released slots: the others commit on their interval, off the handoff's path.
             await self._committer.commit_now(only={ps.partition for ps in states})
-        async with self._committer.lock:  # waits out an in-flight commit; no later one sees the slots
-            for ps in states:
-                ps.outputs.clear()
-                ps.dirty_state.clear()
-                if self._partitions.get(ps.partition) is ps:
-                    del self._partitions[ps.partition]
-                ps.metrics.remove()
+        await self._committer.idle(states)  # waits out a commit in flight; none starts before the removal
+        for ps in states:
+            ps.outputs.clear()
+            ps.dirty_state.clear()
+            if self._partitions.get(ps.partition) is ps:
+                del self._partitions[ps.partition]
+            ps.metrics.remove()
         committed = time.monotonic()
         await asyncio.gather(*(ps.transactions.close() for ps in states))
         self._held_gauge.set(len(self.held_slots))
@@ -332,7 +332,8 @@ class Worker:
 
     def _slot_failed(self, ps: PartitionState, exc: TransactionFailed) -> bool:
         """The committer's news of a slot whose transaction failed: whether the worker goes on
-        without it (`on_slot_failure`). Called under the committer's lock: the release runs later."""
+        without it (`on_slot_failure`). Called from the slot's transaction, which the release (a task
+        of its own) waits out."""
         policy = self.on_slot_failure
         if not self._stopping and (policy is SlotFailure.STOP_WORKER
                                    or (policy is SlotFailure.REACQUIRE_IF_GAVE_UP and not exc.gave_up)):
