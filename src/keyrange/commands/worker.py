@@ -33,7 +33,7 @@ from keyrange.worker.engine import SlotFailure
 from keyrange.worker.gcsettings import tune_garbage_collector
 from keyrange.worker.health import Health
 from keyrange.worker.health import serve as serve_probes
-from keyrange.worker.stats import percentile
+from keyrange.worker.stats import percentiles
 
 log = logging.getLogger(__name__)
 
@@ -236,14 +236,13 @@ class _Summary:
 
     def print(self, interval_s: float, final: bool = False) -> None:
         s = self.worker.stats
-        latencies = s.take_latencies()
+        p50, p99 = percentiles(s.take_latencies(), 0.5, 0.99)
         rate = (s.processed - self.last_processed) / interval_s if interval_s > 0 else 0.0
         self.last_processed = s.processed
         slots = format_slot_list(sorted(self.worker.held_slots)) or "-"
         print(
             f"{'final: ' if final else ''}processed {s.processed:,} ({rate:,.0f}/s)  "
-            f"latency p50 {percentile(latencies, 0.5) * 1000:.1f} ms "
-            f"p99 {percentile(latencies, 0.99) * 1000:.1f} ms  "
+            f"latency p50 {p50 * 1000:.1f} ms p99 {p99 * 1000:.1f} ms  "
             f"pending {s.pending:,}  lag {s.lag_records:,} ({s.lag_seconds:.1f} s)  "
             f"duplicates dropped {s.duplicates:,}  dead letters {s.dead_letters:,}  slots {slots}",
             file=sys.stderr,
