@@ -162,6 +162,10 @@ class ProcessFleet:
         with self._lock:
             return {o: w.metrics_url for o, w in self.workers.items()}
 
+    def worker_log(self, ordinal: int) -> Path:
+        """Where worker `ordinal`'s output goes (appended to across its restarts)."""
+        return self.log_dir / f"worker-{ordinal}.log"
+
     def _start(self, ordinal: int) -> None:
         w = self.workers.get(ordinal)
         if w is None:
@@ -171,7 +175,7 @@ class ProcessFleet:
             w.restarts += 1
             self._close_log(w)
         self.log_dir.mkdir(parents=True, exist_ok=True)
-        w.log_file = open(self.log_dir / f"worker-{ordinal}.log", "ab")  # noqa: SIM115 - closed in _close_log
+        w.log_file = open(self.worker_log(ordinal), "ab")  # noqa: SIM115 - closed in _close_log
         # A new port at every start: another process may have taken the old one since the worker
         # died. The supervisor scrapes `metrics_url`, so it follows.
         with socket.create_server(("", 0)) as listener:
@@ -197,7 +201,7 @@ class ProcessFleet:
             delay = self.backoff.delay_seconds(w.exits_in_a_row)
             w.restart_at = now + delay
             how = _describe_exit(w.process.returncode if w.process is not None else None)
-            log_path = self.log_dir / f"worker-{w.ordinal}.log"
+            log_path = self.worker_log(w.ordinal)
             if delay:
                 log.warning("worker %d %s (%d exits in a row); restarting it in %g s; its log: %s",
                             w.ordinal, how, w.exits_in_a_row, delay, log_path)
