@@ -186,3 +186,24 @@ def test_a_failed_transaction_of_a_slot_the_worker_gives_up_leaves_the_commit_lo
         await asyncio.gather(running, return_exceptions=True)
 
     asyncio.run(scenario())
+
+
+def test_a_commit_waiting_for_a_slots_transaction_leaves_out_the_slot_released_meanwhile() -> None:
+    async def scenario() -> None:
+        txn = GatedTransactions()
+        ps = slot(0, txn)
+        held = [ps]
+        committer = Committer(FAST, lambda: list(held), WorkerStats())
+        running = asyncio.create_task(committer.run())
+        await asyncio.wait_for(txn.began.wait(), 5.0)
+        ps.dirty_state[3000] = (b"3", 2)  # staged behind the transaction in flight
+        waiting = asyncio.create_task(committer.commit_now())
+        await asyncio.sleep(0)
+        held.clear()  # released while commit_now waits: its producer is closed, no transaction may start
+        txn.gate.set()
+        await asyncio.wait_for(waiting, 5.0)
+        assert [[r.key for r in c] for c in txn.commits] == [[b"1000"]]  # nothing committed for it after
+        running.cancel()
+        await asyncio.gather(running, return_exceptions=True)
+
+    asyncio.run(scenario())

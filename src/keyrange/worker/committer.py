@@ -86,9 +86,13 @@ class Committer:
         finished outputs, state changes and committable offset in one transaction, once its
         transaction in flight (if any) has ended; the slots' transactions run in parallel. Raises
         what failed one of them (unless `slot_failed` took the slot)."""
-        chosen = [ps for ps in self._partitions() if only is None or ps.partition in only]
-        await self.idle(chosen)
-        tasks = self._start(chosen)  # no await since `idle`: no other transaction of them started
+        while True:  # chosen again after each wait: a slot may have been released meanwhile
+            chosen = [ps for ps in self._partitions() if only is None or ps.partition in only]
+            running = [task for ps in chosen if (task := self._in_flight.get(ps)) is not None]
+            if not running:
+                break
+            await asyncio.wait(running)
+        tasks = self._start(chosen)  # no await since the check: none of them has a transaction in flight
         failures = [r for r in await asyncio.gather(*tasks, return_exceptions=True) if isinstance(r, BaseException)]
         if failures:
             raise failures[0]
