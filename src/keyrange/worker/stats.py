@@ -14,7 +14,8 @@ MAX_LATENCY_SAMPLES = 4096
 on only every 2nd (then 4th, ...) latency is kept: an even spread over the whole interval, whose
 sort for the summary's percentiles (on the event loop) takes well under a millisecond. Keeping
 every latency up to 200,000 cost a 30-45 ms stall of every client's events every summary (two
-sorts of 150,000 floats at 30,000 events/s), and 8% of the event loop's time in a ledger drain."""
+sorts of 150,000 floats at 30,000 events/s), and 8% of the event loop's time in a hot-counter
+drain."""
 
 
 @dataclass
