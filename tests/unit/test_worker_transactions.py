@@ -380,3 +380,33 @@ async def test_a_producer_whose_transaction_failed_is_closed_without_a_flush(mon
     flushes = len(producer.flush_timeouts)
     await output.close()  # with Kafka away, a flush would wait its whole 5 s for nothing
     assert len(producer.flush_timeouts) == flushes
+
+
+def test_a_fenced_flush_reported_as_a_system_error_still_fails_the_slot_as_fenced() -> None:
+    """confluent-kafka can raise SystemError from flush(), its fatal KafkaException as the cause,
+    when librdkafka logs the fatal error during the call (seen on Kafka in the fenced-in-place
+    test): the slot fails as fenced, it does not crash the worker."""
+
+    class FencedDuringFlushProducer(RecordingProducer):
+        def flush(self, timeout: float) -> int:
+            try:
+                raise KafkaException(KafkaError(KafkaError._FENCED, "ProduceRequest for events.processed [5] with 7 "
+                                                "message(s) failed: Broker: Producer attempted an operation with an "
+                                                "old epoch", fatal=True))
+            except KafkaException as fenced:
+                raise SystemError("<built-in function isinstance> returned a result with an exception set") from fenced
+
+    thread, outcome = commit_in_thread(open_slot(5, FencedDuringFlushProducer()))
+    thread.join(5)
+    assert len(outcome) == 1 and isinstance(outcome[0], TransactionFailed) and not outcome[0].gave_up, outcome
+    assert "slot 5 was acquired by another worker" in str(outcome[0])
+
+
+def test_a_system_error_without_a_kafka_cause_is_not_taken_for_a_kafka_failure() -> None:
+    class BrokenProducer(RecordingProducer):
+        def flush(self, timeout: float) -> int:
+            raise SystemError("something else")
+
+    thread, outcome = commit_in_thread(open_slot(5, BrokenProducer()))
+    thread.join(5)
+    assert len(outcome) == 1 and type(outcome[0]) is SystemError, outcome

@@ -80,6 +80,20 @@ is left to librdkafka's flags: flagged abortable (Java clients since KIP-588) it
 aborted this producer's own timed-out transaction, which an abort and a retry get over."""
 
 
+def _kafka_error(exc: KafkaException | SystemError) -> KafkaError:
+    """The KafkaError a producer call failed with; `exc` itself if it carries none.
+
+    confluent-kafka (2.x) can raise SystemError ("<built-in function isinstance> returned a result
+    with an exception set") instead of the call's KafkaException: it ran the `logger` callback
+    (librdkafka logging the fatal error) while that exception was pending, and the KafkaException
+    is left as the SystemError's cause. Seen from flush() of a slot producer fenced mid-transaction
+    on Kafka: taken for a bug, it stopped the worker instead of releasing the slot as fenced."""
+    cause = exc if isinstance(exc, KafkaException) else exc.__cause__
+    if isinstance(cause, KafkaException) and isinstance(cause.args[0], KafkaError):
+        return cause.args[0]
+    raise exc
+
+
 class _Backoff:
     """Waits between tries of one slot's transaction, doubling up to a cap, one log line each, and
     keeps the transaction's deadline (COMMIT_DEADLINE_SECONDS from the first try).
@@ -294,15 +308,15 @@ class SlotTransactions:
                 self._retrying(retry, "committing", self._timeout, producer.commit_transaction)
                 retry.recovered()
                 return
-            except KafkaException as exc:
-                error: KafkaError = exc.args[0]
+            except (KafkaException, SystemError) as exc:
+                error = _kafka_error(exc)
                 if error.fatal() or error.code() in _FENCED_CODES or error.code() == KafkaError._CONFLICT:
                     raise self._failed(error, len(records)) from exc
                 retry.failed(f"the transaction was aborted ({error})")
                 try:
                     self._retrying(retry, "aborting", self._timeout, producer.abort_transaction)
-                except KafkaException as abort_exc:
-                    raise self._failed(abort_exc.args[0], len(records)) from abort_exc
+                except (KafkaException, SystemError) as abort_exc:
+                    raise self._failed(_kafka_error(abort_exc), len(records)) from abort_exc
 
     def _send_offsets(self, producer: Producer, offsets: list[TopicPartition], timeout: float) -> None:
         """send_offsets_to_transaction, on a thread of its own so that a call that never returns
