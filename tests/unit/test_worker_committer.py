@@ -94,6 +94,12 @@ def slot(n: int, transactions: RecordingTransactions) -> PartitionState:
     return ps
 
 
+async def stopped(commit_loop: asyncio.Task[None]) -> None:
+    """Cancel the committer's loop (and the transactions it started) and wait for it to end."""
+    commit_loop.cancel()
+    await asyncio.gather(commit_loop, return_exceptions=True)
+
+
 FAST = WorkerSettings(bootstrap="127.0.0.1:1", topic="events", group_id="g", worker_id="w0", commit_interval_ms=5)
 
 
@@ -121,8 +127,7 @@ def test_a_slot_stuck_in_its_transaction_holds_up_neither_the_other_slots_commit
         await asyncio.wait_for(committer.commit_now(only={0}), 5.0)  # waits the stuck one out, then the rest
         assert [[r.key for r in c] for c in stuck_txn.commits] == [[b"1000"], [b"2000"]]
         assert stuck_txn.most_in_flight == 1
-        running.cancel()
-        await asyncio.gather(running, return_exceptions=True)
+        await stopped(running)
 
     asyncio.run(scenario())
 
@@ -140,8 +145,7 @@ def test_a_release_waits_out_its_slots_transaction_in_flight() -> None:
         txn.gate.set()
         await asyncio.wait_for(waiting, 5.0)
         assert len(txn.commits) == 1
-        running.cancel()
-        await asyncio.gather(running, return_exceptions=True)
+        await stopped(running)
 
     asyncio.run(scenario())
 
@@ -182,8 +186,7 @@ def test_a_failed_transaction_of_a_slot_the_worker_gives_up_leaves_the_commit_lo
         flowing.dirty_state[1500] = (b"y", 3)
         await flowing_txn.wait_for_commits(2)
         assert given_up == [0] and not running.done()
-        running.cancel()
-        await asyncio.gather(running, return_exceptions=True)
+        await stopped(running)
 
     asyncio.run(scenario())
 
@@ -203,7 +206,6 @@ def test_a_commit_waiting_for_a_slots_transaction_leaves_out_the_slot_released_m
         txn.gate.set()
         await asyncio.wait_for(waiting, 5.0)
         assert [[r.key for r in c] for c in txn.commits] == [[b"1000"]]  # nothing committed for it after
-        running.cancel()
-        await asyncio.gather(running, return_exceptions=True)
+        await stopped(running)
 
     asyncio.run(scenario())
