@@ -18,6 +18,15 @@ import orjson
 MAX_EVENT_BYTES = 1_000_000
 """Input values larger than this are dead-lettered as oversized rather than parsed."""
 
+
+def json_bytes(value: Any) -> bytes:
+    """`value` as compact JSON, in a bytes object of its own size. orjson (3.13) returns its working
+    buffer, which holds 4 KiB for any shorter output (4,097 bytes for a 149-byte record, measured
+    with tracemalloc). A worker holds two encoded values per event in flight (the processed record
+    and the client's new state) and one per client in its store, so a backlog of 200,000 events
+    grew a worker to 620 MiB. The copy costs about 0.1 us."""
+    return memoryview(orjson.dumps(value)).tobytes()
+
 # Dead-letter header names: stable, documented in docs/worker.md.
 DLQ_REASON = "keyrange.reason"
 DLQ_DETAIL = "keyrange.detail"
@@ -92,7 +101,7 @@ def parse_input(value: bytes | None) -> InputEvent:
 def encode_input(client_id: int, uuid: str, created_ms: int, **extra: Any) -> tuple[bytes, bytes]:
     """Key and value of an input event per the wire contract."""
     body = {"clientId": client_id, "uuid": uuid, "created": created_ms, **extra}
-    return str(client_id).encode(), orjson.dumps(body)
+    return str(client_id).encode(), json_bytes(body)
 
 
 def encode_processed(
@@ -105,7 +114,7 @@ def encode_processed(
     result: Any,
 ) -> tuple[bytes, bytes]:
     """Key and value of a processed record per the wire contract."""
-    value = orjson.dumps(
+    value = json_bytes(
         {
             "clientId": event.client_id,
             "uuid": event.uuid,
@@ -145,7 +154,7 @@ def dead_letter_headers(
 
 def encode_totals(handled: int, dead_lettered: int, duplicates_dropped: int) -> bytes:
     """Value of a partition totals record (see TOTALS_KEY)."""
-    return orjson.dumps({"handled": handled, "deadLettered": dead_lettered, "duplicatesDropped": duplicates_dropped})
+    return json_bytes({"handled": handled, "deadLettered": dead_lettered, "duplicatesDropped": duplicates_dropped})
 
 
 def decode_totals(value: bytes) -> tuple[int, int, int]:

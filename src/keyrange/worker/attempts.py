@@ -19,10 +19,8 @@ import asyncio
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 
-import orjson
-
 from keyrange import metrics as metric_defs
-from keyrange.events import encode_processed
+from keyrange.events import encode_processed, json_bytes
 from keyrange.handlers import Handler
 from keyrange.ranges.pauses import HandoffPauses
 from keyrange.worker.commits import Outcome
@@ -94,7 +92,7 @@ class AttemptRunner:
                 self._handler_seconds.observe(time.perf_counter() - t0)
                 key, value = encode_processed(event, ps.partition, job.offset, s.worker_id,
                                               int(started_s * 1000), int(time.time() * 1000), result)
-                state_json = orjson.dumps(state.staged) if state.changed and state.staged is not None else None
+                state_json = json_bytes(state.staged) if state.changed and state.staged is not None else None
             except Exception as exc:  # noqa: BLE001 - any handler failure is retried, then dead-lettered
                 self._handler_seconds.observe(time.perf_counter() - t0)
                 if ps.revoked:

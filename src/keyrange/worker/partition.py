@@ -6,10 +6,8 @@ import asyncio
 import contextlib
 from collections.abc import Callable
 
-import orjson
-
 from keyrange import metrics
-from keyrange.events import SOURCE_OFFSET_HEADER, TOTALS_KEY, encode_totals
+from keyrange.events import SOURCE_OFFSET_HEADER, TOTALS_KEY, encode_totals, json_bytes
 from keyrange.worker.commits import CommitWindow, Totals
 from keyrange.worker.dedup import TtlSet
 from keyrange.worker.rebuild import RestoredPartition
@@ -72,7 +70,7 @@ class PartitionState:
         self.dedup = TtlSet(ttl_seconds, wall_clock)
         for uuid, event_time_s in restored.seen:
             self.dedup.add_if_new(uuid, event_time_s)
-        self.store: dict[int, bytes] = {client: orjson.dumps(value) for client, value in restored.state.items()}
+        self.store: dict[int, bytes] = {client: json_bytes(value) for client, value in restored.state.items()}
         """clientId -> committed keyed state as JSON (as applied by finished events; as the changelog
         holds it, so memory always matches what a restore would rebuild)."""
         self.outputs: list[OutputRecord] = []
