@@ -88,10 +88,9 @@ class Committer:
         what failed one of them (unless `slot_failed` took the slot)."""
         while True:  # chosen again after each wait: a slot may have been released meanwhile
             chosen = [ps for ps in self._partitions() if only is None or ps.partition in only]
-            running = [task for ps in chosen if (task := self._in_flight.get(ps)) is not None]
-            if not running:
+            if not any(ps in self._in_flight for ps in chosen):
                 break
-            await asyncio.wait(running)
+            await self.idle(chosen)
         tasks = self._start(chosen)  # no await since the check: none of them has a transaction in flight
         failures = [r for r in await asyncio.gather(*tasks, return_exceptions=True) if isinstance(r, BaseException)]
         if failures:
