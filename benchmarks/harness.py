@@ -49,6 +49,14 @@ def process_cpu_seconds(process: subprocess.Popen[Any]) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def process_peak_rss_mib(process: subprocess.Popen[Any]) -> float:
+    """The highest resident memory a running child process has had so far (VmHWM), in MiB."""
+    for line in Path(f"/proc/{process.pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    raise RuntimeError(f"/proc/{process.pid}/status has no VmHWM line")
+
+
 def row(name: str, value: float, unit: str, goal: str | None = None, baseline: float | None = None,
         notes: str = "", broker: str = "") -> dict[str, Any]:
     """One result row; `ratio` is value / baseline when there is a baseline."""
