@@ -209,3 +209,42 @@ def test_a_commit_waiting_for_a_slots_transaction_leaves_out_the_slot_released_m
         await stopped(running)
 
     asyncio.run(scenario())
+
+
+class SlowTransactions(CountingTransactions):
+    """A slot's transactions that take `seconds` each, noting when each began (loop time)."""
+
+    def __init__(self, seconds: float) -> None:
+        super().__init__()
+        self.seconds = seconds
+        self.began_at: list[float] = []
+
+    async def commit(self, records: list[OutputRecord], offsets: list[TopicPartition]) -> None:
+        loop = asyncio.get_running_loop()
+        self.began_at.append(loop.time())
+        await asyncio.sleep(self.seconds)  # a transaction that outlasts the commit interval
+        await super().commit(records, offsets)
+
+
+def test_a_slot_whose_transaction_outlasted_the_interval_starts_its_next_one_as_it_ends() -> None:
+    """Not at the next tick: with transactions about as long as the interval (the paced hot counter,
+    20 ms), waiting for the tick made every other commit cycle two intervals long."""
+    interval = 0.5
+    settings = WorkerSettings(bootstrap="127.0.0.1:1", topic="events", group_id="g", worker_id="w0",
+                              commit_interval_ms=int(interval * 1000))
+
+    async def scenario() -> None:
+        txn = SlowTransactions(interval * 1.2)
+        ps = slot(0, txn)
+        committer = Committer(settings, lambda: [ps], WorkerStats())
+        running = asyncio.create_task(committer.run())
+        while not txn.began_at:
+            await asyncio.sleep(0.01)
+        ps.dirty_state[2000] = (b"2", 1)  # finished while the first transaction is in flight
+        await txn.wait_for_commits(2)
+        first, second = txn.began_at[:2]
+        assert second - (first + txn.seconds) < interval / 2, (
+            f"the next transaction began {second - first - txn.seconds:.3f} s after the first ended")
+        await stopped(running)
+
+    asyncio.run(scenario())

@@ -4,9 +4,9 @@ A slot's transaction carries its staged outputs (processed records, dead letters
 its committable offset (the lowest unfinished one: commits.py) and, with it, the slot's totals
 over the offsets below it; each slot commits through its own producer (transactions.py).
 
-Slots commit independently: at most one transaction of a slot is in flight, and a slot whose
-last one has not ended is skipped at the next interval (what it finishes meanwhile goes into its
-next one), so a slot stuck on Kafka (up to COMMIT_DEADLINE_SECONDS and more) holds up neither the
+Slots commit independently: at most one transaction of a slot is in flight, and the next starts
+an interval after the last one started, or as soon as it ended if it took longer (what the slot
+finishes meanwhile goes into it), so a slot stuck on Kafka (up to COMMIT_DEADLINE_SECONDS and more) holds up neither the
 other slots' commits nor their releases. Counters count what a transaction committed, never what
 was merely staged: staged outputs of a slot released without committing are discarded, and its
 next owner produces (and counts) them again. A release waits out its slots' commit in flight
@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import math
 from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass
 
@@ -60,22 +61,44 @@ class Committer:
         self._in_flight: dict[PartitionState, asyncio.Task[None]] = {}
         """Each slot's transaction in flight, if it has one."""
         self._failure: BaseException | None = None
-        """What failed a transaction that `run` started; `run` raises it at its next interval."""
+        """What failed a transaction that `run` started; `run` raises it when it wakes next."""
+        self._an_end = asyncio.Event()
+        """Set when a slot's transaction ends (or `run`'s next slot is due): wakes `run`."""
 
     async def run(self) -> None:
-        """Every `commit_interval_ms`, start a transaction for each held slot with something to
-        commit and none in flight, until cancelled (which cancels those in flight) or one fails."""
+        """Start a transaction for each held slot with something to commit and none in flight, at
+        most every `commit_interval_ms` per slot, until cancelled (which cancels those in flight)
+        or one fails. A slot whose transaction outlasted the interval starts its next one as soon
+        as it ends, not at the next tick: at a 20 ms interval a transaction takes about as long,
+        and waiting for the tick made every other cycle 40 ms."""
+        loop = asyncio.get_running_loop()
         interval = self._settings.commit_interval_ms / 1000
+        checked: dict[PartitionState, float] = {}
+        """When each held slot last started a transaction, or was found with nothing to commit."""
         started: set[asyncio.Task[None]] = set()
         try:
             while True:
-                await asyncio.sleep(interval)
+                self._an_end.clear()
                 if self._failure is not None:
                     raise self._failure
-                for task in self._start([ps for ps in self._partitions() if ps not in self._in_flight]):
+                now = loop.time()
+                idle = [ps for ps in self._partitions() if ps not in self._in_flight]
+                # a slot not seen before is due at once (it has nothing yet, usually)
+                checked = {ps: checked.get(ps, -math.inf) for ps in idle} | {
+                    ps: t for ps, t in checked.items() if ps in self._in_flight}
+                due = [ps for ps in idle if now - checked[ps] >= interval]
+                for ps in due:
+                    checked[ps] = now
+                for task in self._start(due):
                     started.add(task)
                     task.add_done_callback(started.discard)
                     task.add_done_callback(self._note_failure)
+                next_due = min((checked[ps] + interval for ps in idle), default=now + interval)
+                wake = loop.call_at(next_due, self._an_end.set)
+                try:
+                    await self._an_end.wait()  # the next slot due, or a transaction ended
+                finally:
+                    wake.cancel()
         finally:  # only its own: a release's commit (commit_now) is its caller's to end
             for task in started:
                 task.cancel()
@@ -121,6 +144,7 @@ class Committer:
     def _ended(self, ps: PartitionState, task: asyncio.Task[None]) -> None:
         if self._in_flight.get(ps) is task:
             del self._in_flight[ps]
+        self._an_end.set()
 
     def _note_failure(self, task: asyncio.Task[None]) -> None:
         """An interval's transaction ended: keep what failed it for `run` to raise."""
