@@ -68,12 +68,14 @@ def _env() -> dict[str, str]:
 
 
 def _command(mode: str, bootstrap: str, topic: str, group: str, commit_interval_ms: int,
-             max_pending: int = 1000) -> list[str]:
+             max_pending: int | None = None) -> list[str]:
+    """The process of `mode`; a keyrange worker with the default `maxPending` unless one is given."""
     if mode == "keyrange":
+        pending = [] if max_pending is None else ["--max-pending", str(max_pending)]
         return [sys.executable, "-m", "keyrange.cli", "worker", "--bootstrap", bootstrap, "--topic", topic,
                 "--group", group, "--partitions", f"0-{PARTITIONS - 1}", "--handler", "ledger",
                 "--sink-topic", f"{topic}.{group}", "--commit-interval-ms", str(commit_interval_ms),
-                "--max-pending", str(max_pending), "--summary-seconds", "0"]
+                *pending, "--summary-seconds", "0"]
     cmd = [sys.executable, "-m", "benchmarks.rawloop", "--bootstrap", bootstrap, "--topic", topic,
            "--output", f"{topic}.{group}", "--group", group, "--partitions", str(PARTITIONS),
            "--commit-interval-ms", str(commit_interval_ms)]

@@ -230,7 +230,7 @@ class StreamConsumerSpec(_Model):
     dedup: DedupSpec = Field(default_factory=DedupSpec)
     concurrency: int = Field(default=64, ge=1, le=100_000)
     """Handler calls in flight per worker."""
-    max_pending: int = Field(default=1_000, ge=1, le=10_000_000, alias="maxPending")
+    max_pending: int = Field(default=10_000, ge=1, le=10_000_000, alias="maxPending")
     """Unfinished events per partition before that partition pauses."""
     max_retries: int = Field(default=3, ge=0, le=100, alias="maxRetries")
     """Handler attempts beyond the first before an event is dead-lettered."""

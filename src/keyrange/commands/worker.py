@@ -56,7 +56,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                          help="serve them on this inherited listening socket instead (`keyrange run` binds each "
                               "worker's port itself, so no other process can take it while the worker starts)")
     parser.add_argument("--concurrency", type=int, help="handler calls in flight (default 64)")
-    parser.add_argument("--max-pending", type=int, help="unfinished events per partition before pausing (default 1000)")
+    parser.add_argument("--max-pending", type=int,
+                        help="unfinished events per partition before pausing (default 10000)")
     parser.add_argument("--ttl-seconds", type=float, help="dedup window (default 10)")
     parser.add_argument("--max-retries", type=int, help="handler retries before dead-lettering (default 3)")
     parser.add_argument("--max-pending-bytes", type=int,

@@ -31,7 +31,7 @@ class WorkerSettings:
     """Compacted keyed-state changelog; defaults to `<group_id>.state`."""
     concurrency: int = 64
     """Handler calls in flight at once across all clients (also the sync handlers' thread pool)."""
-    max_pending: int = 1000
+    max_pending: int = 10_000
     """Unfinished events per partition above which the partition is paused."""
     max_pending_bytes: int = 16 * 1024 * 1024
     """Bytes of unfinished events (their values) per partition above which the partition is paused:
