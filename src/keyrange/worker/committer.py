@@ -6,11 +6,11 @@ over the offsets below it; each slot commits through its own producer (transacti
 
 Slots commit independently: at most one transaction of a slot is in flight, and the next starts
 an interval after the last one started, or as soon as it ended if it took longer (what the slot
-finishes meanwhile goes into it), so a slot stuck on Kafka (up to COMMIT_DEADLINE_SECONDS and more) holds up neither the
-other slots' commits nor their releases. Counters count what a transaction committed, never what
-was merely staged: staged outputs of a slot released without committing are discarded, and its
-next owner produces (and counts) them again. A release waits out its slots' commit in flight
-(`idle`) and knows that no later one sees them.
+finishes meanwhile goes into it), so a slot stuck on Kafka (up to COMMIT_DEADLINE_SECONDS and
+more) holds up neither the other slots' commits nor their releases. Counters count what a
+transaction committed, never what was merely staged: staged outputs of a slot released without
+committing are discarded, and its next owner produces (and counts) them again. A release waits
+out its slots' commit in flight (`idle`) and knows that no later one sees them.
 """
 
 from __future__ import annotations
@@ -86,7 +86,7 @@ class Committer:
                 # a slot not seen before is due at once (it has nothing yet, usually)
                 checked = {ps: checked.get(ps, -math.inf) for ps in idle} | {
                     ps: t for ps, t in checked.items() if ps in self._in_flight}
-                due = [ps for ps in idle if now - checked[ps] >= interval]
+                due = [ps for ps in idle if checked[ps] + interval <= now]  # as `next_due` below
                 for ps in due:
                     checked[ps] = now
                 for task in self._start(due):
