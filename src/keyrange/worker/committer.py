@@ -82,10 +82,10 @@ class Committer:
                 if self._failure is not None:
                     raise self._failure
                 now = loop.time()
-                idle = [ps for ps in self._partitions() if ps not in self._in_flight]
-                # a slot not seen before is due at once (it has nothing yet, usually)
-                checked = {ps: checked.get(ps, -math.inf) for ps in idle} | {
-                    ps: t for ps, t in checked.items() if ps in self._in_flight}
+                held = list(self._partitions())
+                # only the held slots; one not seen before is due at once (it has nothing yet, usually)
+                checked = {ps: checked.get(ps, -math.inf) for ps in held}
+                idle = [ps for ps in held if ps not in self._in_flight]
                 due = [ps for ps in idle if checked[ps] + interval <= now]  # as `next_due` below
                 for ps in due:
                     checked[ps] = now
