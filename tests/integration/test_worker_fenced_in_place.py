@@ -11,7 +11,7 @@ slot still its own and acquires it again (a fresh producer, a restore from what 
 worker process exits, and every guarantee holds on both brokers (on tansu the fencing
 `init_transactions` commits the worker's open transaction as it stood: the restore copes).
 
-tansu workaround (both only on tansu; the Kafka run fences the worker at full speed and asserts the
+tansu workarounds (both apply on tansu only; the Kafka run fences the worker at full speed and asserts the
 fence is recognised as one):
 - tansu (0.6) can leave a transaction open for good when its transactional id is initialised while
   the producer's requests of that transaction are still being handled: read_committed readers of
