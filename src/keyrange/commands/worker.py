@@ -55,18 +55,24 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     metrics.add_argument("--metrics-fd", type=int,
                          help="serve them on this inherited listening socket instead (`keyrange run` binds each "
                               "worker's port itself, so no other process can take it while the worker starts)")
-    parser.add_argument("--concurrency", type=int, help="handler calls in flight (default 64)")
+    # The defaults shown are WorkerSettings' own, so that the help cannot drift from them.
+    defaults = WorkerSettings
+    parser.add_argument("--concurrency", type=int, help=f"handler calls in flight (default {defaults.concurrency})")
     parser.add_argument("--max-pending", type=int,
-                        help="unfinished events per partition before pausing (default 10000)")
-    parser.add_argument("--ttl-seconds", type=float, help="dedup window (default 10)")
-    parser.add_argument("--max-retries", type=int, help="handler retries before dead-lettering (default 3)")
+                        help=f"unfinished events per partition before pausing (default {defaults.max_pending})")
+    parser.add_argument("--ttl-seconds", type=float, help=f"dedup window (default {defaults.ttl_seconds:g})")
+    parser.add_argument("--max-retries", type=int,
+                        help=f"handler retries before dead-lettering (default {defaults.max_retries})")
     parser.add_argument("--max-pending-bytes", type=int,
-                        help="bytes of unfinished events per partition before pausing (default 16 MiB)")
+                        help="bytes of unfinished events per partition before pausing "
+                             f"(default {defaults.max_pending_bytes // (1 << 20)} MiB)")
     parser.add_argument("--handler-timeout-seconds", type=float,
-                        help="a handler call running this long fails: retried, then dead-lettered (default 60)")
+                        help="a handler call running this long fails: retried, then dead-lettered "
+                             f"(default {defaults.handler_timeout_seconds:g})")
     parser.add_argument("--sink-topic", help="processed-record topic (default <topic>.processed)")
     parser.add_argument("--dlq-topic", help="dead-letter topic (default <topic>.dlq)")
-    parser.add_argument("--commit-interval-ms", type=int, help="transaction interval (default 100)")
+    parser.add_argument("--commit-interval-ms", type=int,
+                        help=f"transaction interval (default {defaults.commit_interval_ms})")
     parser.add_argument("--summary-seconds", type=float, default=5.0,
                         help="print a one-line summary on stderr this often; 0 disables (default 5)")
     parser.add_argument("--log-level", default="WARNING", help="Python log level (default WARNING)")
