@@ -264,3 +264,63 @@ async def test_a_requested_rescale_is_followed_at_once_not_at_the_next_idle_step
         controller.channel.close()
     assert not runner.is_alive(), "the run loop did not stop within its idle wait"
     assert controller.publication.map.workers == 2
+
+
+class SlowPrefetch(FakeEngine):
+    """Reads ahead for `seconds`: long enough that a handoff publishing without waiting for it shows."""
+
+    def __init__(self, worker: int, holdings: Holdings, rng: random.Random, seconds: float) -> None:
+        super().__init__(worker, holdings, rng)
+        self.seconds = seconds
+
+    async def prefetch(self, slots: Collection[int]) -> bool:
+        await asyncio.sleep(self.seconds)
+        self.holdings.prefetched.append((self.worker, frozenset(slots)))
+        return True
+
+
+async def test_a_split_whose_new_worker_starts_late_still_waits_for_its_read_ahead(
+        bootstrap: str, topic_name: str, caplog: pytest.LogCaptureFixture) -> None:
+    """The read-ahead wait (warm_timeout_seconds) counts from when the split's new worker runs, not
+    from the decision: a pod that takes longer than it to start (scheduling, an image pull) must
+    still get its read-ahead before the moved slots change hands."""
+    group = topic_name
+    ControlChannel.ensure_topic(bootstrap, group)
+    holdings, rng = Holdings(), random.Random(5)
+    limits = ScalingLimits(min_workers=1, max_workers=2, cooldown_seconds=0)
+    controller = Controller(ControlChannel(bootstrap, group, "controller"), SLOTS, limits, NoLag(),
+                            warm_timeout_seconds=3.0)
+    await asyncio.to_thread(controller.start)
+    stop_controller = threading.Event()
+    runner = threading.Thread(target=controller.run, args=(stop_controller,), daemon=True)
+    members: list[tuple[ControlChannel, asyncio.Event, asyncio.Task[None]]] = []
+
+    def start_member(engine: FakeEngine) -> None:
+        channel, stop = ControlChannel(bootstrap, group, f"w{engine.worker}"), asyncio.Event()
+        task = asyncio.create_task(RangeMember(engine, channel, engine.worker, poll_seconds=0.02).run(stop))
+        members.append((channel, stop, task))
+
+    try:
+        start_member(FakeEngine(0, holdings, rng))
+        while holdings.holder.get(0) != 0:
+            await asyncio.sleep(0.02)
+        runner.start()
+        assert (await asyncio.to_thread(controller.request_scale, "up", "test")).applied
+        await asyncio.sleep(4.0)  # the new worker starts after the read-ahead wait has passed since the decision
+        assert controller.publication.epoch == 1, "published before the new worker ran"
+        start_member(SlowPrefetch(1, holdings, rng, seconds=1.0))
+        began = time.monotonic()
+        while controller.publication.transit or controller.publication.epoch < 3:
+            assert time.monotonic() - began < 30, f"handoff not followed: {controller.status()}"
+            await asyncio.sleep(0.02)
+    finally:
+        stop_controller.set()
+        for _, stop, _ in members:
+            stop.set()
+        await asyncio.gather(*(task for _, _, task in members), return_exceptions=True)
+        await asyncio.to_thread(runner.join, 10)
+        for channel, _, _ in members:
+            channel.close()
+        controller.channel.close()
+    assert [w for w, _ in holdings.prefetched] == [1]
+    assert "did not read ahead" not in caplog.text

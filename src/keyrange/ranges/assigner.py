@@ -119,10 +119,14 @@ class Controller:
         self.last_decision = "starting"
         self.start_timeout_seconds = start_timeout_seconds
         self.warm_timeout_seconds = warm_timeout_seconds
-        """How long a handoff waits for its new owners to read ahead; after that it goes on, and their
+        """How long a handoff waits for its new owners to read ahead, counted from when they run (a
+        split's new worker may take longer than this to start); after that it goes on, and their
         acquire finishes the read-ahead (or restores in full if it failed)."""
         self._pending: tuple[Decision, int, str] | None = None
         """(decision, decided_ms, the request's reason or "") until its epoch is published."""
+        self._running_ms: int | None = None
+        """When the pending rescale's new workers were first seen running (or stopped being waited
+        for): its read-ahead wait counts from then, so a worker slow to start still gets it."""
         self._lock = threading.RLock()
         self._lag: Mapping[int, SlotLag] = {}
         self._stuck_logged_at = 0.0
@@ -221,12 +225,14 @@ class Controller:
         if waiting:
             log.warning("worker(s) %s did not report within %.0f s; publishing anyway", waiting,
                         self.start_timeout_seconds)
+        if self._running_ms is None:
+            self._running_ms = now_ms()
         # The moved slots keep flowing at their old owners while the new ones read ahead, so the
         # pause after the release is only the catch-up on what was appended since.
         prepare = self.channel.state.prepare
         moves = prepare.moves if prepare is not None and prepare.epoch == pub.epoch else {}
         cold = [w for w, slots in moves.items() if not self.channel.state.warm(w, pub.epoch, slots)]
-        if cold and now_ms() - decided_ms < self.warm_timeout_seconds * 1000:
+        if cold and now_ms() - self._running_ms < self.warm_timeout_seconds * 1000:
             return pub
         if cold:
             log.warning("worker(s) %s did not read ahead within %.0f s; handing over anyway (their acquire "
@@ -239,7 +245,7 @@ class Controller:
         # The rescale stays pending until its publication is the current one, so a status read
         # in between never sees "nothing in progress" (and a failed publish is retried).
         self.channel.state.publication = nxt
-        self._pending = None
+        self._pending = self._running_ms = None
         self.rescales.append(Rescale(decision.action, decision.reason, new_map.epoch, pub.map.workers,
                                      new_map.workers, moved, decided_ms, nxt.published_ms, requested=requested))
         log.info("published %s: %s; waiting for w%s to release %d slots", new_map.describe(), decision.reason,
