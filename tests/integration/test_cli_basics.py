@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import socket
+
 import pytest
 
 from keyrange.cli import main
@@ -20,4 +22,14 @@ def test_produce_rejects_a_bad_duplicate_ratio(capsys: pytest.CaptureFixture[str
     err = capsys.readouterr().err
     assert code == 2
     assert err.startswith("keyrange produce: error: duplicate ratio must be between 0 and 1")
+    assert "Traceback" not in err
+
+
+def test_operator_says_when_its_metrics_port_is_taken(capsys: pytest.CaptureFixture[str]) -> None:
+    with socket.create_server(("", 0)) as taken:
+        port = taken.getsockname()[1]
+        code = main(["operator", "--metrics-port", str(port)])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert err.startswith(f"keyrange operator: error: cannot serve metrics on port {port}: Address already in use")
     assert "Traceback" not in err

@@ -257,6 +257,9 @@ def run(args: argparse.Namespace) -> int:
     if args.metrics_port:
         from prometheus_client import start_http_server
 
-        start_http_server(args.metrics_port)
+        try:
+            start_http_server(args.metrics_port)
+        except OSError as exc:  # as `keyrange worker` says it: a port in use is a user's mistake
+            raise UserError(f"cannot serve metrics on port {args.metrics_port}: {exc.strerror}") from None
     asyncio.run(run_operator(args, settings))
     return 0
