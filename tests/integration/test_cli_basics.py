@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import socket
+from pathlib import Path
 
 import pytest
 
@@ -33,3 +34,21 @@ def test_operator_says_when_its_metrics_port_is_taken(capsys: pytest.CaptureFixt
     assert code == 2
     assert err.startswith(f"keyrange operator: error: cannot serve metrics on port {port}: Address already in use")
     assert "Traceback" not in err
+
+
+def test_operator_says_when_its_metrics_fd_is_not_a_socket(
+        capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    with (tmp_path / "not-a-socket").open("w") as file:
+        fd = file.fileno()
+        code = main(["operator", "--metrics-fd", str(fd)])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert err.startswith(f"keyrange operator: error: --metrics-fd {fd} is not an open socket: ")
+    assert "Traceback" not in err
+
+
+def test_operator_takes_a_metrics_port_or_fd_not_both(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as info:
+        main(["operator", "--metrics-port", "9090", "--metrics-fd", "3"])
+    assert info.value.code == 2
+    assert "--metrics-fd: not allowed with argument --metrics-port" in capsys.readouterr().err

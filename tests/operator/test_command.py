@@ -74,17 +74,20 @@ class OperatorProcess:
 @asynccontextmanager
 async def operator_process(tmp_path: Path, tag: str, kubeconfig: Path, *args: str) -> AsyncIterator[OperatorProcess]:
     """Run `keyrange operator` for namespace NS with `kubeconfig`; SIGTERM it at the end."""
-    health, metrics = _port(), _port()
+    health = _port()
     log = tmp_path / f"operator-{tag}.log"
     keyrange = str(Path(sys.executable).with_name("keyrange"))
-    with log.open("wb") as out:
+    # The metrics socket is bound here and inherited: a port chosen free and bound by the operator
+    # once started was taken in between in one run.
+    with socket.create_server(("127.0.0.1", 0)) as metrics, log.open("wb") as out:
         proc = await asyncio.create_subprocess_exec(
             keyrange, "operator", f"--namespace={NS}", f"--liveness=http://127.0.0.1:{health}/healthz",
-            f"--metrics-port={metrics}", "--refresh-seconds=0.5", "--image=keyrange:test",
+            f"--metrics-fd={metrics.fileno()}", "--refresh-seconds=0.5", "--image=keyrange:test",
             f"--lease={RELEASE}", f"--lease-namespace={RELEASE_NS}", f"--identity={tag}", *args,
-            stdout=out, stderr=out,
+            stdout=out, stderr=out, pass_fds=(metrics.fileno(),),
             env={**os.environ, "KUBECONFIG": str(kubeconfig), "KEYRANGE_WEBHOOK_TOKEN": WEBHOOK_TOKEN})
-    op = OperatorProcess(proc, f"http://127.0.0.1:{health}/healthz", f"http://127.0.0.1:{metrics}/metrics", log)
+        metrics_port = metrics.getsockname()[1]
+    op = OperatorProcess(proc, f"http://127.0.0.1:{health}/healthz", f"http://127.0.0.1:{metrics_port}/metrics", log)
     try:
         yield op
     finally:

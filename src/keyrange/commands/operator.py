@@ -22,6 +22,7 @@ from typing import Any
 from urllib.parse import urlparse
 
 from keyrange.autoscale.rules import RUNBOOK
+from keyrange.commands.metricsargs import add_metrics_arguments, metrics_listener
 from keyrange.errors import UserError
 from keyrange.operator.settings import OperatorSettings
 from keyrange.operator.workerdefaults import WorkerDefaults, load_worker_defaults
@@ -54,8 +55,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="no leader election: act even if other operators run (development only)")
     parser.add_argument("--liveness", default="http://0.0.0.0:8080/healthz",
                         help="health endpoint URL, answered by leader and standbys (default http://0.0.0.0:8080/healthz)")
-    parser.add_argument("--metrics-port", type=int, default=9090,
-                        help="port of the operator's /metrics (default 9090; 0 disables)")
+    add_metrics_arguments(parser, "port of the operator's /metrics (default 9090; 0 disables)", port_default=9090)
     parser.add_argument("--image", default=os.environ.get("KEYRANGE_IMAGE", OperatorSettings.image),
                         help="worker image when a StreamConsumer sets none (default $KEYRANGE_IMAGE)")
     parser.add_argument("--image-pull-policy", default=OperatorSettings.image_pull_policy,
@@ -254,12 +254,10 @@ def run(args: argparse.Namespace) -> int:
     settings = settings_from_args(args)
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
-    if args.metrics_port:
-        from prometheus_client import start_http_server
+    listener = metrics_listener(args)
+    if listener is not None:
+        from keyrange.worker.health import serve
 
-        try:
-            start_http_server(args.metrics_port)
-        except OSError as exc:  # as `keyrange worker` says it: a port in use is a user's mistake
-            raise UserError(f"cannot serve metrics on port {args.metrics_port}: {exc.strerror}") from None
+        serve(listener, None)
     asyncio.run(run_operator(args, settings))
     return 0

@@ -14,7 +14,6 @@ import asyncio
 import logging
 import os
 import signal
-import socket
 import sys
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -23,6 +22,7 @@ from typing import Any
 import orjson
 
 from keyrange.commands.kafkaargs import add_kafka_arguments, kafka_properties
+from keyrange.commands.metricsargs import add_metrics_arguments, metrics_listener
 from keyrange.errors import UserError
 from keyrange.handlers import Handler, load_handler
 from keyrange.kafkaio import StopRequested
@@ -49,12 +49,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--handler-config", help='handler settings as JSON, e.g. \'{"meanMs": 10}\'')
     parser.add_argument("--worker-id", help="stable worker identity (default: derived from the slots, or the "
                                             "StatefulSet ordinal in controlled mode)")
-    metrics = parser.add_mutually_exclusive_group()
-    metrics.add_argument("--metrics-port", type=int,
-                         help="serve Prometheus metrics (/metrics) and the probes (/healthz, /readyz) on this port")
-    metrics.add_argument("--metrics-fd", type=int,
-                         help="serve them on this inherited listening socket instead (`keyrange run` binds each "
-                              "worker's port itself, so no other process can take it while the worker starts)")
+    add_metrics_arguments(parser, "serve Prometheus metrics (/metrics) and the probes (/healthz, /readyz) on this port")
     # The defaults shown are WorkerSettings' own, so that the help cannot drift from them.
     defaults = WorkerSettings
     parser.add_argument("--concurrency", type=int, help=f"handler calls in flight (default {defaults.concurrency})")
@@ -161,17 +156,9 @@ def run(args: argparse.Namespace) -> int:
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     p = plan(args)
     health = Health()
-    if args.metrics_fd is not None:
-        try:
-            listener = socket.socket(fileno=args.metrics_fd)
-        except OSError as exc:
-            raise UserError(f"--metrics-fd {args.metrics_fd} is not an open socket: {exc.strerror}") from None
+    listener = metrics_listener(args)
+    if listener is not None:
         serve_probes(listener, health)
-    elif args.metrics_port is not None:
-        try:
-            serve_probes(args.metrics_port, health)
-        except OSError as exc:
-            raise UserError(f"cannot serve metrics on port {args.metrics_port}: {exc.strerror}") from None
     tune_garbage_collector()  # the code is loaded: what is alive now stays alive
     asyncio.run(_serve(p, args.summary_seconds, health))
     return 0

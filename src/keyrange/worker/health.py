@@ -1,4 +1,5 @@
-"""What a worker's probes answer, and the HTTP server that serves them beside its metrics.
+"""What a worker's probes answer, and the HTTP server that serves them beside its metrics (and the
+operator's metrics alone).
 
 Liveness must reflect the worker itself, not the thread that answers HTTP: `/healthz` fails when
 the event loop has not beaten for `stale_after_seconds` (a handler blocking the loop, a deadlock)
@@ -70,20 +71,21 @@ class Health:
         return self.liveness()
 
 
-def serve(where: int | socket.socket, health: Health) -> ThreadingHTTPServer:
-    """Serve /metrics, /healthz and /readyz in a daemon thread: on a port (all interfaces), or on a
-    socket already bound and listening (the one `keyrange run` passes each worker)."""
+def serve(listener: socket.socket, health: Health | None) -> ThreadingHTTPServer:
+    """Serve /metrics, and /healthz and /readyz unless `health` is None, in a daemon thread on a
+    socket already bound and listening (keyrange.commands.metricsargs)."""
+    paths = b"/metrics" if health is None else b"/metrics, /healthz or /readyz"
 
     class Handler(BaseHTTPRequestHandler):
         def do_GET(self) -> None:
             path = self.path.split("?", 1)[0]
             if path == "/metrics":
                 self._send(200, generate_latest(REGISTRY), CONTENT_TYPE_LATEST)
-            elif path in ("/healthz", "/readyz"):
+            elif health is not None and path in ("/healthz", "/readyz"):
                 ok, why = health.liveness() if path == "/healthz" else health.readiness()
                 self._send(200 if ok else 503, (why + "\n").encode(), "text/plain; charset=utf-8")
             else:
-                self._send(404, b"try /metrics, /healthz or /readyz\n", "text/plain; charset=utf-8")
+                self._send(404, b"try " + paths + b"\n", "text/plain; charset=utf-8")
 
         def _send(self, status: int, body: bytes, content_type: str) -> None:
             self.send_response(status)
@@ -95,12 +97,9 @@ def serve(where: int | socket.socket, health: Health) -> ThreadingHTTPServer:
         def log_message(self, format: str, *args: object) -> None:
             return  # a scrape every few seconds is not news
 
-    if isinstance(where, socket.socket):
-        server = ThreadingHTTPServer(where.getsockname()[:2], Handler, bind_and_activate=False)
-        server.socket.close()
-        server.socket = where
-    else:
-        server = ThreadingHTTPServer(("", where), Handler)
+    server = ThreadingHTTPServer(listener.getsockname()[:2], Handler, bind_and_activate=False)
+    server.socket.close()
+    server.socket = listener
     server.daemon_threads = True
     threading.Thread(target=server.serve_forever, name="keyrange-http", daemon=True).start()
     return server
