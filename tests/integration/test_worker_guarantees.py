@@ -22,7 +22,7 @@ from keyrange.handlers import Handler, load_handler
 from keyrange.loadgen import make_producer
 from keyrange.worker import Worker
 from tests.checkers import check_all, check_order_per_client, first_occurrences
-from tests.integration.worker_handlers import FAIL_MARK
+from tests.integration.worker_handlers import FAIL_FIRST_MARK, FAIL_MARK
 from tests.integration.worker_helpers import produce_stream, run_worker_until, settings_for, wait_for
 from tests.kafkatools import read_counts, read_input_log, read_processed, read_topic
 
@@ -35,11 +35,13 @@ def bootstrap(any_bootstrap: str) -> str:
     return any_bootstrap
 
 
-async def test_many_clients_with_duplicates_keep_every_guarantee(bootstrap: str, topic_name: str) -> None:
+@pytest.mark.parametrize("ledger_config", [{"delayMs": 1}, {}], ids=["async", "inline"])
+async def test_many_clients_with_duplicates_keep_every_guarantee(bootstrap: str, topic_name: str,
+                                                                 ledger_config: dict[str, int]) -> None:
     sent = produce_stream(bootstrap, topic_name, 4000, PARTITIONS, clients=150, duplicate_ratio=0.05, ledger=True)
     log = read_input_log(bootstrap, topic_name, sent)
     distinct = len(first_occurrences(log))
-    settings = settings_for(bootstrap, topic_name, concurrency=32, handler_config={"delayMs": 1})
+    settings = settings_for(bootstrap, topic_name, concurrency=32, handler_config=ledger_config)
     worker = await run_worker_until(settings, "ledger", list(range(PARTITIONS)),
                                     lambda w: w.stats.processed >= distinct)
     processed = read_processed(bootstrap, f"{topic_name}.processed", distinct)
@@ -80,8 +82,9 @@ async def test_slow_client_does_not_hold_the_others_back(bootstrap: str, topic_n
               read_counts(bootstrap, topic_name, settings.group_id))
 
 
+@pytest.mark.parametrize("handler", ["async_counter", "inline_counter"])
 async def test_bad_input_and_failing_events_reach_the_dlq_and_later_events_flow(
-        bootstrap: str, topic_name: str) -> None:
+        bootstrap: str, topic_name: str, handler: str) -> None:
     produce_stream(bootstrap, topic_name, 1500, PARTITIONS, clients=100, duplicate_ratio=0.02)
     producer = Producer({"bootstrap.servers": bootstrap, "partitioner": "murmur2_random",
                          "message.max.bytes": 2_000_000})
@@ -106,7 +109,7 @@ async def test_bad_input_and_failing_events_reach_the_dlq_and_later_events_flow(
     log = read_input_log_lenient(raw)
     distinct = len(first_occurrences(log))
     settings = settings_for(bootstrap, topic_name, concurrency=16, max_retries=2, retry_backoff_ms=5)
-    worker = await run_worker_until(settings, "tests.integration.worker_handlers:async_counter",
+    worker = await run_worker_until(settings, f"tests.integration.worker_handlers:{handler}",
                                     list(range(PARTITIONS)),
                                     lambda w: w.stats.processed + w.stats.dead_letters >= distinct + len(bad_values))
     dead = read_topic(bootstrap, f"{topic_name}.dlq", expect=len(bad_values) + len(failing))
@@ -181,7 +184,7 @@ async def test_partitions_pause_past_max_pending_and_resume(bootstrap: str, topi
               read_counts(bootstrap, topic_name, settings.group_id))
 
 
-@pytest.mark.parametrize("handler", ["sync_counter", "async_counter"])
+@pytest.mark.parametrize("handler", ["sync_counter", "async_counter", "inline_counter"])
 async def test_sync_and_async_user_handlers(bootstrap: str, topic_name: str, handler: str) -> None:
     sent = produce_stream(bootstrap, topic_name, 2000, PARTITIONS, clients=110, duplicate_ratio=0.03)
     log = read_input_log(bootstrap, topic_name, sent)
@@ -191,14 +194,49 @@ async def test_sync_and_async_user_handlers(bootstrap: str, topic_name: str, han
                            lambda w: w.stats.processed >= distinct)
     processed = read_processed(bootstrap, f"{topic_name}.processed", distinct)
     check_all(log, processed, read_counts(bootstrap, topic_name, settings.group_id))
-    # Keyed state counted each client's events in log order: 1, 2, 3, ...
+    check_counts_follow_the_log(log, processed)
+    if handler == "sync_counter":
+        assert {r["result"]["thread"] for r in processed} == {"keyrange-handler"}
+    if handler == "inline_counter":
+        assert {r["result"]["thread"] for r in processed} == {"MainThread"}
+
+
+def check_counts_follow_the_log(log: list[Any], processed: list[dict[str, Any]]) -> None:
+    """Keyed state counted each client's events in log order: 1, 2, 3, ..."""
     position = {e.uuid: (e.partition, e.offset) for e in first_occurrences(log)}
     by_client: dict[int, list[Any]] = {}
     for r in sorted(processed, key=lambda r: position[r["uuid"]]):
         by_client.setdefault(r["clientId"], []).append(r["result"]["count"])
     assert all(counts == list(range(1, len(counts) + 1)) for counts in by_client.values())
-    if handler == "sync_counter":
-        assert {r["result"]["thread"] for r in processed} == {"keyrange-handler"}
+
+
+async def test_an_inline_handler_s_failed_first_attempt_is_retried_behind_nothing(bootstrap: str,
+                                                                                   topic_name: str) -> None:
+    """A failed inline attempt queues its event for the retries; the client's later events, which
+    would otherwise run inline at once, wait behind it (order), and other clients keep flowing."""
+    sent = produce_stream(bootstrap, topic_name, 1200, PARTITIONS, clients=60, duplicate_ratio=0.02)
+    producer = make_producer(bootstrap)
+    now = int(time.time() * 1000)
+    marked = set()
+    for client in (2001, 2002, 2003):
+        for i in range(30):
+            mode = FAIL_FIRST_MARK if i % 3 == 0 else None
+            key, value = encode_input(client, f"c{client}-{i}", now, **({"mode": mode} if mode else {}))
+            producer.produce(topic_name, value, key, timestamp=now)
+            if mode:
+                marked.add(f"c{client}-{i}")
+    assert producer.flush(30) == 0
+    log = read_input_log(bootstrap, topic_name, sent + 90)
+    distinct = len(first_occurrences(log))
+    settings = settings_for(bootstrap, topic_name, concurrency=16, max_retries=2, retry_backoff_ms=20)
+    await run_worker_until(settings, "tests.integration.worker_handlers:inline_counter", list(range(PARTITIONS)),
+                           lambda w: w.stats.processed >= distinct)
+    processed = read_processed(bootstrap, f"{topic_name}.processed", distinct)
+    check_all(log, processed, read_counts(bootstrap, topic_name, settings.group_id))
+    check_counts_follow_the_log(log, processed)
+    attempts = {r["uuid"]: r["result"]["attempt"] for r in processed}
+    assert {attempts[u] for u in marked} == {2}
+    assert {a for u, a in attempts.items() if u not in marked} == {1}
 
 
 @pytest.mark.parametrize("commit", [True, False], ids=["graceful", "fenced"])

@@ -7,8 +7,12 @@ import threading
 import time
 from typing import Any
 
+from keyrange.handlers import inline
+
 FAIL_MARK = "fail-always"
 """Events whose body has `"mode": FAIL_MARK` make the handlers below raise on every attempt."""
+FAIL_FIRST_MARK = "fail-first"
+"""Events whose body has `"mode": FAIL_FIRST_MARK` make `inline_counter` raise on their first attempt."""
 
 
 def sync_counter(event: dict[str, Any], ctx: Any) -> dict[str, Any]:
@@ -19,6 +23,16 @@ def sync_counter(event: dict[str, Any], ctx: Any) -> dict[str, Any]:
     count = ctx.state.get(0) + 1
     ctx.state.set(count)
     return {"count": count, "thread": threading.current_thread().name.split("_")[0]}
+
+
+@inline
+def inline_counter(event: dict[str, Any], ctx: Any) -> dict[str, Any]:
+    """An inline handler (its first attempt on the worker's loop): keyed count of the client's events."""
+    if event.get("mode") == FAIL_MARK or (event.get("mode") == FAIL_FIRST_MARK and ctx.attempt == 1):
+        raise RuntimeError("this attempt fails")
+    count = ctx.state.get(0) + 1
+    ctx.state.set(count)
+    return {"count": count, "attempt": ctx.attempt, "thread": threading.current_thread().name.split("_")[0]}
 
 
 async def async_counter(event: dict[str, Any], ctx: Any) -> dict[str, Any]:

@@ -7,7 +7,7 @@ import asyncio
 import orjson
 import pytest
 
-from keyrange.handlers import HandlerError, load_handler
+from keyrange.handlers import HandlerError, inline, load_handler
 from keyrange.worker.context import ClientState, HandlerContext
 from keyrange.worker.settings import WorkerSettings
 
@@ -16,15 +16,18 @@ def ctx_for(state: ClientState) -> HandlerContext:
     return HandlerContext(client_id=1, partition=0, offset=0, attempt=1, worker="w", config={}, state=state)
 
 
-def test_ledger_follows_the_design_semantics() -> None:
-    ledger = load_handler("ledger")
-    assert ledger.is_async
+@pytest.mark.parametrize("config", [{}, {"delayMs": 1}], ids=["inline", "delayed"])
+def test_ledger_follows_the_design_semantics(config: dict[str, int]) -> None:
+    ledger = load_handler("ledger", config)
+    # Without a delay it only computes: inline on the loop; with one it sleeps, so it is async.
+    assert (ledger.inline, ledger.is_async) == ((False, True) if config else (True, False))
     stored = None
     results = []
     for event in ({"op": "increment", "amount": 5}, {"op": "increment", "amount": 2}, {"op": "drain"},
                   {"op": "increment", "amount": 1}):
         state = ClientState(stored)
-        results.append(asyncio.run(ledger.function(event, ctx_for(state))))
+        call = ledger.function(event, ctx_for(state))
+        results.append(asyncio.run(call) if ledger.is_async else call)
         stored = orjson.dumps(state.staged)
     assert results == [{"value": 5, "returned": 5}, {"value": 7, "returned": 7}, {"value": 0, "returned": 7},
                        {"value": 1, "returned": 1}]
@@ -33,7 +36,7 @@ def test_ledger_follows_the_design_semantics() -> None:
 def test_ledger_rejects_unknown_ops_without_touching_state() -> None:
     state = ClientState(b"3")
     with pytest.raises(ValueError, match="ledger op"):
-        asyncio.run(load_handler("ledger").function({"op": "steal"}, ctx_for(state)))
+        load_handler("ledger").function({"op": "steal"}, ctx_for(state))
     assert not state.changed and state.get() == 3
 
 
@@ -62,9 +65,12 @@ def test_bad_handler_config_names_the_problem(name: str, config: dict[str, objec
         load_handler(name, config)
 
 
-def test_user_handlers_resolve_sync_and_async() -> None:
-    assert not load_handler("tests.integration.worker_handlers:sync_counter").is_async
-    assert load_handler("tests.integration.worker_handlers:async_counter").is_async
+def test_user_handlers_resolve_sync_async_and_inline() -> None:
+    sync, asynchronous, marked = (load_handler(f"tests.integration.worker_handlers:{name}")
+                                  for name in ("sync_counter", "async_counter", "inline_counter"))
+    assert (sync.is_async, sync.inline) == (False, False)
+    assert (asynchronous.is_async, asynchronous.inline) == (True, False)
+    assert (marked.is_async, marked.inline) == (False, True)
     with pytest.raises(HandlerError, match="cannot import handler module"):
         load_handler("no_such_module_here:f")
     with pytest.raises(HandlerError, match="has no callable 'nope'"):
@@ -86,3 +92,14 @@ def test_settings_check_bounds_and_defaults() -> None:
         WorkerSettings(bootstrap="b", topic="t", group_id="g", concurrency=0)
     with pytest.raises(ValueError, match="ttl_seconds must be positive"):
         WorkerSettings(bootstrap="b", topic="t", group_id="g", ttl_seconds=0)
+
+
+def test_an_async_handler_marked_inline_is_refused_with_the_fix(monkeypatch: pytest.MonkeyPatch) -> None:
+    import tests.integration.worker_handlers as module
+
+    async def marked(event: dict[str, object], ctx: object) -> None:
+        return None
+
+    monkeypatch.setattr(module, "marked_async", inline(marked), raising=False)
+    with pytest.raises(HandlerError, match=r"is async and marked @inline: .* remove the mark"):
+        load_handler("tests.integration.worker_handlers:marked_async")

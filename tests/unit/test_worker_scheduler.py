@@ -80,3 +80,24 @@ async def test_skipped_items_never_run_and_errors_do_not_stop_a_client() -> None
 def test_concurrency_must_be_positive() -> None:
     with pytest.raises(ValueError, match="concurrency must be at least 1"):
         ClientScheduler(lambda item: asyncio.sleep(0), concurrency=0)
+
+
+async def test_an_item_may_run_at_once_only_when_its_client_is_idle_and_a_permit_is_free() -> None:
+    gate = asyncio.Event()
+
+    async def run(item: int) -> None:
+        await gate.wait()
+
+    scheduler: ClientScheduler[int] = ClientScheduler(run, concurrency=2)
+    assert scheduler.can_run_now(1)
+    scheduler.submit(1, 0)
+    await asyncio.sleep(0)
+    assert not scheduler.can_run_now(1), "client 1 has an item running: a new one must queue behind it"
+    assert scheduler.can_run_now(2)
+    scheduler.submit(2, 0)
+    await asyncio.sleep(0)
+    assert not scheduler.can_run_now(3), "every permit is taken"
+    scheduler.submit(3, 0)  # waits for a permit
+    gate.set()
+    await asyncio.wait_for(scheduler.wait_idle(), 5)
+    assert all(scheduler.can_run_now(client) for client in (1, 2, 3))

@@ -1,8 +1,11 @@
 """Handlers: built-in ones by name (`sleep`, `ledger`, `noop`) and user ones as `module:function`.
 
 A handler is `handler(event: dict, ctx: HandlerContext) -> JSON-able result`, a plain function
-(run in the worker's thread pool) or a coroutine function (awaited on the worker's loop). A
-built-in name maps to a factory that validates `handlerConfig` and returns the handler.
+(run in the worker's thread pool) or a coroutine function (awaited on the worker's loop). A plain
+function marked `@inline` runs on the worker's loop itself, right where its event is admitted:
+for handlers that only compute (microseconds, no I/O), which the hop to a thread or a task would
+cost several times over (docs/worker.md). A built-in name maps to a factory that validates
+`handlerConfig` and returns the handler.
 """
 
 from __future__ import annotations
@@ -15,6 +18,9 @@ from typing import Any
 
 from keyrange.errors import UserError
 from keyrange.handlers import builtin
+from keyrange.handlers.marks import inline, marked_inline
+
+__all__ = ["FACTORIES", "Handler", "HandlerError", "inline", "load_handler"]
 
 
 class HandlerError(UserError, ValueError):
@@ -31,6 +37,9 @@ class Handler:
     """The callable taking (event, ctx)."""
     is_async: bool
     """True: awaited on the loop; False: run in the thread pool."""
+    inline: bool = False
+    """A plain function marked `@inline`: its first attempt runs on the loop, with no deadline
+    (retries run in the thread pool, with one)."""
 
 
 FACTORIES: dict[str, Callable[[dict[str, Any]], Callable[..., Any]]] = {
@@ -47,6 +56,15 @@ def _is_async(function: Callable[..., Any]) -> bool:
     return call is not None and inspect.iscoroutinefunction(call)
 
 
+def _resolved(name: str, function: Callable[..., Any]) -> Handler:
+    is_async = _is_async(function)
+    marked = marked_inline(function)
+    if marked and is_async:
+        raise HandlerError(f"handler {name!r} is async and marked @inline: inline is for plain functions that only "
+                           "compute; remove the mark (an async handler already runs on the loop)")
+    return Handler(name, function, is_async, marked)
+
+
 def load_handler(name: str, config: dict[str, Any] | None = None) -> Handler:
     """Resolve `name` (built-in or `module:function`); raise HandlerError saying what to fix."""
     config = dict(config or {})
@@ -56,7 +74,7 @@ def load_handler(name: str, config: dict[str, Any] | None = None) -> Handler:
             function = factory(config)
         except (TypeError, ValueError) as exc:
             raise HandlerError(f"bad handlerConfig for the {name!r} handler: {exc}") from None
-        return Handler(name, function, _is_async(function))
+        return _resolved(name, function)
     module_name, sep, attr = name.partition(":")
     if not sep or not module_name or not attr:
         raise HandlerError(
@@ -71,4 +89,4 @@ def load_handler(name: str, config: dict[str, Any] | None = None) -> Handler:
     found = getattr(module, attr, None)
     if found is None or not callable(found):
         raise HandlerError(f"module {module_name!r} has no callable {attr!r} to use as a handler")
-    return Handler(name, found, _is_async(found))
+    return _resolved(name, found)

@@ -7,6 +7,8 @@ import random
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from keyrange.handlers.marks import inline
+
 AsyncHandler = Callable[[dict[str, Any], Any], Awaitable[Any]]
 
 
@@ -36,17 +38,17 @@ def sleep_handler(config: dict[str, Any]) -> AsyncHandler:
     return sleep
 
 
-def ledger_handler(config: dict[str, Any]) -> AsyncHandler:
+def ledger_handler(config: dict[str, Any]) -> Callable[[dict[str, Any], Any], Any]:
     """Per-client counter in keyed state: `increment` adds `amount`, `drain` resets to 0.
 
     result = {"value": counter after, "returned": the new value (increment) or the drained one}.
+    Without `delayMs` it only computes, so it runs inline on the worker's loop; with it, it is a
+    coroutine that sleeps first (simulated I/O).
     """
     _only(config, {"delayMs"})
     delay_s = _number(config, "delayMs", 0.0) / 1000
 
-    async def ledger(event: dict[str, Any], ctx: Any) -> dict[str, int]:
-        if delay_s:
-            await asyncio.sleep(delay_s)
+    def ledger(event: dict[str, Any], ctx: Any) -> dict[str, int]:
         op = event.get("op")
         counter = int(ctx.state.get(0))
         if op == "increment":
@@ -61,14 +63,22 @@ def ledger_handler(config: dict[str, Any]) -> AsyncHandler:
             return {"value": 0, "returned": counter}
         raise ValueError(f"ledger op must be 'increment' or 'drain', got {op!r}")
 
-    return ledger
+    if not delay_s:
+        return inline(ledger)
+
+    async def delayed_ledger(event: dict[str, Any], ctx: Any) -> dict[str, int]:
+        await asyncio.sleep(delay_s)
+        return ledger(event, ctx)
+
+    return delayed_ledger
 
 
-def noop_handler(config: dict[str, Any]) -> AsyncHandler:
-    """Does nothing (for measuring the engine's own overhead)."""
+def noop_handler(config: dict[str, Any]) -> Callable[[dict[str, Any], Any], None]:
+    """Does nothing, inline (for measuring the engine's own overhead)."""
     _only(config, set())
 
-    async def noop(event: dict[str, Any], ctx: Any) -> None:
+    @inline
+    def noop(event: dict[str, Any], ctx: Any) -> None:
         return None
 
     return noop

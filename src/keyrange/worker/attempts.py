@@ -8,6 +8,9 @@ async call is cancelled; a sync call cannot be (Python cannot stop a thread), so
 left to finish on its own and counted (`keyrange_handler_calls_abandoned`): the worker reports
 itself unhealthy when half its threads are stuck that way (health.py). One watchdog keeps every
 call's deadline (deadlines.py).
+An `@inline` handler's first attempt runs at once, on the loop, where its event is admitted
+(`run_inline`, when its client has nothing queued): no task, no thread, no deadline; if it fails,
+the job joins its client's queue for the retries above, in the thread pool.
 Each attempt gets a fresh context whose state is the client's committed state, so a failed
 attempt leaves no trace (context.py). A slot released while an attempt runs is not retried here:
 its new owner runs the event.
@@ -72,48 +75,92 @@ class AttemptRunner:
             if ps.running == 0:
                 ps.drained.set()
 
+    def run_inline(self, job: Job) -> bool:
+        """Run an inline handler's first attempt now; False when it failed (queue `job` for its retries)."""
+        ps, event = job.ps, job.event
+        started_s = self._started(job)
+        state = ClientState(ps.store.get(event.client_id))
+        t0 = time.perf_counter()
+        try:
+            result = self._handler.function(event.body, self._context(job, 1, state))
+            finished_s = time.time()
+            self._handler_seconds.observe(time.perf_counter() - t0)
+            key, value, state_json = self._encode(job, result, state, started_s, finished_s)
+        except Exception as exc:  # noqa: BLE001 - retried (then dead-lettered) by the queued path
+            self._handler_seconds.observe(time.perf_counter() - t0)
+            job.attempts, job.failure = 1, f"{type(exc).__name__}: {exc}"
+            return False
+        self._stage(job, key, value, state, state_json, 1)
+        return True
+
     async def _attempts(self, job: Job) -> None:
-        ps, event, s = job.ps, job.event, self._settings
-        started_s = time.time()
+        ps, s = job.ps, self._settings
+        started_s = self._started(job)
+        attempt = job.attempts
+        while True:
+            if attempt >= 1:  # an attempt failed: back off before the next one
+                if ps.revoked:
+                    return  # the slot moved: the new owner runs it again
+                if attempt > s.max_retries:
+                    self._outputs.dead_letter(ps, job.offset, job.key, job.value, "handler-error",
+                                              job.failure, attempt)
+                    ps.window.finish(job.offset, Outcome.DEAD_LETTERED)
+                    return
+                await asyncio.sleep(min(s.retry_backoff_ms / 1000 * 2 ** (attempt - 1), MAX_RETRY_BACKOFF_SECONDS))
+            attempt += 1
+            state = ClientState(ps.store.get(job.event.client_id))
+            t0 = time.perf_counter()
+            try:
+                result = await self._call(job.event.body, self._context(job, attempt, state))
+                self._handler_seconds.observe(time.perf_counter() - t0)
+                key, value, state_json = self._encode(job, result, state, started_s, time.time())
+            except Exception as exc:  # noqa: BLE001 - any handler failure is retried, then dead-lettered
+                self._handler_seconds.observe(time.perf_counter() - t0)
+                job.failure = f"{type(exc).__name__}: {exc}"
+                continue
+            self._stage(job, key, value, state, state_json, attempt)
+            return
+
+    def _started(self, job: Job) -> float:
+        """The first attempt's start time, observed once per event."""
+        if job.started_s:
+            return job.started_s
+        event = job.event
+        started_s = job.started_s = time.time()
         latency_s = started_s - event.created_ms / 1000
         self._latency.observe(latency_s)
         self._stats.note_latency(latency_s)
         if self._pauses is not None:
-            self._pauses.started(ps.partition, started_s, event.created_ms)
-        attempt = 0
-        while True:
-            attempt += 1
-            state = ClientState(ps.store.get(event.client_id))
-            ctx = HandlerContext(client_id=event.client_id, partition=ps.partition, offset=job.offset,
-                                 attempt=attempt, worker=s.worker_id, config=s.handler_config, state=state)
-            t0 = time.perf_counter()
-            try:
-                result = await self._call(event.body, ctx)
-                self._handler_seconds.observe(time.perf_counter() - t0)
-                key, value = encode_processed(event, ps.partition, job.offset, s.worker_id,
-                                              int(started_s * 1000), int(time.time() * 1000), result)
-                state_json = json_bytes(state.staged) if state.changed and state.staged is not None else None
-            except Exception as exc:  # noqa: BLE001 - any handler failure is retried, then dead-lettered
-                self._handler_seconds.observe(time.perf_counter() - t0)
-                if ps.revoked:
-                    return  # the slot moved: the new owner runs it again
-                if attempt <= s.max_retries:
-                    await asyncio.sleep(min(s.retry_backoff_ms / 1000 * 2 ** (attempt - 1), MAX_RETRY_BACKOFF_SECONDS))
-                    continue
-                self._outputs.dead_letter(ps, job.offset, job.key, job.value, "handler-error",
-                                          f"{type(exc).__name__}: {exc}", attempt)
-                ps.window.finish(job.offset, Outcome.DEAD_LETTERED)
-                return
-            too_large = self._outputs.too_large(key, value, state_json)
-            if too_large is not None:
-                # Deterministic: a retry would produce the same output. The state change is dropped.
-                self._outputs.dead_letter(ps, job.offset, job.key, job.value, "output-too-large", too_large, attempt)
-                ps.window.finish(job.offset, Outcome.DEAD_LETTERED)
-                return
-            deleted = state.changed and state.staged is None
-            self._outputs.processed(ps, job.offset, event.client_id, key, value, state_json, deleted)
-            ps.window.finish(job.offset, Outcome.HANDLED)
+            self._pauses.started(job.ps.partition, started_s, event.created_ms)
+        return started_s
+
+    def _context(self, job: Job, attempt: int, state: ClientState) -> HandlerContext:
+        s = self._settings
+        return HandlerContext(client_id=job.event.client_id, partition=job.ps.partition, offset=job.offset,
+                              attempt=attempt, worker=s.worker_id, config=s.handler_config, state=state)
+
+    def _encode(self, job: Job, result: object, state: ClientState, started_s: float,
+                finished_s: float) -> tuple[bytes, bytes, bytes | None]:
+        """The processed record's key and value, and the client's new state as JSON (None: unchanged
+        or deleted). Raises for a result or state that is not JSON-able, like a handler error."""
+        key, value = encode_processed(job.event, job.ps.partition, job.offset, self._settings.worker_id,
+                                      int(started_s * 1000), int(finished_s * 1000), result)
+        state_json = json_bytes(state.staged) if state.changed and state.staged is not None else None
+        return key, value, state_json
+
+    def _stage(self, job: Job, key: bytes, value: bytes, state: ClientState, state_json: bytes | None,
+               attempt: int) -> None:
+        """Stage a handled event's outputs and finish its offset (dead-lettered when too large)."""
+        ps = job.ps
+        too_large = self._outputs.too_large(key, value, state_json)
+        if too_large is not None:
+            # Deterministic: a retry would produce the same output. The state change is dropped.
+            self._outputs.dead_letter(ps, job.offset, job.key, job.value, "output-too-large", too_large, attempt)
+            ps.window.finish(job.offset, Outcome.DEAD_LETTERED)
             return
+        deleted = state.changed and state.staged is None
+        self._outputs.processed(ps, job.offset, job.event.client_id, key, value, state_json, deleted)
+        ps.window.finish(job.offset, Outcome.HANDLED)
 
     async def _call(self, body: dict[str, object], ctx: HandlerContext) -> object:
         function, deadlines = self._handler.function, self._deadlines

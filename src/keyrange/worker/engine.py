@@ -102,6 +102,7 @@ class Worker:
         """The newest read-ahead: for which slots, and its result."""
         self._pool = ThreadPoolExecutor(max_workers=settings.concurrency, thread_name_prefix="keyrange-handler")
         self._scheduler: ClientScheduler[Job] | None = None
+        self._attempts: AttemptRunner | None = None
         self._outputs: OutputStage | None = None
         self._intake: Intake | None = None
         self._committer: Committer | None = None
@@ -147,7 +148,8 @@ class Worker:
             s.bootstrap, [s.sink, s.dlq, s.state], timeout, s.client_properties), stop, longest)
         self._outputs = OutputStage(s, self._counts, limits)
         self._intake = Intake(count, s.restore_clock_slack_seconds, self._outputs)
-        attempts = AttemptRunner(s, self.handler, self._outputs, self._pool, self.stats, self.handoff_pauses)
+        attempts = self._attempts = AttemptRunner(s, self.handler, self._outputs, self._pool, self.stats,
+                                                  self.handoff_pauses)
         self.health.set_abandoned_source(lambda: attempts.abandoned)
         self._scheduler = ClientScheduler(attempts.run, s.concurrency, skip=lambda job: job.ps.revoked)
         self._committer = Committer(s, self._partitions.values, self.stats, self._slot_failed)
@@ -379,8 +381,9 @@ class Worker:
             await self._apply_backpressure()
 
     def _dispatch(self, messages: list[Message]) -> None:
-        scheduler, intake = self._scheduler, self._intake
-        assert scheduler is not None and intake is not None
+        scheduler, intake, attempts = self._scheduler, self._intake, self._attempts
+        assert scheduler is not None and intake is not None and attempts is not None
+        inline = self.handler.inline
         partitions = self._partitions
         consumed: dict[int, int] = {}
         for m in messages:
@@ -397,7 +400,11 @@ class Worker:
             consumed[ps.partition] = consumed.get(ps.partition, 0) + 1
             job = intake.admit(ps, m, offset)
             if job is not None:
-                scheduler.submit(job.event.client_id, job)
+                client = job.event.client_id
+                # An inline handler runs here when its client is idle; a failed attempt is queued
+                # for its retries like any other job (attempts.py).
+                if not (inline and scheduler.can_run_now(client) and attempts.run_inline(job)):
+                    scheduler.submit(client, job)
         for p, n in consumed.items():
             partitions[p].metrics.consumed.inc(n)
             self.stats.consumed += n

@@ -44,6 +44,12 @@ class Job:
     event: InputEvent
     key: bytes | None
     value: bytes
+    started_s: float = 0.0
+    """When its first attempt started (wall clock, seconds); 0 before."""
+    attempts: int = 0
+    """Attempts made so far (an inline first attempt that failed leaves 1)."""
+    failure: str = ""
+    """The last failed attempt's error, for its dead letter."""
 
 
 class Intake:

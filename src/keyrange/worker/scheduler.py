@@ -59,6 +59,11 @@ class ClientScheduler(Generic[T]):
         """Items submitted and not yet finished (running ones included)."""
         return self._queued
 
+    def can_run_now(self, client_id: int) -> bool:
+        """True when an item of `client_id` may run at once, outside the queues: the client has
+        nothing queued or running (its order holds) and a permit is free with nobody waiting."""
+        return client_id not in self._queues and self._free > 0 and not self._waiting
+
     def submit(self, client_id: int, item: T) -> None:
         """Queue `item` behind the client's earlier items; start the client's drain if idle."""
         self._queued += 1
