@@ -21,7 +21,7 @@ up generously: an output is refused a little early rather than failing its trans
 class OutputStage:
     """Adds outputs to their partition's batch; the committer takes the batch into a transaction."""
 
-    __slots__ = ("_group_header", "_max_bytes", "_same_layout", "_settings")
+    __slots__ = ("_always_fits", "_group_header", "_max_bytes", "_same_layout", "_settings", "_sink")
 
     def __init__(self, settings: WorkerSettings, partition_counts: dict[str, int],
                  max_message_bytes: dict[str, int]) -> None:
@@ -31,12 +31,19 @@ class OutputStage:
         self._same_layout = {topic: n == inputs for topic, n in partition_counts.items()}
         self._max_bytes = max_message_bytes
         """Per output topic, the largest record its broker accepts (`max.message.bytes`)."""
+        self._sink = settings.sink
+        limits = [limit for topic, limit in max_message_bytes.items() if topic in (settings.sink, settings.state)]
+        headers = len(GROUP_HEADER) + len(self._group_header[1]) + len(STATE_HEADER)
+        self._always_fits = min(limits, default=2**62) - headers - RECORD_OVERHEAD_BYTES
+        """Key, value and state bytes below which both records fit: `too_large` checks no further."""
 
     def too_large(self, key: bytes, value: bytes, state_json: bytes | None) -> str | None:
         """Why a handled event's outputs cannot be written (one over its topic's limit), or None.
 
         A record over the limit would fail its transaction on every retry and stop the worker,
         which would then crash-loop on the same event; it goes to the dead-letter topic instead."""
+        if len(key) + len(value) + (len(state_json) if state_json is not None else 0) <= self._always_fits:
+            return None
         s = self._settings
         headers = len(GROUP_HEADER) + len(self._group_header[1])
         if state_json is not None:
@@ -71,7 +78,7 @@ class OutputStage:
             ps.store[client_id] = state_json
             ps.dirty_state[client_id] = (state_json, offset)
             headers.append((STATE_HEADER, state_json))
-        ps.outputs.append(OutputRecord(self._settings.sink, ps.output_partition, key, value, headers))
+        ps.outputs.append(OutputRecord(self._sink, ps.output_partition, key, value, headers))
         ps.processed_uncommitted += 1
 
     def dead_letter(self, ps: PartitionState, offset: int, key: bytes | None, value: bytes | None,
