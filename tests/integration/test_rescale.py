@@ -117,14 +117,17 @@ async def test_twenty_rescales_under_ledger_load_keep_every_guarantee(bootstrap:
     fleet = Fleet()
     controller = Controller(ControlChannel(bootstrap, group, "controller"), PARTITIONS, limits, NoLag(), fleet)
     await asyncio.to_thread(controller.start)
-    handler = load_handler("ledger", {"delayMs": 1})
+    # Even workers run the ledger inline (at dispatch), odd ones with a delay (async, through the
+    # client queues): slots move between the two paths in both directions, with the same results.
+    handlers = [load_handler("ledger"), load_handler("ledger", {"delayMs": 1})]
+    assert [h.inline for h in handlers] == [True, False]
     running: dict[int, tuple[asyncio.Task[None], asyncio.Event]] = {}
 
     def start(ordinal: int) -> None:
         settings = WorkerSettings(bootstrap=bootstrap, topic=topic, group_id=group, worker_id=str(ordinal),
                                   concurrency=32, commit_interval_ms=50)
         stop = asyncio.Event()
-        engine = SlowReleaseWorker(settings, handler)
+        engine = SlowReleaseWorker(settings, handlers[ordinal % 2])
         running[ordinal] = (asyncio.create_task(run_controlled(engine, bootstrap, group, ordinal, stop,
                                                                heartbeat_seconds=0.5)), stop)
 
