@@ -52,3 +52,41 @@ def test_operator_takes_a_metrics_port_or_fd_not_both(capsys: pytest.CaptureFixt
         main(["operator", "--metrics-port", "9090", "--metrics-fd", "3"])
     assert info.value.code == 2
     assert "--metrics-fd: not allowed with argument --metrics-port" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("option", ["--liveness-fd", "--webhook-fd"])
+def test_operator_says_when_a_listener_fd_is_not_a_socket(
+        option: str, capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    with (tmp_path / "not-a-socket").open("w") as file:
+        fd = file.fileno()
+        code = main(["operator", option, str(fd)])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert err.startswith(f"keyrange operator: error: {option} {fd} is not an open socket: ")
+    assert "Traceback" not in err
+
+
+@pytest.mark.parametrize(("what", "options"), [
+    ("health", ["--liveness=http://127.0.0.1:{port}/healthz"]),
+    ("the alert webhook", ["--liveness=", "--webhook-port={port}"]),
+])
+def test_operator_says_when_a_listener_port_is_taken(
+        what: str, options: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    with socket.create_server(("", 0)) as taken:
+        port = taken.getsockname()[1]
+        code = main(["operator", "--metrics-port=0", *(o.format(port=port) for o in options)])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert err.startswith(f"keyrange operator: error: cannot serve {what} on port {port}: Address already in use")
+    assert "Traceback" not in err
+
+
+@pytest.mark.parametrize(("port_option", "fd_option"), [("--liveness=http://127.0.0.1:8080/healthz", "--liveness-fd"),
+                                                        ("--webhook-port=8081", "--webhook-fd")])
+def test_operator_takes_a_listener_port_or_fd_not_both(
+        port_option: str, fd_option: str, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as info:
+        main(["operator", port_option, fd_option, "3"])
+    assert info.value.code == 2
+    port_name = port_option.split("=")[0]
+    assert f"{fd_option}: not allowed with argument {port_name}" in capsys.readouterr().err

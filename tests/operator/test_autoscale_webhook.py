@@ -5,8 +5,8 @@ status.lastScaling and an Event."""
 
 from __future__ import annotations
 
-import argparse
 import asyncio
+import socket
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -17,7 +17,6 @@ import pytest_asyncio
 
 from keyrange.autoscale.receiver import TOKEN_FILE_ENV, WEBHOOK_PATH
 from keyrange.commands.operator import side_services
-from keyrange.local.ports import free_port
 from keyrange.operator.assignments import PlannedRescale, RangeStatus, ScaleOutcome, ScaleRequest
 from keyrange.spec import StreamConsumerSpec
 from tests.operator.conftest import SC_PATH, Api, Release, admin_api, create_namespace, eventually, running_operator
@@ -88,8 +87,9 @@ async def webhook(cluster: Api, release: Release, tmp_path: Path,
     monkeypatch.setenv(TOKEN_FILE_ENV, str(tmp_path / "token"))
     async with running_operator(release, [NS], range_control_factory=lambda ns, name, spec: SplittingControl(spec)
                                 ) as memo:
-        port = free_port()
-        services = side_services(argparse.Namespace(webhook_port=port, webhook_token=None), memo)
+        listener = socket.create_server(("127.0.0.1", 0))
+        port = listener.getsockname()[1]
+        services = side_services(memo, listener, None)
         tasks = [asyncio.create_task(s) for s in services]
         try:
             await eventually(lambda: _healthy(port), "the webhook to listen")
@@ -97,6 +97,7 @@ async def webhook(cluster: Api, release: Release, tmp_path: Path,
         finally:
             for task in tasks:
                 task.cancel()
+            listener.close()
             # Leave nothing for the next test's operator (kopf's finalizer needs an operator).
             # In a thread: kopf, in this event loop, must handle the deletion meanwhile.
             await asyncio.to_thread(release.plane.kubectl, "delete", "streamconsumers", "--all", "-n", NS,

@@ -32,17 +32,12 @@ FAST_LEASE = ("--lease-seconds=4", "--lease-renew-deadline-seconds=3", "--lease-
 WEBHOOK_TOKEN = "command-test"
 
 
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 class OperatorProcess:
-    """One `keyrange operator` subprocess and its two HTTP endpoints."""
+    """One `keyrange operator` subprocess and its HTTP endpoints."""
 
-    def __init__(self, proc: asyncio.subprocess.Process, health: str, metrics: str, log: Path) -> None:
-        self.proc, self.health, self.metrics, self.log = proc, health, metrics, log
+    def __init__(self, proc: asyncio.subprocess.Process, health: str, metrics: str, webhook: int | None,
+                 log: Path) -> None:
+        self.proc, self.health, self.metrics, self.webhook, self.log = proc, health, metrics, webhook, log
 
     async def fetch(self, url: str) -> tuple[int, str]:
         """GET a URL; (0, "") while nothing listens yet."""
@@ -71,23 +66,36 @@ class OperatorProcess:
         return None
 
 
+def _listener() -> socket.socket:
+    return socket.create_server(("127.0.0.1", 0))
+
+
+def _port(listener: socket.socket) -> int:
+    return int(listener.getsockname()[1])
+
+
 @asynccontextmanager
-async def operator_process(tmp_path: Path, tag: str, kubeconfig: Path, *args: str) -> AsyncIterator[OperatorProcess]:
-    """Run `keyrange operator` for namespace NS with `kubeconfig`; SIGTERM it at the end."""
-    health = _port()
+async def operator_process(tmp_path: Path, tag: str, kubeconfig: Path, *args: str,
+                           webhook: bool = False) -> AsyncIterator[OperatorProcess]:
+    """Run `keyrange operator` for namespace NS with `kubeconfig`, with an alert webhook if asked;
+    SIGTERM it at the end."""
     log = tmp_path / f"operator-{tag}.log"
     keyrange = str(Path(sys.executable).with_name("keyrange"))
-    # The metrics socket is bound here and inherited: a port chosen free and bound by the operator
-    # once started was taken in between in one run.
-    with socket.create_server(("127.0.0.1", 0)) as metrics, log.open("wb") as out:
+    # Every listening socket is bound here and inherited: a port chosen free and bound by the
+    # operator once started was taken in between in one run.
+    with contextlib.ExitStack() as stack:
+        health, metrics = stack.enter_context(_listener()), stack.enter_context(_listener())
+        hook = stack.enter_context(_listener()) if webhook else None
+        fds = {"--liveness-fd": health, "--metrics-fd": metrics, **({"--webhook-fd": hook} if hook else {})}
+        out = stack.enter_context(log.open("wb"))
         proc = await asyncio.create_subprocess_exec(
-            keyrange, "operator", f"--namespace={NS}", f"--liveness=http://127.0.0.1:{health}/healthz",
-            f"--metrics-fd={metrics.fileno()}", "--refresh-seconds=0.5", "--image=keyrange:test",
+            keyrange, "operator", f"--namespace={NS}", *(f"{option}={s.fileno()}" for option, s in fds.items()),
+            "--refresh-seconds=0.5", "--image=keyrange:test",
             f"--lease={RELEASE}", f"--lease-namespace={RELEASE_NS}", f"--identity={tag}", *args,
-            stdout=out, stderr=out, pass_fds=(metrics.fileno(),),
+            stdout=out, stderr=out, pass_fds=[s.fileno() for s in fds.values()],
             env={**os.environ, "KUBECONFIG": str(kubeconfig), "KEYRANGE_WEBHOOK_TOKEN": WEBHOOK_TOKEN})
-        metrics_port = metrics.getsockname()[1]
-    op = OperatorProcess(proc, f"http://127.0.0.1:{health}/healthz", f"http://127.0.0.1:{metrics_port}/metrics", log)
+        op = OperatorProcess(proc, f"http://127.0.0.1:{_port(health)}/healthz",
+                             f"http://127.0.0.1:{_port(metrics)}/metrics", _port(hook) if hook else None, log)
     try:
         yield op
     finally:
@@ -106,7 +114,7 @@ class Partition:
     def __init__(self, target: str) -> None:
         self.host, port = target.removeprefix("https://").split(":")
         self.target_port = int(port)
-        self.port = _port()
+        self.port = 0  # bound on entry
         self._server: asyncio.Server | None = None
         self._writers: list[asyncio.StreamWriter] = []
 
@@ -123,7 +131,9 @@ class Partition:
         await asyncio.gather(self._pipe(reader, up_writer), self._pipe(up_reader, writer))
 
     async def __aenter__(self) -> Partition:
-        self._server = await asyncio.start_server(self._serve, "127.0.0.1", self.port)
+        # Port 0: a port chosen free here and bound only on entry could be taken in between.
+        self._server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
+        self.port = self._server.sockets[0].getsockname()[1]
         return self
 
     async def cut(self) -> None:
@@ -194,16 +204,14 @@ async def _is(op: OperatorProcess, role: str) -> bool:
 async def test_only_the_lease_holder_acts_and_a_standby_takes_over_when_it_is_killed(
         cluster: Api, release: Release, tmp_path: Path, topic_name: str) -> None:
     kubeconfig = release.operator_kubeconfig
-    webhooks = {"first": _port(), "second": _port()}
-    async with operator_process(tmp_path, "first", kubeconfig, *FAST_LEASE,
-                                f"--webhook-port={webhooks['first']}") as first:
+    async with operator_process(tmp_path, "first", kubeconfig, *FAST_LEASE, webhook=True) as first:
         await eventually(lambda: _is(first, "leader"), "the first replica to lead")
-        async with operator_process(tmp_path, "second", kubeconfig, *FAST_LEASE,
-                                    f"--webhook-port={webhooks['second']}") as second:
+        async with operator_process(tmp_path, "second", kubeconfig, *FAST_LEASE, webhook=True) as second:
+            assert first.webhook is not None and second.webhook is not None
             await eventually(lambda: _is(second, "standby"), "the second replica to stand by")
             # Only the leader handles alerts; a standby says so with a 503, which Alertmanager retries.
-            assert await _webhook_status(webhooks["second"]) == 503
-            assert await _webhook_status(webhooks["first"]) == 200
+            assert await _webhook_status(second.webhook) == 503
+            assert await _webhook_status(first.webhook) == 200
             await cluster.create(SC_PATH.format(ns=NS), cluster.with_topic(topic_name).streamconsumer("elected"))
             await eventually(first.reconciled_ok, "the leader to reconcile")
             await asyncio.sleep(3)  # the standby would act within its 0.5 s refresh if it ran controllers
@@ -214,7 +222,7 @@ async def test_only_the_lease_holder_acts_and_a_standby_takes_over_when_it_is_ki
             await first.proc.wait()
             await eventually(lambda: _is(second, "leader"), "the standby to take the Lease", timeout=30)
             await eventually(second.reconciled_ok, "the new leader to reconcile")
-            await eventually(lambda: _webhook_answers(webhooks["second"], 200), "the new leader's webhook")
+            await eventually(lambda: _webhook_answers(second.webhook, 200), "the new leader's webhook")
             assert (await _holder(cluster)).startswith("second_")
 
 

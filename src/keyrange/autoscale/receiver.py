@@ -21,6 +21,7 @@ import inspect
 import json
 import logging
 import os
+import socket
 import time
 from collections import Counter
 from collections.abc import Awaitable, Callable
@@ -228,11 +229,12 @@ def _cooldown(resolved: Resolved) -> float | None:
     return resolved[1] if resolved else None
 
 
-async def serve(receiver: AlertReceiver, host: str, port: int) -> web.AppRunner:
-    """Serve the receiver on the running event loop (the operator's); `await runner.cleanup()` stops it."""
+async def serve(receiver: AlertReceiver, listener: socket.socket) -> web.AppRunner:
+    """Serve the receiver on a listening socket in the running event loop (the operator's); `await
+    runner.cleanup()` stops it and leaves `listener` open (it serves a copy) for whoever serves next."""
     runner = web.AppRunner(receiver.app(), access_log=None)
     await runner.setup()
-    await web.TCPSite(runner, host, port).start()
+    await web.SockSite(runner, listener.dup()).start()
     return runner
 
 

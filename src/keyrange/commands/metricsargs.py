@@ -1,9 +1,11 @@
-"""Where a command serves its metrics, shared by `keyrange worker` and `keyrange operator`.
+"""Where a command serves its metrics, shared by `keyrange worker` and `keyrange operator`, and
+the two ways any of its listeners is had: inherited by fd or bound to a port.
 
 `--metrics-port P` binds the port when the command starts. `--metrics-fd FD` takes a socket its
 parent already bound and listens on (passed with `pass_fds`), so the port is the command's from the
 moment the parent chose it: a port chosen free and bound only by the starting command could be
-taken in between, which is how a test once lost an operator. The two exclude each other.
+taken in between, which is how a test once lost an operator. The two exclude each other. The
+operator's health endpoint and alert webhook take the same pair (`--liveness-fd`, `--webhook-fd`).
 """
 
 from __future__ import annotations
@@ -28,13 +30,26 @@ def metrics_listener(args: argparse.Namespace) -> socket.socket | None:
     """The listening socket the options give, or None for neither (or port 0); UserError for an fd
     that is not a socket or a port that cannot be bound."""
     if args.metrics_fd is not None:
-        try:
-            return socket.socket(fileno=args.metrics_fd)
-        except OSError as exc:
-            raise UserError(f"--metrics-fd {args.metrics_fd} is not an open socket: {exc.strerror}") from None
+        return inherited_socket("--metrics-fd", args.metrics_fd)
     if not args.metrics_port:
         return None
+    return bound_socket("metrics", args.metrics_port)
+
+
+def inherited_socket(option: str, fd: int) -> socket.socket:
+    """The socket a parent passed as `fd` with `option` (e.g. `--metrics-fd`); UserError if `fd` is
+    not an open socket."""
     try:
-        return socket.create_server(("", args.metrics_port))
+        return socket.socket(fileno=fd)
     except OSError as exc:
-        raise UserError(f"cannot serve metrics on port {args.metrics_port}: {exc.strerror}") from None
+        raise UserError(f"{option} {fd} is not an open socket: {exc.strerror}") from None
+
+
+def bound_socket(what: str, port: int, host: str = "") -> socket.socket:
+    """A socket listening on `port` of `host` (all IPv4 interfaces by default); UserError, saying it
+    cannot serve `what`, if the port cannot be bound."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    try:
+        return socket.create_server((host, port), family=family)
+    except OSError as exc:
+        raise UserError(f"cannot serve {what} on port {port}: {exc.strerror}") from None

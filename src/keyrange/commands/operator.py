@@ -6,6 +6,10 @@ and a Prometheus metrics endpoint. Replicas elect a leader with a Kubernetes Lea
 the range controllers and the alert webhook. A holder that cannot renew the Lease stops its
 controllers and exits (Kubernetes restarts it as a standby); on SIGTERM it stops them, then
 releases the Lease so a standby takes over at once.
+
+Every listener is bound (or taken from the parent, `--*-fd`) before the operator starts, so a port
+in use or a bad fd is one line and exit 2, and the webhook's socket stays the same from standby to
+leader.
 """
 
 from __future__ import annotations
@@ -18,11 +22,12 @@ import socket
 import threading
 import uuid
 from collections.abc import Coroutine
+from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlparse
 
 from keyrange.autoscale.rules import RUNBOOK
-from keyrange.commands.metricsargs import add_metrics_arguments, metrics_listener
+from keyrange.commands.metricsargs import add_metrics_arguments, bound_socket, inherited_socket, metrics_listener
 from keyrange.errors import UserError
 from keyrange.operator.settings import OperatorSettings
 from keyrange.operator.workerdefaults import WorkerDefaults, load_worker_defaults
@@ -53,8 +58,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="how often the Lease is renewed or retried (default 2)")
     parser.add_argument("--standalone", action="store_true",
                         help="no leader election: act even if other operators run (development only)")
-    parser.add_argument("--liveness", default="http://0.0.0.0:8080/healthz",
+    health = parser.add_mutually_exclusive_group()
+    health.add_argument("--liveness", default="http://0.0.0.0:8080/healthz",
                         help="health endpoint URL, answered by leader and standbys (default http://0.0.0.0:8080/healthz)")
+    health.add_argument("--liveness-fd", type=int,
+                        help="answer /healthz on this inherited listening socket instead (the parent binds it, so "
+                             "no other process can take the port while this one starts)")
     add_metrics_arguments(parser, "port of the operator's /metrics (default 9090; 0 disables)", port_default=9090)
     parser.add_argument("--image", default=os.environ.get("KEYRANGE_IMAGE", OperatorSettings.image),
                         help="worker image when a StreamConsumer sets none (default $KEYRANGE_IMAGE)")
@@ -81,9 +90,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-spark-aggregation", dest="spark_aggregation", action="store_false",
                         help="this installation runs no Spark jobs (the chart's rbac.sparkAggregation: "
                              "false): a StreamConsumer asking for aggregation is reported Degraded")
-    parser.add_argument("--webhook-port", type=int, default=0,
-                        help="serve the Alertmanager webhook (POST /alertmanager/webhook) on this port; "
-                             "0 (default) disables it; see docs/autoscaling.md")
+    webhook = parser.add_mutually_exclusive_group()
+    webhook.add_argument("--webhook-port", type=int, default=0,
+                         help="serve the Alertmanager webhook (POST /alertmanager/webhook) on this port; "
+                              "0 (default) disables it; see docs/autoscaling.md")
+    webhook.add_argument("--webhook-fd", type=int,
+                         help="serve it on this inherited listening socket instead")
     parser.add_argument("--webhook-token", default=None,
                         help="bearer token Alertmanager must send (default $KEYRANGE_WEBHOOK_TOKEN, or "
                              "the file named by $KEYRANGE_WEBHOOK_TOKEN_FILE, e.g. a mounted Secret)")
@@ -109,19 +121,48 @@ def settings_from_args(args: argparse.Namespace) -> OperatorSettings:
         raise UserError(f"invalid operator setting: {exc}") from None
 
 
-def side_services(args: argparse.Namespace, memo: Any) -> list[Coroutine[Any, Any, None]]:
+@dataclass(frozen=True)
+class Listeners:
+    """The operator's listening sockets, each None when it serves nothing there."""
+
+    health: socket.socket | None
+    """The health endpoint's, answered by leader and standbys."""
+    health_path: str
+    """The path the health endpoint answers (the --liveness URL's, /healthz with --liveness-fd)."""
+    metrics: socket.socket | None
+    """Prometheus /metrics, served in a thread of its own (keyrange.worker.health)."""
+    webhook: socket.socket | None
+    """The alert webhook's: the standby's refusals, then the leader's receiver."""
+
+
+def listeners(args: argparse.Namespace) -> Listeners:
+    """The sockets the options give; UserError for an fd that is not a socket (checked before any
+    port is bound) or a port that cannot be bound."""
+    health = inherited_socket("--liveness-fd", args.liveness_fd) if args.liveness_fd is not None else None
+    webhook = inherited_socket("--webhook-fd", args.webhook_fd) if args.webhook_fd is not None else None
+    metrics = metrics_listener(args)
+    url = urlparse(args.liveness)
+    if health is None and args.liveness:
+        health = bound_socket("health", url.port or 8080, url.hostname or "0.0.0.0")
+    if webhook is None and args.webhook_port:
+        webhook = bound_socket("the alert webhook", args.webhook_port, "0.0.0.0")
+    return Listeners(health, url.path or "/healthz", metrics, webhook)
+
+
+def side_services(memo: Any, webhook: socket.socket | None, token: str | None) -> list[Coroutine[Any, Any, None]]:
     """Servers that run beside kopf in the same event loop and share its memo.
 
-    The Alertmanager webhook receiver (keyrange.autoscale.receiver) plugs in here: it finds a
-    consumer's range control in `memo.controls` (ControlRegistry), calls `request_scale`, and
-    records the outcome with `keyrange.operator.decisions.record_scaling_decision(memo.kube, ...)`.
+    The Alertmanager webhook receiver (keyrange.autoscale.receiver) plugs in here, on `webhook`
+    (None: no receiver) with `token` (--webhook-token): it finds a consumer's range control in
+    `memo.controls` (ControlRegistry), calls `request_scale`, and records the outcome with
+    `keyrange.operator.decisions.record_scaling_decision(memo.kube, ...)`.
     """
-    if not args.webhook_port:
+    if webhook is None:
         return []
     from keyrange.autoscale.receiver import load_token
     from keyrange.operator.scalewebhook import serve_alert_webhook
 
-    return [serve_alert_webhook(memo, "0.0.0.0", args.webhook_port, load_token(args.webhook_token))]
+    return [serve_alert_webhook(memo, webhook, load_token(token))]
 
 
 def identity(args: argparse.Namespace) -> str:
@@ -130,23 +171,29 @@ def identity(args: argparse.Namespace) -> str:
     return f"{base}_{uuid.uuid4().hex[:8]}"
 
 
-async def serve_health(url: str, state: dict[str, str]) -> Any:
+async def _serve(app: Any, listener: socket.socket) -> Any:
+    """Serve an aiohttp app on a copy of `listener`: its runner's cleanup leaves `listener` open."""
+    from aiohttp import web
+
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    await web.SockSite(runner, listener.dup()).start()
+    return runner
+
+
+async def serve_health(listener: socket.socket, path: str, state: dict[str, str]) -> Any:
     """Answer GET <path> with 200 and this replica's role, for leader and standbys alike."""
     from aiohttp import web
 
     async def healthz(request: web.Request) -> web.Response:
         return web.json_response(state)
 
-    parsed = urlparse(url)
     app = web.Application()
-    app.router.add_get(parsed.path or "/healthz", healthz)
-    runner = web.AppRunner(app, access_log=None)
-    await runner.setup()
-    await web.TCPSite(runner, parsed.hostname or "0.0.0.0", parsed.port or 8080).start()
-    return runner
+    app.router.add_get(path, healthz)
+    return await _serve(app, listener)
 
 
-async def serve_standby_webhook(port: int, lease: str) -> Any:
+async def serve_standby_webhook(listener: socket.socket, lease: str) -> Any:
     """While standing by, answer the alert webhook with 503: only the Lease holder acts on alerts,
     and Alertmanager retries a 5xx (reaching the leader through the Service sooner or later)."""
     from aiohttp import web
@@ -160,32 +207,29 @@ async def serve_standby_webhook(port: int, lease: str) -> Any:
 
     app = web.Application()
     app.router.add_post(WEBHOOK_PATH, refuse)
-    runner = web.AppRunner(app, access_log=None)
-    await runner.setup()
-    await web.TCPSite(runner, "0.0.0.0", port).start()
-    return runner
+    return await _serve(app, listener)
 
 
-async def run_operator(args: argparse.Namespace, settings: OperatorSettings) -> None:
+async def run_operator(args: argparse.Namespace, settings: OperatorSettings, sockets: Listeners) -> None:
     """Elect a leader, then run kopf and the side services until signalled or the Lease is lost."""
     from keyrange.operator.handlers import operator_memo
     from keyrange.operator.leadership import LeaseElector, LeaseTimings
 
     memo = operator_memo(settings)
     state = {"role": "standby", "identity": identity(args)}
-    health = await serve_health(args.liveness, state) if args.liveness else None
+    health = await serve_health(sockets.health, sockets.health_path, state) if sockets.health else None
     stop = threading.Event()
     try:
         if args.standalone:
             state["role"] = "leader"
-            await _lead(args, settings, memo, state, None, stop)
+            await _lead(args, settings, sockets, memo, state, None, stop)
             return
         try:
             timings = LeaseTimings(args.lease_seconds, args.lease_renew_deadline_seconds, args.lease_retry_seconds)
         except ValueError as exc:
             raise UserError(f"invalid lease timings: {exc}") from None
         elector = LeaseElector(memo.kube, args.lease_namespace, args.lease, state["identity"], timings)
-        standby = await serve_standby_webhook(args.webhook_port, args.lease) if args.webhook_port else None
+        standby = await serve_standby_webhook(sockets.webhook, args.lease) if sockets.webhook else None
         log.info("standing by for Lease %s/%s as %s", args.lease_namespace, args.lease,
                                          state["identity"])
         try:
@@ -193,17 +237,17 @@ async def run_operator(args: argparse.Namespace, settings: OperatorSettings) -> 
                 return
         finally:
             if standby is not None:
-                await standby.cleanup()  # frees the port for the leader's receiver
+                await standby.cleanup()  # the leader's receiver serves the same socket
         state["role"] = "leader"
-        await _lead(args, settings, memo, state, elector, stop)
+        await _lead(args, settings, sockets, memo, state, elector, stop)
     finally:
         stop.set()
         if health is not None:
             await health.cleanup()
 
 
-async def _lead(args: argparse.Namespace, settings: OperatorSettings, memo: Any, state: dict[str, str],
-                elector: Any, stop: threading.Event) -> None:
+async def _lead(args: argparse.Namespace, settings: OperatorSettings, sockets: Listeners, memo: Any,
+                state: dict[str, str], elector: Any, stop: threading.Event) -> None:
     import kopf
 
     from keyrange.operator.handlers import register_handlers
@@ -222,7 +266,7 @@ async def _lead(args: argparse.Namespace, settings: OperatorSettings, memo: Any,
     if elector is not None:
         holder = threading.Thread(target=elector.hold, args=(stop, on_lost), name="lease", daemon=True)
         holder.start()
-    services = [asyncio.ensure_future(s) for s in side_services(args, memo)]
+    services = [asyncio.ensure_future(s) for s in side_services(memo, sockets.webhook, args.webhook_token)]
     namespaces = list(args.namespace)
     kopf_stop: asyncio.Future[None] = loop.create_future()
     registry = register_handlers(kopf.OperatorRegistry(), settings, namespaces)
@@ -254,10 +298,10 @@ def run(args: argparse.Namespace) -> int:
     settings = settings_from_args(args)
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
-    listener = metrics_listener(args)
-    if listener is not None:
+    sockets = listeners(args)
+    if sockets.metrics is not None:
         from keyrange.worker.health import serve
 
-        serve(listener, None)
-    asyncio.run(run_operator(args, settings))
+        serve(sockets.metrics, None)
+    asyncio.run(run_operator(args, settings, sockets))
     return 0

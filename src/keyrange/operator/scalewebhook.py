@@ -1,20 +1,21 @@
 """The alert webhook inside the operator: Alertmanager -> a consumer's range control -> status + Event.
 
-`keyrange operator --webhook-port P` serves `keyrange.autoscale.receiver.AlertReceiver` beside kopf,
-in kopf's event loop. Consumers are looked up per notification in the operator's live registry
-(`memo.controls`), so a StreamConsumer created a second ago is scalable and a deleted one is an
-`unknown-consumer`; its cooldown comes from its current spec. Every request that reaches a range
-control is recorded with `record_scaling_decision`: `status.lastScaling` and a Kubernetes Event
-(`Rescaled` or `RescaleRefused`).
+`keyrange operator --webhook-port P` (or `--webhook-fd FD`) serves
+`keyrange.autoscale.receiver.AlertReceiver` beside kopf, in kopf's event loop. Consumers are looked
+up per notification in the operator's live registry (`memo.controls`), so a StreamConsumer created
+a second ago is scalable and a deleted one is an `unknown-consumer`; its cooldown comes from its
+current spec. Every request that reaches a range control is recorded with `record_scaling_decision`:
+`status.lastScaling` and a Kubernetes Event (`Rescaled` or `RescaleRefused`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import socket
 from typing import Any
 
-from keyrange.autoscale.receiver import AlertReceiver, Resolved, ScaleOutcome, serve
+from keyrange.autoscale.receiver import WEBHOOK_PATH, AlertReceiver, Resolved, ScaleOutcome, serve
 from keyrange.autoscale.tracker import AlertTracker, ConsumerRef, Direction
 from keyrange.operator.assignments import RangeControl, ScaleRequest
 from keyrange.operator.decisions import record_scaling_decision
@@ -60,10 +61,12 @@ def operator_receiver(memo: Any, token: str, tracker: AlertTracker | None = None
     return AlertReceiver(token, tracker=tracker, resolver=operator_resolver(memo))
 
 
-async def serve_alert_webhook(memo: Any, host: str, port: int, token: str) -> None:
-    """Serve the receiver until cancelled (one of `keyrange operator`'s side services)."""
-    runner = await serve(operator_receiver(memo, token), host, port)
-    log.info("alert webhook listening on http://%s:%d/alertmanager/webhook", host, port)
+async def serve_alert_webhook(memo: Any, listener: socket.socket, token: str) -> None:
+    """Serve the receiver on a listening socket until cancelled (one of `keyrange operator`'s side
+    services)."""
+    runner = await serve(operator_receiver(memo, token), listener)
+    host, port = listener.getsockname()[:2]
+    log.info("alert webhook listening on http://%s:%d%s", host, port, WEBHOOK_PATH)
     try:
         await asyncio.Event().wait()
     finally:
