@@ -44,6 +44,12 @@ from keyrange.spec import SpecError, StreamConsumerSpec, parse_spec
 GROUP, VERSION, PLURAL = "keyrange.dev", "v1alpha1", "streamconsumers"
 FORBIDDEN_RETRY_SECONDS = 300
 """How long kopf waits before retrying a reconcile the API server refused with 403."""
+UNKNOWN_KIND_RETRY_SECONDS = 5
+"""How long kopf waits before retrying a reconcile refused because the API server did not know the
+owner's kind yet. Its admission checks an owner reference's kind against discovery, which lags a
+CRD created moments before (`helm install` and a StreamConsumer applied right after): a 403
+"no matches for kind" that goes away within seconds, not a missing permission."""
+UNKNOWN_KIND_MARK = "no matches for kind"
 Clock = Callable[[], datetime]
 Logger = logging.Logger | logging.LoggerAdapter[Any]
 log = logging.getLogger(__name__)
@@ -134,6 +140,10 @@ def reconcile(*, name: str, namespace: str | None, body: kopf.Body, spec: kopf.S
     try:
         sts = apply_children(memo.kube, memo.settings, body, model, replicas)
     except KubeApiError as exc:
+        if exc.status == 403 and UNKNOWN_KIND_MARK in str(exc):
+            raise kopf.TemporaryError(f"the API server does not know the kind of an owner reference yet (a CRD created "
+                                      f"moments ago); retrying in {UNKNOWN_KIND_RETRY_SECONDS} s: {exc}",
+                                      delay=UNKNOWN_KIND_RETRY_SECONDS) from None
         if exc.status == 403:
             # RBAC will not change by retrying soon: say what is missing, retry rarely.
             message = (f"the operator's ServiceAccount is not allowed to do this: {exc}; "

@@ -1,0 +1,64 @@
+"""How reconcile answers the API server's 403s: an RBAC gap is waited out rarely and said in
+status; an owner kind the API server does not know yet (a CRD created moments before) is retried
+within seconds."""
+
+from __future__ import annotations
+
+import logging
+from datetime import UTC, datetime
+from types import SimpleNamespace
+from typing import Any
+
+import kopf
+import pytest
+
+from keyrange.operator import handlers
+from keyrange.operator.kube import KubeApiError
+from keyrange.operator.settings import OperatorSettings
+
+SPEC = {"kafka": {"topic": "t", "bootstrapServers": "kafka:9092"}}
+PATH = "/apis/apps/v1/namespaces/ns/statefulsets/c-workers"
+RBAC = (b'{"kind":"Status","message":"statefulsets.apps \\"c-workers\\" is forbidden: User '
+        b'\\"system:serviceaccount:keyrange:keyrange-operator\\" cannot patch resource \\"statefulsets\\" '
+        b'in API group \\"apps\\" in the namespace \\"ns\\"","reason":"Forbidden","code":403}')
+UNKNOWN_KIND = (b'{"kind":"Status","message":"statefulsets.apps \\"c-workers\\" is forbidden: cannot set '
+                b'blockOwnerDeletion if an ownerReference refers to a resource you can\'t set finalizers on: '
+                b'no matches for kind \\"StreamConsumer\\" in version \\"keyrange.dev/v1alpha1\\", <nil>",'
+                b'"reason":"Forbidden","code":403}')
+
+
+class Controls:
+    def ensure(self, namespace: str, name: str, model: Any) -> Any:
+        return SimpleNamespace(desired_workers=lambda: 1, status=lambda: None)
+
+    def close(self, namespace: str, name: str) -> None:
+        pass
+
+
+def reconcile_refused(monkeypatch: pytest.MonkeyPatch, answer: bytes) -> tuple[kopf.TemporaryError, dict[str, Any]]:
+    def refuse(*args: Any, **kwargs: Any) -> None:
+        raise KubeApiError(403, "PATCH", PATH, answer)
+
+    monkeypatch.setattr(handlers, "apply_children", refuse)
+    memo = SimpleNamespace(clock=lambda: datetime(2026, 11, 26, tzinfo=UTC), settings=OperatorSettings(),
+                           controls=Controls(), kube=None)
+    patch = kopf.Patch()
+    body = kopf.Body({"metadata": {"name": "c", "namespace": "ns", "generation": 1, "uid": "u"}, "spec": SPEC})
+    with pytest.raises(kopf.TemporaryError) as raised:
+        handlers.reconcile(name="c", namespace="ns", body=body, spec=body.spec, meta=body.meta, status=body.status,
+                           patch=patch, memo=memo, logger=logging.getLogger("t"))
+    return raised.value, dict(patch)
+
+
+def test_an_rbac_refusal_is_said_in_status_and_retried_rarely(monkeypatch: pytest.MonkeyPatch) -> None:
+    error, patch = reconcile_refused(monkeypatch, RBAC)
+    assert error.delay == handlers.FORBIDDEN_RETRY_SECONDS
+    assert "check the chart's rbac values" in str(error)
+    assert "Forbidden" in str(patch)
+
+
+def test_an_owner_kind_the_api_server_does_not_know_yet_is_retried_in_seconds(monkeypatch: pytest.MonkeyPatch) -> None:
+    error, patch = reconcile_refused(monkeypatch, UNKNOWN_KIND)
+    assert error.delay is not None and error.delay <= 10
+    assert "rbac" not in str(error) and "does not know" in str(error)
+    assert "Forbidden" not in str(patch)
