@@ -21,6 +21,9 @@ import pytest
 
 from keyrange.local.broker import EmbeddedBroker
 from keyrange.local.kafka import QUICK_START_JVM_OPTIONS, KafkaCluster
+from tests.timeouts import SESSION_TEARDOWN_SECONDS, session_teardown_allowance
+
+pytest_collection_finish = session_teardown_allowance(SESSION_TEARDOWN_SECONDS)
 
 _names = itertools.count()
 
