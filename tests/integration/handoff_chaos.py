@@ -43,14 +43,21 @@ kind: StreamConsumer
 metadata: {{name: chaos}}
 spec:
   kafka: {{topic: {topic}, groupId: {group}, partitions: {partitions}}}
-  handler: ledger
-  handlerConfig: {{delayMs: 5}}
+  {handler}
   concurrency: 8
   maxPending: 200
   dedup: {{ttlSeconds: 10}}
   workers: {{min: 1, max: 4}}
   scaling: {{lagHighRecords: 400, lagLowRecords: 50, cooldownSeconds: 2}}
 """
+
+
+HANDLERS = {
+    "async": "handler: ledger\n  handlerConfig: {delayMs: 5}",
+    "busy-inline": "handler: tests.integration.worker_handlers:busy_inline_ledger",
+}
+"""The ledger on the queued path (a coroutine sleeping 5 ms: simulated I/O), or on the inline path
+with 0.3 ms of CPU per event that holds the worker's loop (worker_handlers.busy_inline_ledger)."""
 
 
 @dataclass(frozen=True)
@@ -80,6 +87,8 @@ class Schedule:
     seed: int
     phases: tuple[Phase, ...]
     actions: tuple[Action, ...]
+    handler: str = "async"
+    """A key of HANDLERS."""
 
     @classmethod
     def from_seed(cls, seed: int) -> Schedule:
@@ -107,14 +116,16 @@ class Schedule:
         actions.append(Action(round(rng.uniform(1, load_s), 1),
                               rng.choice(["kill-controller", "kill-controller-mid-handoff"]),
                               round(rng.uniform(0.0, 2.0), 1)))
-        return cls(seed, tuple(phases), tuple(sorted(actions, key=lambda a: a.at_s)))
+        # Drawn last, so that the seeds older than this draw keep their load and actions.
+        handler = rng.choice(sorted(HANDLERS))
+        return cls(seed, tuple(phases), tuple(sorted(actions, key=lambda a: a.at_s)), handler)
 
     def describe(self) -> str:
         phases = ", ".join(f"{p.kind} {p.seconds:g}s@{p.rate:g}/s" if p.rate else f"pause {p.seconds:g}s"
                            for p in self.phases)
         actions = ", ".join(f"{a.at_s:g}s {a.kind}" + (f" (down {a.restart_after_s:g}s)" if "controller" in a.kind
                                                         else "") for a in self.actions)
-        return f"seed {self.seed}: load [{phases}]; actions [{actions}]"
+        return f"seed {self.seed}: {self.handler} ledger; load [{phases}]; actions [{actions}]"
 
 
 @dataclass
@@ -204,7 +215,8 @@ class ChaosRun:
 
     def start(self) -> None:
         self.workdir.mkdir(parents=True, exist_ok=True)
-        self.spec_file.write_text(SPEC.format(topic=self.topic, group=self.group, partitions=PARTITIONS))
+        self.spec_file.write_text(SPEC.format(topic=self.topic, group=self.group, partitions=PARTITIONS,
+                                              handler=HANDLERS[self.schedule.handler]))
         ensure_topics(self.bootstrap, [TopicSpec(self.topic, PARTITIONS)])
         ControlChannel.ensure_topic(self.bootstrap, self.group)
         self.fleet = ProcessFleet(self.spec_file, self.bootstrap, self.workdir / "logs", ("--log-level", "INFO"),

@@ -2,7 +2,9 @@
 
 Each seed (handoff_chaos.Schedule) mixes bursts, trickles and pauses with split and merge
 requests (some during a handoff, some while the old owner lags far behind), a SIGKILL of a
-worker and of the controller, on worker and controller processes, against tansu and Apache Kafka. Every seed
+worker and of the controller, on worker and controller processes, against tansu and Apache Kafka.
+The seed also picks the handler: the ledger queued (5 ms of simulated I/O), or inline and slow
+(0.3 ms of CPU that holds the worker's loop: its fetches, commits and handoff steps). Every seed
 is checked with the shared checkers: order per client, no loss, no duplicate handling, the ledger
 oracle, and the exact accounting (handled + dead-lettered = unique input; duplicates dropped =
 input duplicates, from the totals committed with the offsets).

@@ -8,6 +8,7 @@ import time
 from typing import Any
 
 from keyrange.handlers import inline
+from keyrange.handlers.builtin import ledger_handler
 
 FAIL_MARK = "fail-always"
 """Events whose body has `"mode": FAIL_MARK` make the handlers below raise on every attempt."""
@@ -33,6 +34,22 @@ def inline_counter(event: dict[str, Any], ctx: Any) -> dict[str, Any]:
     count = ctx.state.get(0) + 1
     ctx.state.set(count)
     return {"count": count, "attempt": ctx.attempt, "thread": threading.current_thread().name.split("_")[0]}
+
+
+_ledger = ledger_handler({})
+BUSY_INLINE_LEDGER_SECONDS = 0.0003
+"""CPU each `busy_inline_ledger` call spins for: a fetched batch of 1,000 then holds the worker's
+loop for 0.3 s, and one worker keeps up with at most about 3,000 events/s."""
+
+
+@inline
+def busy_inline_ledger(event: dict[str, Any], ctx: Any) -> Any:
+    """The built-in ledger, inline, after spinning BUSY_INLINE_LEDGER_SECONDS: an inline handler
+    slower than it should be, which holds up the worker's fetches, commits and handoff steps."""
+    until = time.perf_counter() + BUSY_INLINE_LEDGER_SECONDS
+    while time.perf_counter() < until:
+        pass
+    return _ledger(event, ctx)
 
 
 async def async_counter(event: dict[str, Any], ctx: Any) -> dict[str, Any]:
