@@ -20,7 +20,8 @@ from keyrange.local.broker import EmbeddedBroker
 from keyrange.local.kafka import KafkaCluster
 from keyrange.worker.stats import percentile
 
-__all__ = ["BROKERS", "load_average", "percentile", "process_cpu_seconds", "raw_consume_rate", "row", "running_broker"]
+__all__ = ["BROKERS", "cores_apart", "load_average", "percentile", "process_cpu_seconds", "raw_consume_rate", "row",
+           "running_broker", "running_broker_processes"]
 
 BROKERS = ("kafka", "tansu")
 """The brokers a benchmark can run on: Apache Kafka (the reference, one KRaft node) and tansu."""
@@ -31,11 +32,49 @@ def running_broker(engine: str) -> Iterator[str]:
     """Start a broker for one benchmark and yield its bootstrap address: `kafka` (Apache Kafka 4,
     one KRaft node with the full JIT, as `keyrange broker --engine kafka` runs it) or `tansu` (the
     embedded broker)."""
+    with running_broker_processes(engine) as (bootstrap, _):
+        yield bootstrap
+
+
+@contextlib.contextmanager
+def running_broker_processes(engine: str) -> Iterator[tuple[str, list[int]]]:
+    """`running_broker`, also yielding the broker's process ids (Kafka's JVMs; none for tansu)."""
     if engine not in BROKERS:
         raise ValueError(f"unknown broker {engine!r}; choose one of {BROKERS}")
-    broker: EmbeddedBroker | KafkaCluster = KafkaCluster(nodes=1) if engine == "kafka" else EmbeddedBroker()
-    with broker:
-        yield broker.bootstrap
+    if engine == "kafka":
+        with KafkaCluster(nodes=1) as cluster:
+            yield cluster.bootstrap, [pid for node in cluster.members if (pid := node.pid) is not None]
+    else:
+        with EmbeddedBroker() as broker:
+            yield broker.bootstrap, []
+
+
+def _set_cpus(pid: int, cpus: set[int]) -> None:
+    """Move every thread of process `pid` to `cpus` (affinity is per thread; new threads inherit it)."""
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        with contextlib.suppress(ProcessLookupError):  # a thread that ended meanwhile
+            os.sched_setaffinity(int(task.name), cpus)
+
+
+@contextlib.contextmanager
+def cores_apart(broker_pids: list[int]) -> Iterator[str]:
+    """Within: the broker's threads on one core and this process, with what it starts from here on
+    (the worker, the raw loop), on another, as when the brokers run on machines of their own.
+    Yields a description of the layout; needs two cores."""
+    everything = os.sched_getaffinity(0)
+    if len(everything) < 2 or not broker_pids:
+        raise RuntimeError("placing the broker and the worker on separate cores needs 2 cores and a broker process")
+    broker_core, worker_core = sorted(everything)[:2]
+    for pid in broker_pids:
+        _set_cpus(pid, {broker_core})
+    _set_cpus(os.getpid(), {worker_core})
+    try:
+        yield f"broker on CPU {broker_core}, worker or raw loop on CPU {worker_core}"
+    finally:
+        _set_cpus(os.getpid(), everything)
+        for pid in broker_pids:
+            with contextlib.suppress(FileNotFoundError):
+                _set_cpus(pid, everything)
 
 
 def load_average() -> str:
