@@ -33,6 +33,7 @@ import orjson
 from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 
 from benchmarks.harness import (
+    can_place_apart,
     cores_apart,
     load_average,
     percentile,
@@ -59,7 +60,7 @@ def run(quick: bool, brokers: tuple[str, ...] = ("tansu",)) -> list[dict[str, An
         with running_broker_processes(engine) as (bootstrap, broker_pids):
             rows += bench_throughput(bootstrap, engine, events=50_000 if quick else 200_000, clients=1000,
                                      rounds=1 if quick else 3, name="ledger")
-            if broker_pids and len(os.sched_getaffinity(0)) >= 2:
+            if can_place_apart(broker_pids):
                 # In production the brokers have machines of their own; here they share the worker's
                 # 2 cores unless told apart.
                 with cores_apart(broker_pids) as layout:

@@ -20,8 +20,8 @@ from keyrange.local.broker import EmbeddedBroker
 from keyrange.local.kafka import KafkaCluster
 from keyrange.worker.stats import percentile
 
-__all__ = ["BROKERS", "cores_apart", "load_average", "percentile", "process_cpu_seconds", "raw_consume_rate", "row",
-           "running_broker", "running_broker_processes"]
+__all__ = ["BROKERS", "can_place_apart", "cores_apart", "load_average", "percentile", "process_cpu_seconds",
+           "raw_consume_rate", "row", "running_broker", "running_broker_processes"]
 
 BROKERS = ("kafka", "tansu")
 """The brokers a benchmark can run on: Apache Kafka (the reference, one KRaft node) and tansu."""
@@ -56,13 +56,18 @@ def _set_cpus(pid: int, cpus: set[int]) -> None:
             os.sched_setaffinity(int(task.name), cpus)
 
 
+def can_place_apart(broker_pids: list[int]) -> bool:
+    """Whether `cores_apart` can run: a broker process to move and 2 cores to spread over."""
+    return bool(broker_pids) and len(os.sched_getaffinity(0)) >= 2
+
+
 @contextlib.contextmanager
 def cores_apart(broker_pids: list[int]) -> Iterator[str]:
     """Within: the broker's threads on one core and this process, with what it starts from here on
     (the worker, the raw loop), on another, as when the brokers run on machines of their own.
     Yields a description of the layout; needs two cores."""
     everything = os.sched_getaffinity(0)
-    if len(everything) < 2 or not broker_pids:
+    if not can_place_apart(broker_pids):
         raise RuntimeError("placing the broker and the worker on separate cores needs 2 cores and a broker process")
     broker_core, worker_core = sorted(everything)[:2]
     for pid in broker_pids:

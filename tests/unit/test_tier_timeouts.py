@@ -31,7 +31,6 @@ def test_a_test_keeps_its_own_timeout(request: pytest.FixtureRequest) -> None:
     assert marker is not None and marker.args == (7 + teardown_allowance(request),)
 
 
-
 SLOW_TO_STOP_CONFTEST = """
 import time
 import pytest
