@@ -44,7 +44,7 @@ metadata: {{name: faults}}
 spec:
   kafka: {{topic: {topic}, groupId: {topic}-g, partitions: {partitions}}}
   handler: ledger
-  handlerConfig: {{delayMs: 1}}
+  handlerConfig: {handler_config}
   concurrency: 16
   dedup: {{ttlSeconds: 120}}
   workers: {{min: 2, max: 2}}
@@ -52,6 +52,13 @@ spec:
 """
 """Two workers, no rescaling: the faults here are the brokers'. The dedup TTL outlasts any fault, so
 every duplicate of the load must be dropped however long a fault stalls the workers."""
+
+QUEUED = "{delayMs: 1}"
+"""The ledger as a coroutine that sleeps 1 ms first: events wait in their clients' queues and up to
+`concurrency` run at once."""
+INLINE = "{}"
+"""The ledger as it ships: an `@inline` handler, run on the worker's loop as its event is admitted
+(docs/worker.md); a transaction then holds whole fetches at once."""
 
 
 def wait_until(condition: Callable[[], bool], what: str, timeout_seconds: float = 120.0) -> None:
@@ -114,14 +121,14 @@ def check_workers_rode_it_out(outcome: Outcome, log_dir: Path, deliberate: int =
 class FaultRun:
     """One StreamConsumer with two workers and a paced load against `bootstrap` (module docstring)."""
 
-    def __init__(self, bootstrap: str, topic: str, workdir: Path) -> None:
+    def __init__(self, bootstrap: str, topic: str, workdir: Path, handler_config: str = QUEUED) -> None:
         self.bootstrap = bootstrap
         self.topic = topic
         self.group = f"{topic}-g"
         self.log_dir = workdir / "run" / "logs"
         """The worker processes' logs (`worker-<n>.log`)."""
         spec_file = workdir / "consumer.yaml"
-        spec_file.write_text(SPEC.format(topic=topic, partitions=PARTITIONS))
+        spec_file.write_text(SPEC.format(topic=topic, partitions=PARTITIONS, handler_config=handler_config))
         self.supervisor = Supervisor(load_file(spec_file), spec_file, bootstrap, workdir / "run",
                                      tick_seconds=0.5)
         self.totals = LoadTotals()

@@ -3,7 +3,9 @@
 Each test runs a StreamConsumer (`keyrange run`'s Supervisor, two worker subprocesses, a paced
 ledger load with duplicates; tests/integration/fault_run.py) against `kafka_cluster3`, does one
 fault while events flow, and ends with 0 lost, 0 handled twice, 0 reordered, every ledger result
-equal to the sequential oracle and the committed totals exact. Each also shows that events were
+equal to the sequential oracle and the committed totals exact. The leader's SIGKILL and the lost
+broker run the ledger queued (a coroutine with 1 ms of simulated I/O), the rolling restart and the
+frozen broker run it inline, as it ships (fault_run.QUEUED, INLINE). Each also shows that events were
 handled while the fault lasted, prints the longest stall, and checks that no worker process
 exited: a broker fault is the brokers' to heal, a worker rides it out.
 """
@@ -20,6 +22,7 @@ from confluent_kafka.admin import AdminClient, ConfigResource
 from keyrange.local.kafka import KafkaCluster, KafkaNode
 from keyrange.ranges.channel import control_topic
 from tests.integration.fault_run import (
+    INLINE,
     FaultRun,
     check_workers_rode_it_out,
     committed_between,
@@ -79,7 +82,7 @@ SOAK = os.environ.get("KEYRANGE_SOAK") == "1"
 ])
 def test_rolling_restart_under_load(kafka_cluster3: KafkaCluster, topic_name: str, tmp_path: Path,
                                     restarted: int) -> None:
-    run = FaultRun(kafka_cluster3.bootstrap, topic_name, tmp_path)
+    run = FaultRun(kafka_cluster3.bootstrap, topic_name, tmp_path, handler_config=INLINE)
     windows = []
     try:
         run.start()
@@ -105,7 +108,7 @@ def test_rolling_restart_under_load(kafka_cluster3: KafkaCluster, topic_name: st
 
 def test_a_broker_frozen_past_its_session_timeout_then_resumed(kafka_cluster3: KafkaCluster, topic_name: str,
                                                                tmp_path: Path) -> None:
-    run = FaultRun(kafka_cluster3.bootstrap, topic_name, tmp_path)
+    run = FaultRun(kafka_cluster3.bootstrap, topic_name, tmp_path, handler_config=INLINE)
     try:
         run.start()
         run.wait_handled(1000, "before the freeze")
