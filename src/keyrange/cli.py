@@ -11,6 +11,7 @@ import argparse
 import importlib
 import sys
 from collections.abc import Sequence
+from types import ModuleType
 
 from keyrange import __version__
 from keyrange.errors import UserError
@@ -37,6 +38,14 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def command_parser(name: str) -> tuple[argparse.ArgumentParser, ModuleType]:
+    """The parser of subcommand `name` (one of COMMANDS) and the module that runs it."""
+    module = importlib.import_module(f"keyrange.commands.{name}")
+    parser = argparse.ArgumentParser(prog=f"keyrange {name}", description=COMMANDS[name])
+    module.add_arguments(parser)
+    return parser, module
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the `keyrange` console script."""
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -45,9 +54,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         top.parse_args(argv)  # prints usage / version / the unknown-command error
         return 2
     name = argv[0]
-    module = importlib.import_module(f"keyrange.commands.{name}")
-    parser = argparse.ArgumentParser(prog=f"keyrange {name}", description=COMMANDS[name])
-    module.add_arguments(parser)
+    parser, module = command_parser(name)
     args = parser.parse_args(argv[1:])
     try:
         return int(module.run(args) or 0)

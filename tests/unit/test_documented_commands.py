@@ -1,0 +1,90 @@
+"""The commands the README and docs/ show are commands the code takes.
+
+A user copies these lines first; a renamed option or a removed make target must fail here, not on
+their machine. Code blocks hold whole commands, parsed by the subcommand's own parser; prose names
+options of a command in backticks (`keyrange aggregate --source keyrange-kafka`), each checked
+against that command's options.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+from pathlib import Path
+
+import pytest
+
+from keyrange.cli import COMMANDS, command_parser
+
+REPO = Path(__file__).resolve().parents[2]
+DOCS = [REPO / "README.md", REPO / "BENCHMARKS.md", *sorted((REPO / "docs").glob("*.md"))]
+
+CODE_BLOCK = re.compile(r"```[a-z]*\n(.*?)```", re.S)
+BLOCK_COMMAND = re.compile(r"^(?:[A-Z_]+=\S+\s+)*(?:\.venv/bin/)?keyrange\s+(?P<args>[^#]*)")
+"""A `keyrange ...` line of a code block (after env assignments), up to its shell comment."""
+NAMED_COMMAND = re.compile(rf"keyrange (?P<command>{'|'.join(COMMANDS)})"
+                           r"(?P<options>(?: +-[-\w]+(?:[ =](?!-)[^\s`'\"]+)?)*)")
+"""`keyrange <command>` followed by options (each with at most one value), anywhere in a text."""
+OPTION = re.compile(r"(?<![\w-])(--?[a-zA-Z][-\w]*)")
+MAKE_TARGET = re.compile(r"^make ([a-z][-a-z ]*?)\s*(?:#|$)")
+
+
+def block_commands(text: str) -> list[str]:
+    """Every `keyrange` command line of the text's code blocks, continuations joined."""
+    found = []
+    for block in CODE_BLOCK.findall(text):
+        for line in block.replace("\\\n", " ").splitlines():
+            match = BLOCK_COMMAND.match(line.strip())
+            if match:
+                found.append(match["args"].strip())
+    return found
+
+
+def named_options(text: str) -> list[tuple[str, str]]:
+    """(command, option) for every option written after `keyrange <command>` in the text."""
+    return [(m["command"], option) for m in NAMED_COMMAND.finditer(text) for option in OPTION.findall(m["options"])]
+
+
+def known_options(command: str) -> set[str]:
+    parser, _ = command_parser(command)
+    return {option for action in parser._actions for option in action.option_strings}
+
+
+def documented(doc: Path) -> str:
+    return doc.read_text(encoding="utf-8")
+
+
+@pytest.mark.parametrize("doc", DOCS, ids=lambda p: p.name)
+def test_every_command_in_a_code_block_parses(doc: Path) -> None:
+    for line in block_commands(documented(doc)):
+        argv = shlex.split(line)
+        assert argv and argv[0] in COMMANDS, f"{doc.name}: `keyrange {line}`: no such command"
+        parser, _ = command_parser(argv[0])
+        try:
+            parser.parse_args(argv[1:])
+        except SystemExit:
+            pytest.fail(f"{doc.name}: `keyrange {line}` does not parse (see the usage above)")
+
+
+@pytest.mark.parametrize("doc", DOCS, ids=lambda p: p.name)
+def test_every_option_named_in_the_text_exists(doc: Path) -> None:
+    unknown = [(command, option) for command, option in named_options(documented(doc))
+               if option not in known_options(command)]
+    assert not unknown, f"{doc.name} names options its commands do not take: {unknown}"
+
+
+def test_every_make_target_the_readme_runs_exists() -> None:
+    targets = set(re.findall(r"^([a-z][-a-z]*):", (REPO / "Makefile").read_text(), re.M))
+    shown = [name for block in CODE_BLOCK.findall(documented(REPO / "README.md"))
+             for line in block.splitlines() if (m := MAKE_TARGET.match(line.strip()))
+             for name in m[1].split()]
+    assert {"demo", "test"} <= set(shown), "the README's two set-up commands are `make demo` and `make test`"
+    assert set(shown) <= targets, f"the README runs make targets the Makefile lacks: {set(shown) - targets}"
+
+
+def test_the_checks_find_what_they_look_for() -> None:
+    text = "```sh\nX=1 keyrange worker --topic t --no-such  # note\n```\nthen `keyrange run -f a.yaml --produce 5`"
+    assert block_commands(text) == ["worker --topic t --no-such"]
+    assert named_options(text) == [("worker", "--topic"), ("worker", "--no-such"), ("run", "-f"),
+                                   ("run", "--produce")]
+    assert "--no-such" not in known_options("worker")
