@@ -1,9 +1,10 @@
-"""The commands the README and docs/ show are commands the code takes.
+"""The commands the README and docs/ show are commands the code takes, and every metric the code
+exports is documented.
 
 A user copies these lines first; a renamed option or a removed make target must fail here, not on
 their machine. Code blocks hold whole commands, parsed by the subcommand's own parser; prose names
 options of a command in backticks (`keyrange aggregate --source keyrange-kafka`), each checked
-against that command's options.
+against that command's options. Dashboards and alerts are written from the docs' metric names.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from keyrange import metrics
 from keyrange.cli import COMMANDS, command_parser
 
 REPO = Path(__file__).resolve().parents[2]
@@ -88,3 +90,13 @@ def test_the_checks_find_what_they_look_for() -> None:
     assert named_options(text) == [("worker", "--topic"), ("worker", "--no-such"), ("run", "-f"),
                                    ("run", "--produce")]
     assert "--no-such" not in known_options("worker")
+
+
+def test_every_exported_metric_is_documented() -> None:
+    declared = {family.name for value in vars(metrics).values()
+                if hasattr(value, "describe") and not isinstance(value, type)
+                for family in value.describe()}
+    assert len(declared) > 20, f"found only {sorted(declared)}: did metrics.py change how it declares them?"
+    text = "".join(documented(doc) for doc in DOCS)
+    undocumented = sorted(name for name in declared if name not in text)
+    assert not undocumented, f"metrics no doc names (docs/worker.md lists the worker's): {undocumented}"
