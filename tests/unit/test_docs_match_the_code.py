@@ -1,10 +1,11 @@
-"""The commands the README and docs/ show are commands the code takes, and every metric the code
-exports is documented.
+"""The commands and StreamConsumers the README and docs/ show are ones the code takes, and every
+metric the code exports is documented.
 
 A user copies these lines first; a renamed option or a removed make target must fail here, not on
 their machine. Code blocks hold whole commands, parsed by the subcommand's own parser; prose names
 options of a command in backticks (`keyrange aggregate --source keyrange-kafka`), each checked
-against that command's options. Dashboards and alerts are written from the docs' metric names.
+against that command's options. A documented StreamConsumer must load with `keyrange run -f` and be
+admitted by the CRD's schema, as `kubectl apply` would. Dashboards and alerts are written from the docs' metric names.
 """
 
 from __future__ import annotations
@@ -14,14 +15,18 @@ import shlex
 from pathlib import Path
 
 import pytest
+import yaml
 
 from keyrange import metrics
 from keyrange.cli import COMMANDS, command_parser
+from keyrange.spec import parse_document, parse_spec
+from tests.operator.crd_schema import admit, admit_streamconsumer, spec_schema
 
 REPO = Path(__file__).resolve().parents[2]
 DOCS = [REPO / "README.md", REPO / "BENCHMARKS.md", *sorted((REPO / "docs").glob("*.md"))]
 
 CODE_BLOCK = re.compile(r"```[a-z]*\n(.*?)```", re.S)
+YAML_BLOCK = re.compile(r"```yaml\n(.*?)```", re.S)
 BLOCK_COMMAND = re.compile(r"^(?:[A-Z_]+=\S+\s+)*(?:\.venv/bin/)?keyrange\s+(?P<args>[^#]*)")
 """A `keyrange ...` line of a code block (after env assignments), up to its shell comment."""
 NAMED_COMMAND = re.compile(rf"keyrange (?P<command>{'|'.join(COMMANDS)})"
@@ -100,3 +105,18 @@ def test_every_exported_metric_is_documented() -> None:
     text = "".join(documented(doc) for doc in DOCS)
     undocumented = sorted(name for name in declared if name not in text)
     assert not undocumented, f"metrics no doc names (docs/worker.md lists the worker's): {undocumented}"
+
+
+@pytest.mark.parametrize("doc", DOCS, ids=lambda p: p.name)
+def test_every_documented_streamconsumer_loads_and_is_admitted_by_the_crd(doc: Path) -> None:
+    for block in YAML_BLOCK.findall(documented(doc)):
+        document = yaml.safe_load(block)
+        if document.get("kind") == "StreamConsumer":
+            parse_document(document, doc.name)  # raises SpecError naming the field
+            _, errors = admit_streamconsumer(document)
+        elif set(document) == {"spec"}:  # a part of a spec, shown on its own
+            parse_spec(document["spec"], doc.name)
+            _, errors = admit(document["spec"], spec_schema())
+        else:
+            continue
+        assert not errors, f"{doc.name}: the CRD refuses the StreamConsumer shown: {errors}"
