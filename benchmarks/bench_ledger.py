@@ -276,8 +276,8 @@ def hot_counter_run(bootstrap: str, mode: str, rate: int, seconds: int) -> dict[
         receipts.stop()
     seen = [(c, v) for c, v in receipts.seen[1:] if c >= began * 1000]
     latencies = [v - c / 1000 for c, v in seen]
-    return {"offered": offered, "handled": steady_rate([v for _, v in seen], paced_seconds), "count": len(seen),
-            "sent": sent, "p50": percentile(latencies, 0.5), "p90": percentile(latencies, 0.9),
+    return {"offered": offered, "handled": steady_rate([v for _, v in seen], paced_seconds),
+            "p50": percentile(latencies, 0.5), "p90": percentile(latencies, 0.9),
             "p99": percentile(latencies, 0.99), "load": load}
 
 
@@ -292,8 +292,8 @@ def steady_rate(visible_s: list[float], paced_seconds: float) -> float:
     to 5 s after its last new command, and that tail would spread its count over a longer time."""
     if not visible_s:
         return 0.0
-    start = min(visible_s) + STEADY_EDGE_SECONDS
-    end = min(visible_s) + paced_seconds - STEADY_EDGE_SECONDS
+    first = min(visible_s)
+    start, end = first + STEADY_EDGE_SECONDS, first + paced_seconds - STEADY_EDGE_SECONDS
     if end <= start:
         raise ValueError(f"a paced span of {paced_seconds:g} s is too short for a steady rate")
     return sum(start <= v < end for v in visible_s) / (end - start)

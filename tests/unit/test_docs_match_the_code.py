@@ -5,13 +5,15 @@ A user copies these lines first; a renamed option or a removed make target must 
 their machine. Code blocks hold whole commands, parsed by the subcommand's own parser; prose names
 options of a command in backticks (`keyrange aggregate --source keyrange-kafka`), each checked
 against that command's options. A documented StreamConsumer must load with `keyrange run -f` and be
-admitted by the CRD's schema, as `kubectl apply` would. Dashboards and alerts are written from the docs' metric names.
+admitted by the CRD's schema, as `kubectl apply` would. Dashboards and alerts are written from the
+docs' metric names.
 """
 
 from __future__ import annotations
 
 import re
 import shlex
+from functools import cache
 from pathlib import Path
 
 import pytest
@@ -52,9 +54,10 @@ def named_options(text: str) -> list[tuple[str, str]]:
     return [(m["command"], option) for m in NAMED_COMMAND.finditer(text) for option in OPTION.findall(m["options"])]
 
 
-def known_options(command: str) -> set[str]:
+@cache  # one parser per command, not one per option named in the docs
+def known_options(command: str) -> frozenset[str]:
     parser, _ = command_parser(command)
-    return {option for action in parser._actions for option in action.option_strings}
+    return frozenset(option for action in parser._actions for option in action.option_strings)
 
 
 def documented(doc: Path) -> str:
