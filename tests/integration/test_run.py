@@ -9,6 +9,11 @@ newest epoch, and the handoff completes.
 The dedup TTL is 60 s here: a SIGKILL, a process restart and two restores on two shared cores can
 pause a moved slot for longer than the default 10 s, and TTL dedup by design only drops a
 duplicate while its original is remembered. This test is about the handoff, not TTL expiry.
+
+The SIGKILL test runs each of the ledger's two paths on one broker: on Apache Kafka the ledger as it
+ships (inline, run on the worker's loop as its event is admitted), on tansu queued (a coroutine that
+sleeps 1 ms first, up to `concurrency` events at once). Both paths on both brokers would add two
+40 s runs to the suite; the chaos seeds (test_handoff_random.py) draw either path on either broker.
 """
 
 from __future__ import annotations
@@ -22,11 +27,14 @@ from pathlib import Path
 
 import pytest
 
+from keyrange.handlers import load_handler
 from keyrange.loadgen import LoadShape
 from keyrange.local.load import LoadTotals, Phase, produce_phases
 from keyrange.local.supervisor import Supervisor
 from keyrange.spec import load_file
 from tests.checkers import check_all
+from tests.conftest import BrokerUnderTest
+from tests.integration.fault_run import INLINE, QUEUED
 from tests.kafkatools import read_counts, read_input_log, read_processed
 
 SPEC = """apiVersion: keyrange.dev/v1alpha1
@@ -35,7 +43,7 @@ metadata: {{name: {name}}}
 spec:
   kafka: {{topic: {topic}, groupId: {topic}-g, partitions: 12}}
   handler: ledger
-  handlerConfig: {{delayMs: 1}}
+  handlerConfig: {handler_config}
   concurrency: 32
   dedup: {{ttlSeconds: 60}}
   workers: {{min: 1, max: 4}}
@@ -53,12 +61,15 @@ def wait_for(condition, timeout_seconds: float, what: str, interval: float = 0.0
 
 
 @pytest.mark.slow
-def test_run_rescales_and_survives_a_sigkill_mid_handoff(any_bootstrap: str, topic_name: str,
+def test_run_rescales_and_survives_a_sigkill_mid_handoff(broker_engine: BrokerUnderTest, topic_name: str,
                                                          tmp_path: Path) -> None:
-    bootstrap = any_bootstrap
+    bootstrap = broker_engine.bootstrap
+    handler_config = INLINE if broker_engine.engine == "kafka" else QUEUED
     path = tmp_path / "consumer.yaml"
-    path.write_text(SPEC.format(name="ledger-run", topic=topic_name))
-    supervisor = Supervisor(load_file(path), path, bootstrap, tmp_path / "run", tick_seconds=0.5)
+    path.write_text(SPEC.format(name="ledger-run", topic=topic_name, handler_config=handler_config))
+    consumer = load_file(path)
+    assert load_handler(consumer.spec.handler, consumer.spec.handler_config).inline == (handler_config == INLINE)
+    supervisor = Supervisor(consumer, path, bootstrap, tmp_path / "run", tick_seconds=0.5)
     stop = threading.Event()
     totals = LoadTotals()
     supervisor.start()
@@ -128,7 +139,7 @@ def _worker_pids(spec_path: Path) -> list[int]:
 @pytest.mark.slow
 def test_keyrange_run_stops_cleanly_on_ctrl_c(bootstrap: str, topic_name: str, tmp_path: Path) -> None:
     path = tmp_path / "consumer.yaml"
-    path.write_text(SPEC.format(name="ctrl-c", topic=topic_name))
+    path.write_text(SPEC.format(name="ctrl-c", topic=topic_name, handler_config=QUEUED))
     proc = subprocess.Popen([sys.executable, "-m", "keyrange.cli", "run", "-f", str(path), "--bootstrap", bootstrap,
                              "--produce", "300", "--ledger", "--run-dir", str(tmp_path / "run")],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
