@@ -8,6 +8,7 @@ which makes every handoff pause long enough to show that slots which did not mov
 from __future__ import annotations
 
 import asyncio
+import logging
 import threading
 from collections import defaultdict
 from collections.abc import Collection, Mapping
@@ -26,6 +27,7 @@ from keyrange.ranges.planner import ScalingLimits, SlotLag
 from keyrange.worker import Worker, WorkerSettings
 from tests.checkers import check_all
 from tests.kafkatools import read_counts, read_input_log, read_processed
+from tests.stacks import describe_stacks
 
 PARTITIONS = 12
 RELEASE_DELAY_SECONDS = 0.4
@@ -108,7 +110,10 @@ def unmoved_slots_kept_flowing(processed: list[Mapping[str, Any]], rescales: lis
 
 
 @pytest.mark.slow
-async def test_twenty_rescales_under_ledger_load_keep_every_guarantee(bootstrap: str, topic_name: str) -> None:
+async def test_twenty_rescales_under_ledger_load_keep_every_guarantee(bootstrap: str, topic_name: str,
+                                                                   caplog: pytest.LogCaptureFixture) -> None:
+    # The members' and engines' INFO lines (releasing, acquiring, released in ... ms) show on a failure.
+    caplog.set_level(logging.INFO, logger="keyrange")
     topic, group = topic_name, f"{topic_name}-g"
     await asyncio.to_thread(ensure_topics, bootstrap, [TopicSpec(topic, PARTITIONS)])
     await asyncio.to_thread(ControlChannel.ensure_topic, bootstrap, group)
@@ -161,7 +166,7 @@ async def test_twenty_rescales_under_ledger_load_keep_every_guarantee(bootstrap:
                 if not pub.transit and not controller.status().starting:
                     break
                 await asyncio.sleep(0.05)
-            assert not controller.publication.transit, f"handoff stuck: {controller.status()}"
+            assert not controller.publication.transit, f"handoff stuck: {controller.status()}\n{describe_stacks()}"
             await asyncio.sleep(0.3)
         totals = await load
     finally:

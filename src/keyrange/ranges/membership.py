@@ -63,8 +63,9 @@ async def run_controlled(engine: Engine, bootstrap: str, group_id: str, ordinal:
     except BaseException:
         await asyncio.to_thread(channel.close)
         raise
-    member_task = asyncio.create_task(member.run(stop))
-    engine_task = asyncio.create_task(engine.wait())
+    # Named for whoever reads the stacks of a stuck process (several workers share one in tests).
+    member_task = asyncio.create_task(member.run(stop), name=f"worker-{ordinal}-member")
+    engine_task = asyncio.create_task(engine.wait(), name=f"worker-{ordinal}-engine")
     stop_task = asyncio.create_task(stop.wait())
     try:
         done, _ = await asyncio.wait({member_task, engine_task, stop_task}, return_when=asyncio.FIRST_COMPLETED)
