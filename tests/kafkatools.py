@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from confluent_kafka import Consumer, TopicPartition
@@ -82,6 +82,24 @@ def committed_offsets(bootstrap: str, topic: str, group: str) -> dict[int, int]:
         return reader.start_offsets(topic, range(partition_counts(bootstrap)[topic]))
     finally:
         reader.close()
+
+
+def offsets_committed_so_far(bootstrap: str, topic: str, group: str, partitions: Iterable[int]) -> dict[int, int]:
+    """The group's committed offset of each partition as it stands (-1001 where none), for watching
+    workers from outside.
+
+    Offsets a worker sent to a transaction it has not committed are not waited for: a read_committed
+    consumer's fetch would wait for them to settle (KIP-447 "require stable"), which a worker frozen
+    in that window puts off until the transaction times out. A read_uncommitted fetch does not ask
+    for that, and still returns committed offsets only.
+    """
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": group, "isolation.level": "read_uncommitted",
+                         "log_level": 3})
+    try:
+        found = consumer.committed([TopicPartition(topic, p) for p in partitions], timeout=10)
+        return {tp.partition: tp.offset for tp in found}
+    finally:
+        consumer.close()
 
 
 def read_counts(bootstrap: str, topic: str, group: str, covering: int = 0,

@@ -1,14 +1,15 @@
-"""tests/kafkatools.read_topic, which every guarantee check reads its evidence through."""
+"""tests/kafkatools: read_topic, which every guarantee check reads its evidence through, and the
+committed offsets the worker tests watch."""
 
 from __future__ import annotations
 
 import uuid
 
 import pytest
-from confluent_kafka import Producer
+from confluent_kafka import Consumer, Producer, TopicPartition
 
 from keyrange.kafkaio import TopicSpec, ensure_topics
-from tests.kafkatools import read_topic
+from tests.kafkatools import offsets_committed_so_far, read_topic
 
 
 def _produce(bootstrap: str, topic: str, count: int, partitions: int) -> None:
@@ -63,3 +64,29 @@ def test_a_partition_held_back_by_an_open_transaction_fails_the_read(bootstrap: 
     # Decided, the transaction no longer holds the read back.
     values = {m.value() for m in read_topic(bootstrap, topic_name, expect=10, timeout_seconds=30)}
     assert {str(i).encode() for i in range(10)} <= values
+
+
+def test_committed_offsets_read_while_a_transaction_holds_newer_ones_open(any_bootstrap: str, topic_name: str) -> None:
+    bootstrap = any_bootstrap
+    # A worker frozen (SIGSTOP) between sending its offsets to a transaction and committing it
+    # leaves them pending until the transaction times out. A read_committed consumer's offset fetch
+    # waits for them to settle (KIP-447's require_stable), so an observer reading the group's
+    # offsets must get those committed so far instead of timing out.
+    ensure_topics(bootstrap, [TopicSpec(topic_name, 2)])
+    _produce(bootstrap, topic_name, 10, 2)
+    group = f"{topic_name}-g"
+    member = Consumer({"bootstrap.servers": bootstrap, "group.id": group, "log_level": 3})
+    producer = Producer({"bootstrap.servers": bootstrap, "transactional.id": f"test-{uuid.uuid4()}",
+                         "log_level": 3})
+    try:
+        member.commit(offsets=[TopicPartition(topic_name, 0, 2), TopicPartition(topic_name, 1, 3)],
+                      asynchronous=False)
+        producer.init_transactions(30)
+        producer.begin_transaction()
+        producer.send_offsets_to_transaction([TopicPartition(topic_name, 0, 5)],
+                                             member.consumer_group_metadata(), 30)
+        assert offsets_committed_so_far(bootstrap, topic_name, group, range(2)) == {0: 2, 1: 3}
+        producer.commit_transaction(30)
+        assert offsets_committed_so_far(bootstrap, topic_name, group, range(2)) == {0: 5, 1: 3}
+    finally:
+        member.close()

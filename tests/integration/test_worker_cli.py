@@ -14,14 +14,13 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-from confluent_kafka import Consumer, TopicPartition
 
 from keyrange.kafkaio import TopicSpec, ensure_topics
 from keyrange.loadgen import make_producer
 from keyrange.local.ports import free_port
 from tests.checkers import check_all, first_occurrences
 from tests.integration.worker_helpers import produce_stream
-from tests.kafkatools import read_counts, read_input_log, read_processed
+from tests.kafkatools import offsets_committed_so_far, read_counts, read_input_log, read_processed
 
 PARTITIONS = 6
 REPO = Path(__file__).resolve().parents[2]
@@ -65,12 +64,8 @@ def wait(condition: object, what: str, timeout_seconds: float = 120.0, proc: sub
 
 
 def committed_all(bootstrap: str, topic: str, ends: dict[int, int]) -> bool:
-    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"{topic}-g", "log_level": 3})
-    try:
-        found = consumer.committed([TopicPartition(topic, p) for p in ends], timeout=10)
-        return all(tp.offset >= ends[tp.partition] for tp in found)
-    finally:
-        consumer.close()
+    found = offsets_committed_so_far(bootstrap, topic, f"{topic}-g", ends)
+    return all(offset >= ends[p] for p, offset in found.items())
 
 
 def log_ends(log: list) -> dict[int, int]:  # type: ignore[type-arg]

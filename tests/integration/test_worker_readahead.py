@@ -6,8 +6,6 @@ from __future__ import annotations
 import time
 from unittest.mock import patch
 
-from confluent_kafka import Consumer, TopicPartition
-
 from keyrange.kafkaio import TopicSpec, ensure_topics
 from keyrange.loadgen import LoadShape, generate, produce_all
 from keyrange.ranges.slots import partition_for_key
@@ -15,6 +13,7 @@ from keyrange.worker import WorkerSettings
 from keyrange.worker.readahead import Prefetched, Restorer
 from keyrange.worker.rebuild import restore
 from tests.integration.worker_helpers import run_worker_until, settings_for
+from tests.kafkatools import offsets_committed_so_far
 
 PARTITIONS = 4
 WORKED = [0, 1, 2]
@@ -22,12 +21,7 @@ WORKED = [0, 1, 2]
 
 
 def _committed(settings: WorkerSettings) -> dict[int, int]:
-    consumer = Consumer({"bootstrap.servers": settings.bootstrap, "group.id": settings.group_id, "log_level": 3})
-    try:
-        found = consumer.committed([TopicPartition(settings.topic, p) for p in range(PARTITIONS)], timeout=10)
-    finally:
-        consumer.close()
-    return {tp.partition: tp.offset for tp in found}
+    return offsets_committed_so_far(settings.bootstrap, settings.topic, settings.group_id, range(PARTITIONS))
 
 
 def _produce(settings: WorkerSettings, seed: int) -> dict[int, int]:
