@@ -18,6 +18,7 @@ from keyrange.ranges.assigner import Controller
 from keyrange.ranges.channel import ControlChannel, WorkerReport, now_ms
 from keyrange.ranges.member import RangeMember
 from keyrange.ranges.planner import ScalingLimits, SlotLag
+from tests.stacks import describe_members
 
 SLOTS = 12
 
@@ -324,3 +325,18 @@ async def test_a_split_whose_new_worker_starts_late_still_waits_for_its_read_ahe
         controller.channel.close()
     assert [w for w, _ in holdings.prefetched] == [1]
     assert "did not read ahead" not in caplog.text
+
+
+def test_a_members_description_says_which_epoch_it_applied_and_how_far_it_read(bootstrap: str,
+                                                                               topic_name: str) -> None:
+    # What a stuck handoff's failure message shows of each worker (tests/stacks.describe_members).
+    ControlChannel.ensure_topic(bootstrap, topic_name)
+    channel = ControlChannel(bootstrap, topic_name, "w3")
+    member = RangeMember(FakeEngine(3, Holdings(), random.Random(0)), channel, 3)
+    try:
+        channel.report(WorkerReport(3, 0, frozenset(), now_ms(), 1))
+        channel.catch_up()
+        assert describe_members() == "w3: applied epoch 0, read epoch None, control read to 1 of 1"
+    finally:
+        channel.close()
+    del member

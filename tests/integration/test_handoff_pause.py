@@ -29,7 +29,7 @@ from keyrange.ranges.planner import ScalingLimits, SlotLag
 from keyrange.worker import Worker, WorkerSettings
 from tests.integration.prometheus.stack import PrometheusStack
 from tests.kafkatools import read_input_log, read_processed
-from tests.stacks import describe_stacks
+from tests.stacks import describe_stuck_handoff
 
 PARTITIONS = 4
 DASHBOARD = Path(__file__).parents[2] / "charts" / "keyrange" / "files" / "grafana" / "keyrange-dashboard.json"
@@ -100,7 +100,7 @@ async def split_under_load(bootstrap: str, topic: str, seconds: float) -> AsyncI
             if controller.rescales and not pub.transit and not controller.status().starting:
                 break
             await asyncio.sleep(0.05)
-        assert not controller.publication.transit, f"handoff stuck: {controller.status()}\n{describe_stacks()}"
+        assert not controller.publication.transit, describe_stuck_handoff(controller)
         yield SplitRun(controller, group, load, load_stop)
     finally:
         load_stop.set()

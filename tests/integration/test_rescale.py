@@ -27,7 +27,7 @@ from keyrange.ranges.planner import ScalingLimits, SlotLag
 from keyrange.worker import Worker, WorkerSettings
 from tests.checkers import check_all
 from tests.kafkatools import read_counts, read_input_log, read_processed
-from tests.stacks import describe_stacks
+from tests.stacks import describe_stuck_handoff
 
 PARTITIONS = 12
 RELEASE_DELAY_SECONDS = 0.4
@@ -166,7 +166,7 @@ async def test_twenty_rescales_under_ledger_load_keep_every_guarantee(bootstrap:
                 if not pub.transit and not controller.status().starting:
                     break
                 await asyncio.sleep(0.05)
-            assert not controller.publication.transit, f"handoff stuck: {controller.status()}\n{describe_stacks()}"
+            assert not controller.publication.transit, describe_stuck_handoff(controller)
             await asyncio.sleep(0.3)
         totals = await load
     finally:

@@ -10,7 +10,7 @@ from collections.abc import Callable, Collection, Set
 
 from confluent_kafka import KafkaError, KafkaException
 
-from keyrange.ranges.channel import ControlState, ControlWriteFailed, Publication, WorkerReport
+from keyrange.ranges.channel import ControlState, ControlWriteFailed, Publication, WorkerReport, describe_reports
 from keyrange.ranges.member import RangeMember
 from keyrange.ranges.rangemap import RangeMap
 
@@ -171,3 +171,10 @@ async def test_a_catch_up_that_fails_before_acquiring_lost_slots_is_tried_again(
     channel = FlakyCatchUp(Publication(RangeMap.even(6, 2, epoch=3)))
     await lose_and_acquire_again(engine, channel, 0)
     assert channel.catch_up_failures == 0 and engine.acquired == [{0, 1, 2}, {0}]
+
+
+def test_reports_are_described_with_their_age_so_a_silent_worker_stands_out() -> None:
+    reports = {1: WorkerReport(1, 5, frozenset(range(6, 12)), at_ms=10_000),
+               0: WorkerReport(0, 6, frozenset({0, 1, 2}), at_ms=69_600)}
+    assert describe_reports(reports) == "w0@6[0-2] w1@5[6-11]"
+    assert describe_reports(reports, at_ms=70_000) == "w0@6[0-2] 0.4s ago w1@5[6-11] 60.0s ago"

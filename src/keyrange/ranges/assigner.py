@@ -259,7 +259,7 @@ class Controller:
             if waited > 30 and self.clock() - self._stuck_logged_at > 30:
                 self._stuck_logged_at = self.clock()
                 log.warning("handoff of epoch %d waits for %.0f s; reports: %s", pub.epoch, waited,
-                            describe_reports(state.reports))
+                            describe_reports(state.reports, now_ms()))
             return pub
         granted = Publication(grant(pub.map), reason=f"handoff of epoch {pub.epoch} complete", published_ms=now_ms())
         self.channel.publish(granted)

@@ -299,6 +299,14 @@ class ControlChannel:
                 self.poll(0.1)
                 return
 
+    def read_progress(self, timeout_seconds: float = 5.0) -> tuple[int, int]:
+        """(the reader's position, the topic's end) on the control partition, for diagnosing a
+        worker that does not apply an epoch: behind the end (an open transaction holds it back, or
+        it does not fetch) or at the end (it read past the record)."""
+        tp = TopicPartition(self.topic, 0)
+        _, high = self._consumer.get_watermark_offsets(tp, timeout=timeout_seconds)
+        return self._consumer.position([tp])[0].offset, high
+
     def claim_writer(self, timeout_seconds: float = 30.0) -> None:
         """Become the group's one controller: fences any other controller of the group (its later
         writes are rejected by the broker) and resolves a transaction it left open."""
@@ -380,6 +388,10 @@ def now_ms() -> int:
     return int(time.time() * 1000)
 
 
-def describe_reports(reports: Mapping[int, WorkerReport]) -> str:
-    """A one-line summary of worker reports, for logs."""
-    return " ".join(f"w{w}@{r.epoch}[{_slots_json(r.held)}]" for w, r in sorted(reports.items()))
+def describe_reports(reports: Mapping[int, WorkerReport], at_ms: int | None = None) -> str:
+    """A one-line summary of worker reports, for logs: `w1@5[6-11]` is worker 1 at epoch 5 holding
+    slots 6-11. With `at_ms`, each says how old it is, which tells a worker that heartbeats but has
+    not applied the newest epoch from one that went silent."""
+    def age(r: WorkerReport) -> str:
+        return "" if at_ms is None else f" {max(at_ms - r.at_ms, 0) / 1000:.1f}s ago"
+    return " ".join(f"w{w}@{r.epoch}[{_slots_json(r.held)}]{age(r)}" for w, r in sorted(reports.items()))
