@@ -189,7 +189,9 @@ async def test_twenty_rescales_under_ledger_load_keep_every_guarantee(bootstrap:
     stream = (min(e.body["created"] for e in log), max(e.body["created"] for e in log))
     checked, failures = unmoved_slots_kept_flowing(list(processed), rescales, stream)
     assert not failures, failures[:5]
-    assert checked >= 60
+    # 119 (tansu) and 158 (Kafka) in a run alone; fewer when a slow broker leaves more rescales
+    # after the stream, which nothing flows through.
+    assert checked >= 60, f"only {checked} unmoved slots were checked: too few rescales ran while the stream did"
     pauses = sorted(resume - r.published_ms for r in rescales for slot in r.moved_slots
                     if (resume := moved_slot_resumes(list(processed), [r]).get((r.epoch, slot))))
     print(f"moved-slot pause: p50 {pauses[len(pauses) // 2]} ms, max {pauses[-1]} ms over {len(pauses)} moves")
