@@ -109,7 +109,9 @@ async def operator_process(tmp_path: Path, tag: str, kubeconfig: Path, *args: st
 
 
 class Partition:
-    """A TCP relay to the API server that the test can cut, as a network partition would."""
+    """A TCP relay to the API server that the test can cut (connections reset, as when a host is
+    down) or blackhole (packets dropped silently, connections left open: calls hang), as network
+    partitions do."""
 
     def __init__(self, target: str) -> None:
         self.host, port = target.removeprefix("https://").split(":")
@@ -117,17 +119,26 @@ class Partition:
         self.port = 0  # bound on entry
         self._server: asyncio.Server | None = None
         self._writers: list[asyncio.StreamWriter] = []
+        self._blackholed = False
 
     async def _pipe(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         with contextlib.suppress(ConnectionError, OSError):
             while data := await reader.read(65536):
+                if self._blackholed:
+                    continue  # dropped: neither side hears anything, nor a reset
                 writer.write(data)
                 await writer.drain()
         writer.close()
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self._writers.append(writer)
+        if self._blackholed:  # accepted, then silence: the TLS handshake never completes
+            with contextlib.suppress(ConnectionError, OSError):
+                while await reader.read(65536):
+                    pass
+            return
         up_reader, up_writer = await asyncio.open_connection(self.host, self.target_port)
-        self._writers += [writer, up_writer]
+        self._writers.append(up_writer)
         await asyncio.gather(self._pipe(reader, up_writer), self._pipe(up_reader, writer))
 
     async def __aenter__(self) -> Partition:
@@ -142,6 +153,10 @@ class Partition:
         self._server.close()
         for writer in self._writers:
             writer.transport.abort()
+
+    async def blackhole(self) -> None:
+        """From now on drop every byte either way, on open connections and new ones alike."""
+        self._blackholed = True
 
     async def __aexit__(self, *exc: object) -> None:
         await self.cut()
@@ -227,8 +242,9 @@ async def test_only_the_lease_holder_acts_and_a_standby_takes_over_when_it_is_ki
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("fault", ["cut", "blackhole"])
 async def test_a_leader_cut_off_from_the_api_server_stops_before_a_standby_starts(
-        cluster: Api, release: Release, tmp_path: Path, topic_name: str) -> None:
+        cluster: Api, release: Release, tmp_path: Path, topic_name: str, fault: str) -> None:
     token = release.plane.token(RELEASE_NS, "keyrange")
     async with Partition(release.plane.server) as partition:
         # The leader reaches the API server only through the relay (same token, same CA: the
@@ -241,8 +257,10 @@ async def test_a_leader_cut_off_from_the_api_server_stops_before_a_standby_start
             await eventually(leader.reconciled_ok, "the leader to reconcile")
             async with operator_process(tmp_path, "standby", release.operator_kubeconfig, *FAST_LEASE) as standby:
                 await eventually(lambda: _is(standby, "standby"), "the standby")
-                await partition.cut()
-                code = await asyncio.wait_for(leader.proc.wait(), timeout=30)
+                # A blackhole hangs every call in flight instead of failing it: the leader must
+                # still stop by its renew deadline, before the standby's lease wait ends.
+                await (partition.cut() if fault == "cut" else partition.blackhole())
+                code = await asyncio.wait_for(leader.proc.wait(), timeout=30 if fault == "cut" else 60)
                 output = leader.log.read_text()
                 # kopf logs its broken watches; the process ends on one line that says what happened.
                 last = output.strip().splitlines()[-1]

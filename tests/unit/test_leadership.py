@@ -23,22 +23,23 @@ class Leases:
         self.version = 0
         self.down = False
 
-    def _check(self) -> None:
+    def _check(self, timeout_seconds: float | None) -> None:
         if self.down:
             raise KubeApiError(503, "GET", "/leases", b"unavailable")
 
-    def get(self, api_version: str, kind: str, namespace: str, name: str) -> dict[str, Any] | None:
-        self._check()
+    def get(self, api_version: str, kind: str, namespace: str, name: str,
+            timeout_seconds: float | None = None) -> dict[str, Any] | None:
+        self._check(timeout_seconds)
         return copy.deepcopy(self.stored)
 
-    def create(self, obj: dict[str, Any]) -> dict[str, Any]:
-        self._check()
+    def create(self, obj: dict[str, Any], timeout_seconds: float | None = None) -> dict[str, Any]:
+        self._check(timeout_seconds)
         if self.stored is not None:
             raise KubeApiError(409, "POST", "/leases", b"exists")
         return self._store(obj)
 
-    def replace(self, obj: dict[str, Any]) -> dict[str, Any]:
-        self._check()
+    def replace(self, obj: dict[str, Any], timeout_seconds: float | None = None) -> dict[str, Any]:
+        self._check(timeout_seconds)
         assert self.stored is not None
         if obj["metadata"].get("resourceVersion") != self.stored["metadata"]["resourceVersion"]:
             raise KubeApiError(409, "PUT", "/leases", b"conflict")
@@ -137,3 +138,61 @@ def test_release_frees_the_lease_for_a_standby_at_once() -> None:
     a.release()
     assert leases.holder == ""
     assert b.try_acquire_or_renew() and leases.holder == "b"
+
+
+class Blackholed(Leases):
+    """Leases behind a network that drops packets silently: every call hangs until its timeout
+    (on the fake clock), then fails; a call without a timeout hangs for the client's default 30 s."""
+
+    DEFAULT_TIMEOUT_SECONDS = 30.0
+
+    def __init__(self, clock: Clock) -> None:
+        super().__init__()
+        self.clock = clock
+        self.blackholed = False
+        self.timeouts: list[float | None] = []
+
+    def _check(self, timeout_seconds: float | None) -> None:
+        self.timeouts.append(timeout_seconds)
+        if self.blackholed:
+            self.clock.now += self.DEFAULT_TIMEOUT_SECONDS if timeout_seconds is None else max(0.0, timeout_seconds)
+            raise TimeoutError("read timed out")
+
+
+def _fake_waits(stop: threading.Event, clock: Clock) -> None:
+    def wait(seconds: float | None = None) -> bool:  # the retry period passes on the fake clock
+        clock.now += seconds or 0.0
+        return stop.is_set()
+
+    stop.wait = wait  # type: ignore[method-assign]
+
+
+def test_a_holder_whose_calls_hang_on_a_blackholed_network_still_stops_at_the_renew_deadline() -> None:
+    clock = Clock()
+    leases = Blackholed(clock)
+    a = _elector(leases, "a", clock)
+    clock.now = 1.0
+    assert a.try_acquire_or_renew()
+    stop, lost_at = threading.Event(), []
+    _fake_waits(stop, clock)
+    leases.blackholed = True  # a renew sent now hangs: it must not outlive the renew deadline
+    acquiring = len(leases.timeouts)
+    a.hold(stop, lambda: lost_at.append(clock.now))
+    # Renewed by the round that started at 1.0: controllers stop by 11.0, before a standby that saw
+    # that record may take over (at 16.0 at the earliest).
+    assert lost_at and lost_at[0] <= 1.0 + TIMINGS.renew_deadline_seconds, lost_at
+    held = leases.timeouts[acquiring:]
+    assert held and all(t is not None and t <= TIMINGS.renew_deadline_seconds for t in held), leases.timeouts
+
+
+def test_while_holding_no_call_may_outlast_the_renew_deadline() -> None:
+    clock = Clock()
+    leases = Blackholed(clock)
+    a = _elector(leases, "a", clock)
+    assert a.act_until() is None  # not holding: nothing to bound
+    clock.now = 5.0
+    assert a.try_acquire_or_renew()
+    assert a.act_until() == 5.0 + TIMINGS.renew_deadline_seconds
+    clock.now = 8.0
+    assert a.try_acquire_or_renew()  # renewed by a round that started at 8.0
+    assert a.act_until() == 18.0

@@ -229,6 +229,8 @@ async def run_operator(args: argparse.Namespace, settings: OperatorSettings, soc
         except ValueError as exc:
             raise UserError(f"invalid lease timings: {exc}") from None
         elector = LeaseElector(memo.kube, args.lease_namespace, args.lease, state["identity"], timings)
+        # While leading, no API call may outlive the renew deadline (a silent network hangs calls).
+        memo.kube.deadline = elector.act_until
         standby = await serve_standby_webhook(sockets.webhook, args.lease) if sockets.webhook else None
         log.info("standing by for Lease %s/%s as %s", args.lease_namespace, args.lease,
                                          state["identity"])

@@ -13,6 +13,8 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import time
+from collections.abc import Callable
 from datetime import datetime
 from typing import Any
 
@@ -20,6 +22,8 @@ import kubernetes
 
 from keyrange.errors import UserError
 
+CALL_TIMEOUT_SECONDS = 30.0
+"""The longest any one API call may take (connecting, sending and reading the answer)."""
 FIELD_MANAGER = "keyrange-operator"
 """The field manager of every write the operator makes (see `kubectl get -o yaml --show-managed-fields`)."""
 
@@ -55,6 +59,10 @@ class KubeApiError(Exception):
         super().__init__(f"{method} {path} failed with HTTP {status}: {text[:500]}")
 
 
+class KubeDeadlinePassed(Exception):
+    """A call was not made: it could not end before the Lease's renew deadline (leadership.py)."""
+
+
 class KubeConfigError(UserError):
     """No Kubernetes credentials were found."""
 
@@ -78,29 +86,44 @@ class Kube:
 
     def __init__(self, client: kubernetes.client.ApiClient | None = None) -> None:
         self._client = client or new_api_client()
+        self.deadline: Callable[[], float | None] | None = None
+        """While leading: when (time.monotonic) every call must have ended (`LeaseElector.act_until`),
+        so that no write of a leader that lost its Lease lands after a standby took over."""
+
+    def _timeout(self, timeout_seconds: float | None) -> float:
+        """The whole call's timeout: CALL_TIMEOUT_SECONDS, the caller's, and what is left of `deadline`."""
+        timeout = CALL_TIMEOUT_SECONDS if timeout_seconds is None else min(CALL_TIMEOUT_SECONDS, timeout_seconds)
+        until = self.deadline() if self.deadline is not None else None
+        if until is not None:
+            timeout = min(timeout, until - time.monotonic())
+        if timeout <= 0:
+            raise KubeDeadlinePassed("not calling the API server: the Lease's renew deadline has passed")
+        return timeout
 
     def _call(self, method: str, path: str, body: Any = None, content_type: str | None = None,
-              query: list[tuple[str, str]] | None = None) -> Any:
+              query: list[tuple[str, str]] | None = None, timeout_seconds: float | None = None) -> Any:
+        timeout = self._timeout(timeout_seconds)
         headers = {"Accept": "application/json"}
         if content_type:
             headers["Content-Type"] = content_type
         client = self._client
         method, url, headers, payload, _ = client.param_serialize(
             method, path, query_params=query, header_params=headers, body=body, auth_settings=["BearerToken"])
-        response = client.call_api(method, url, header_params=headers, body=payload, _request_timeout=30)
+        response = client.call_api(method, url, header_params=headers, body=payload, _request_timeout=timeout)
         data = response.read()  # type: ignore[no-untyped-call]
         if response.status >= 400:
             raise KubeApiError(response.status, method, path, data or b"")
         return json.loads(data) if data else None
 
-    def get(self, api_version: str, kind: str, namespace: str | None, name: str) -> dict[str, Any] | None:
+    def get(self, api_version: str, kind: str, namespace: str | None, name: str,
+            timeout_seconds: float | None = None) -> dict[str, Any] | None:
         """The object (cluster-scoped when `namespace` is None), or None when it does not exist."""
         if namespace is None:
             path = f"{api_prefix(api_version)}/{plural_of(kind)}/{name}"
         else:
             path = object_path(api_version, kind, namespace, name)
         try:
-            return dict(self._call("GET", path))
+            return dict(self._call("GET", path, timeout_seconds=timeout_seconds))
         except KubeApiError as exc:
             if exc.status == 404:
                 return None
@@ -117,17 +140,19 @@ class Kube:
         query = [("fieldManager", FIELD_MANAGER), ("force", "true"), ("fieldValidation", "Strict")]
         return dict(self._call("PATCH", path, json.dumps(obj), "application/apply-patch+yaml", query))
 
-    def create(self, obj: dict[str, Any]) -> dict[str, Any]:
+    def create(self, obj: dict[str, Any], timeout_seconds: float | None = None) -> dict[str, Any]:
         """POST a new object (KubeApiError 409 when it exists)."""
         meta = obj["metadata"]
         path = object_path(obj["apiVersion"], obj["kind"], meta["namespace"])
-        return dict(self._call("POST", path, obj, query=[("fieldManager", FIELD_MANAGER)]))
+        return dict(self._call("POST", path, obj, query=[("fieldManager", FIELD_MANAGER)],
+                               timeout_seconds=timeout_seconds))
 
-    def replace(self, obj: dict[str, Any]) -> dict[str, Any]:
+    def replace(self, obj: dict[str, Any], timeout_seconds: float | None = None) -> dict[str, Any]:
         """PUT an object; with metadata.resourceVersion set, KubeApiError 409 if it changed since."""
         meta = obj["metadata"]
         path = object_path(obj["apiVersion"], obj["kind"], meta["namespace"], meta["name"])
-        return dict(self._call("PUT", path, obj, query=[("fieldManager", FIELD_MANAGER)]))
+        return dict(self._call("PUT", path, obj, query=[("fieldManager", FIELD_MANAGER)],
+                               timeout_seconds=timeout_seconds))
 
     def delete(self, api_version: str, kind: str, namespace: str, name: str) -> bool:
         """Delete an object; False when it did not exist."""

@@ -10,6 +10,11 @@ deadline is shorter than the lease, a holder that loses the Lease has stopped it
 before any other replica can start its own. Updates carry the resourceVersion read, so two
 candidates never both win one round (the API server answers the loser 409).
 
+That only holds if no call outlives the deadline: on a network that drops packets silently a call
+hangs until its timeout. So while holding, every call ends by `act_until` (the start of the last
+successful round plus the renew deadline): the Lease's own calls get what is left of it, and the
+operator bounds every other API call by it too (`Kube.deadline`).
+
 `LeaseElector` does the Kubernetes calls; `may_acquire` is the pure decision.
 """
 
@@ -89,6 +94,21 @@ class LeaseElector:
         self._clock = clock
         self._observed: tuple[LeaseRecord, float] | None = None
         """The last record read and when (our clock) it was first seen unchanged."""
+        self._renewed_at: float | None = None
+        """When (our clock) the last round that wrote this replica as holder started."""
+
+    def act_until(self) -> float | None:
+        """The time (this elector's clock) by which every call made as leader must have ended: the
+        start of the last successful round plus the renew deadline, before any standby can take
+        over; None while not holding."""
+        if self._renewed_at is None:
+            return None
+        return self._renewed_at + self.timings.renew_deadline_seconds
+
+    def _time_left(self) -> float | None:
+        """The timeout of the next call: what is left before `act_until` (None: not holding)."""
+        until = self.act_until()
+        return None if until is None else max(0.0, until - self._clock())
 
     def _lease(self, found: dict[str, Any] | None) -> dict[str, Any]:
         """The Lease with this replica as holder, keeping what else the stored one says (its labels,
@@ -108,40 +128,47 @@ class LeaseElector:
 
     def try_acquire_or_renew(self) -> bool:
         """One round: True if this replica holds the Lease afterwards."""
-        found = self._kube.get(LEASE_API, "Lease", self.namespace, self.name)
+        began = self._clock()
+        found = self._kube.get(LEASE_API, "Lease", self.namespace, self.name, timeout_seconds=self._time_left())
         if found is None:
             try:
-                self._kube.create(self._lease(None))
+                self._kube.create(self._lease(None), timeout_seconds=self._time_left())
             except KubeApiError as exc:
                 if exc.status == 409:  # another candidate created it first
                     return False
                 raise
+            self._renewed_at = began
             return True
         record = LeaseRecord.of(found)
         now = self._clock()
         if self._observed is None or self._observed[0] != record:
             self._observed = (record, now)
         if not may_acquire(record, now - self._observed[1], self.identity):
+            self._renewed_at = None
             return False
         try:
-            self._kube.replace(self._lease(found))
+            self._kube.replace(self._lease(found), timeout_seconds=self._time_left())
         except KubeApiError as exc:
             if exc.status == 409:  # someone else wrote it since we read it
                 return False
             raise
+        # The standby's wait starts no earlier than this write, which came after `began`.
+        self._renewed_at = began
         return True
 
     def release(self) -> None:
         """Give the Lease up at once (on shutdown), so a standby need not wait out its duration."""
-        found = self._kube.get(LEASE_API, "Lease", self.namespace, self.name)
-        if found is None or LeaseRecord.of(found).holder != self.identity:
-            return
-        lease = self._lease(found)
-        lease["spec"].update(holderIdentity="", leaseDurationSeconds=1)
         try:
-            self._kube.replace(lease)
-        except KubeApiError as exc:
+            found = self._kube.get(LEASE_API, "Lease", self.namespace, self.name, timeout_seconds=self._time_left())
+            if found is None or LeaseRecord.of(found).holder != self.identity:
+                return
+            lease = self._lease(found)
+            lease["spec"].update(holderIdentity="", leaseDurationSeconds=1)
+            self._kube.replace(lease, timeout_seconds=self._time_left())
+        except Exception as exc:  # noqa: BLE001 - the Lease then expires on its own
             log.warning("could not release Lease %s/%s: %s", self.namespace, self.name, exc)
+        finally:
+            self._renewed_at = None
 
     def _round(self) -> bool:
         try:
@@ -160,15 +187,19 @@ class LeaseElector:
         return False
 
     def hold(self, stop: threading.Event, on_lost: Callable[[], None]) -> None:
-        """Renew until `stop` is set (then release) or renewing fails past the renew deadline
-        (then call `on_lost`, which must stop every controller before returning)."""
-        renewed = self._clock()
-        while not stop.wait(self.timings.retry_seconds):
-            if self._round():
-                renewed = self._clock()
-            elif self._clock() - renewed >= self.timings.renew_deadline_seconds:
-                log.error("lost Lease %s/%s: not renewed for %.1f s; stopping controllers",
-                          self.namespace, self.name, self._clock() - renewed)
+        """Renew until `stop` is set (then release) or renewing fails until `act_until` (then call
+        `on_lost`, which must stop every controller before returning). Each renew's calls end by
+        `act_until`, so a renew hanging on a silent network cannot hold the stop back."""
+        while True:
+            until = self.act_until()
+            left = 0.0 if until is None else until - self._clock()
+            if left <= 0:
+                log.error("lost Lease %s/%s: not renewed within the renew deadline (%.1f s); stopping controllers",
+                          self.namespace, self.name, self.timings.renew_deadline_seconds)
+                self._renewed_at = None
                 on_lost()
                 return
+            if stop.wait(min(self.timings.retry_seconds, left)):
+                break
+            self._round()
         self.release()
