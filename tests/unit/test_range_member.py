@@ -49,11 +49,12 @@ class UnwritableChannel:
     def poll(self, timeout_seconds: float = 0.0) -> int:
         return 0
 
-    def report(self, report: WorkerReport) -> None:
+    def report(self, report: WorkerReport) -> int:
         if self.failures > 0:
             self.failures -= 1
             raise ControlWriteFailed("control record to g.control not delivered within 10 s: timeout")
         self.delivered.append(report)
+        return len(self.delivered) - 1
 
 
 async def test_a_report_that_cannot_be_written_is_retried_not_fatal() -> None:

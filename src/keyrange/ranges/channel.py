@@ -157,6 +157,11 @@ class WorkerReport:
     warm_epoch: int = 0
     pause: HandoffPause | None = None
     """The newest handoff pause this worker measured (ranges/pauses.py), for the operator's status."""
+    instance: str = ""
+    """Which process wrote it (random per process): two processes may believe they are one worker."""
+    claim: int = -1
+    """The control-topic offset of the instance's first report, its claim on the worker id (-1: this
+    record is that first report). A higher claim is a newer process: see `IdentityClaim`."""
 
     def encode(self) -> bytes:
         """The record value."""
@@ -165,6 +170,8 @@ class WorkerReport:
                                 "warmEpoch": self.warm_epoch}
         if self.pause is not None:
             data["pause"] = {"epoch": self.pause.epoch, "ms": self.pause.pause_ms, "at": self.pause.at_ms}
+        if self.instance:
+            data["instance"], data["claim"] = self.instance, self.claim
         return orjson.dumps(data)
 
     @classmethod
@@ -174,7 +181,19 @@ class WorkerReport:
         p = d.get("pause")
         pause = HandoffPause(int(p["epoch"]), int(p["ms"]), int(p["at"])) if p else None
         return cls(int(d["worker"]), int(d["epoch"]), _slots_parse(d.get("held", "")), int(d.get("at", 0)),
-                   int(d.get("pid", 0)), _slots_parse(d.get("warm", "")), int(d.get("warmEpoch", 0)), pause)
+                   int(d.get("pid", 0)), _slots_parse(d.get("warm", "")), int(d.get("warmEpoch", 0)), pause,
+                   str(d.get("instance", "")), int(d.get("claim", -1)))
+
+
+@dataclass(frozen=True)
+class IdentityClaim:
+    """The newest process that claimed a worker id: the one whose first report came last in the
+    topic. Offsets order the claims, not clocks, which may disagree between machines."""
+
+    claim: int
+    """The control-topic offset of that process's first report."""
+    instance: str
+    pid: int
 
 
 @dataclass
@@ -184,10 +203,13 @@ class ControlState:
     publication: Publication | None = None
     prepare: Prepare | None = None
     reports: dict[int, WorkerReport] = field(default_factory=dict)
+    claims: dict[int, IdentityClaim] = field(default_factory=dict)
+    """Per worker id, the newest process claiming it (reports of writers without an instance id,
+    older versions, claim nothing)."""
 
-    def apply(self, key: bytes | None, value: bytes | None) -> None:
-        """Fold one control record in (records that do not parse are ignored: newer writers may
-        add kinds this version does not know)."""
+    def apply(self, key: bytes | None, value: bytes | None, offset: int = -1) -> None:
+        """Fold one control record, read at `offset`, in (records that do not parse are ignored:
+        newer writers may add kinds this version does not know)."""
         if key is None or value is None:
             return
         try:
@@ -200,8 +222,17 @@ class ControlState:
             elif key.startswith(WORKER_KEY_PREFIX.encode()):
                 report = WorkerReport.decode(value)
                 self.reports[report.worker] = report
+                self._note_claim(report, offset)
         except (ValueError, KeyError, TypeError):
             return
+
+    def _note_claim(self, report: WorkerReport, offset: int) -> None:
+        claim = report.claim if report.claim >= 0 else offset
+        if not report.instance or claim < 0:
+            return
+        newest = self.claims.get(report.worker)
+        if newest is None or claim > newest.claim:
+            self.claims[report.worker] = IdentityClaim(claim, report.instance, report.pid)
 
     def released(self, worker: int, epoch: int, slots: frozenset[int]) -> bool:
         """True once `worker` reported applying `epoch` (or newer) without holding any of `slots`."""
@@ -281,7 +312,7 @@ class ControlChannel:
         n = 0
         for m in batch:
             if m.error() is None:
-                self.state.apply(m.key(), m.value())
+                self.state.apply(m.key(), m.value(), m.offset())
                 n += 1
         return n
 
@@ -360,17 +391,18 @@ class ControlChannel:
                 self._commit_unfinished = True
             raise ControlWriteFailed(f"control record to {self.topic} not written: {error}") from exc
 
-    def report(self, report: WorkerReport) -> None:
-        """Write a worker report and wait until the broker has it."""
-        self._write(f"{WORKER_KEY_PREFIX}{report.worker}".encode(), report.encode())
+    def report(self, report: WorkerReport) -> int:
+        """Write a worker report and wait until the broker has it; return its offset."""
+        return self._write(f"{WORKER_KEY_PREFIX}{report.worker}".encode(), report.encode())
 
-    def _write(self, key: bytes, value: bytes) -> None:
-        errors: list[Any] = []
-        self._producer.produce(self.topic, value, key, on_delivery=lambda err, _m: errors.append(err))
+    def _write(self, key: bytes, value: bytes) -> int:
+        delivered: list[tuple[Any, Any]] = []
+        self._producer.produce(self.topic, value, key, on_delivery=lambda err, m: delivered.append((err, m)))
         remaining = self._producer.flush(WRITE_TIMEOUT_SECONDS)
-        if remaining or (errors and errors[0] is not None):
+        if remaining or not delivered or delivered[0][0] is not None:
             raise ControlWriteFailed(f"control record to {self.topic} not delivered within "
-                                     f"{WRITE_TIMEOUT_SECONDS:g} s: {errors[:1] or 'timeout'}")
+                                     f"{WRITE_TIMEOUT_SECONDS:g} s: {delivered[0][0] if delivered else 'timeout'}")
+        return int(delivered[0][1].offset())
 
     def close(self) -> None:
         """Flush and close the clients (a producer left open keeps reconnecting, and logging that it

@@ -7,6 +7,13 @@ and reports again. When a handoff that will grant it slots is announced, it read
 ahead in the background and reports them warm. Between epochs it sends a heartbeat report every
 `heartbeat_seconds`. It notes since when a slot was in transit towards it, so the pause of each
 slot it then acquires is measured at its first event (pauses.py) and reported.
+
+One process per worker id: each member is an instance whose claim is the offset of its first
+report. A member that reads a newer claim on its own worker id from another process (a pod
+force-deleted and replaced while still running, a second `keyrange worker --worker-id N`) stands
+down: it raises `IdentityTaken` and never reports again, so the newer process keeps the id. Two
+members of one id would otherwise fence each other's slot producers in turn, forever, both running
+handler calls. A restarted worker is a newer claim; the process it replaces is gone.
 """
 
 from __future__ import annotations
@@ -14,11 +21,14 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import socket
+import uuid
 from collections.abc import Collection, Set
 from typing import Protocol
 
 from confluent_kafka import KafkaException
 
+from keyrange.errors import UserError
 from keyrange.ranges.channel import ControlChannel, ControlWriteFailed, Prepare, Publication, WorkerReport, now_ms
 from keyrange.ranges.ownership import in_transit_towards, to_acquire, to_release
 from keyrange.ranges.pauses import HandoffPauses
@@ -49,6 +59,10 @@ class SlotOwner(Protocol):
         ...
 
 
+class IdentityTaken(UserError):
+    """Another process claimed this worker id after this one: this one stands down."""
+
+
 class RangeMember:
     """Keeps one worker's held slots equal to what the newest publication allows it."""
 
@@ -75,6 +89,12 @@ class RangeMember:
         self._read_ahead_task: asyncio.Task[None] | None = None
         self._lost_retry = (0.0, 0.5)
         """(loop time, delay): when a failed acquire of lost slots may be tried again, and the next delay."""
+        self.instance = f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        """This process's name in its reports, unique even for a worker restarted in place."""
+        self.claim = -1
+        """The offset of this member's first report: its claim on the worker id (-1: none yet)."""
+        self.stood_down = False
+        """Set when a newer process took the worker id: this member reports nothing any more."""
 
     async def run(self, stop: asyncio.Event) -> None:
         """Follow the control topic until `stop` is set; then report holding nothing the engine
@@ -99,6 +119,7 @@ class RangeMember:
     async def sync_once(self) -> None:
         """One round: read new control records, apply the newest epoch, heartbeat when due."""
         await asyncio.to_thread(self.channel.poll, 0.0)
+        self._check_identity()
         pub = self.channel.state.publication
         if pub is None:
             return
@@ -140,6 +161,7 @@ class RangeMember:
             # (a frozen node's handle decommissioned: _DESTROY_BROKER) and the slots' restore
             # too; neither left anything behind, so both are tried again, with a growing pause.
             await asyncio.to_thread(self.channel.catch_up)
+            self._check_identity()  # the producer may have failed because a newer process fenced it
             pub = self.channel.state.publication
             if pub is None or pub.epoch != epoch:
                 return
@@ -157,6 +179,18 @@ class RangeMember:
             return
         self._lost_retry = (0.0, 0.5)
         await self.report(epoch)
+
+    def _check_identity(self) -> None:
+        """Stand down (IdentityTaken) if another process claimed this worker id after this one."""
+        newest = self.channel.state.claims.get(self.worker)
+        if self.claim < 0 or newest is None or newest.instance == self.instance or newest.claim <= self.claim:
+            return
+        self.stood_down = True
+        raise IdentityTaken(
+            f"worker {self.worker} of group {self.channel.group_id!r} was claimed by another process "
+            f"({newest.instance}, pid {newest.pid}) after this one ({self.instance}); this one stops. Run one process "
+            "per worker id: a pod force-deleted while still running, or a second `keyrange worker --worker-id "
+            f"{self.worker}`, causes this")
 
     def _note_transit(self, pub: Publication) -> None:
         """Remember since when each slot has been in transit towards this worker (a pause starts there)."""
@@ -201,12 +235,17 @@ class RangeMember:
         """Write this worker's report: `epoch` applied (or a newer one reported before), the slots
         the engine holds now, the slots read ahead."""
         async with self._report_lock:  # a read-ahead reports too: never let a report go back an epoch
+            if self.stood_down:
+                return  # the worker id is another process's now: its reports must stand
             self._reported_epoch = max(self._reported_epoch, epoch)
             self._last_report = asyncio.get_running_loop().time()
             warm_epoch, warm = self._warm
             report = WorkerReport(self.worker, self._reported_epoch, frozenset(self.engine.held_slots), now_ms(),
-                                  os.getpid(), warm, warm_epoch, self.pauses.last if self.pauses else None)
-            await asyncio.to_thread(self.channel.report, report)
+                                  os.getpid(), warm, warm_epoch, self.pauses.last if self.pauses else None,
+                                  self.instance, self.claim)
+            offset = await asyncio.to_thread(self.channel.report, report)
+            if self.claim < 0:
+                self.claim = offset
 
 
 def ordinal_from_hostname(hostname: str) -> int:
