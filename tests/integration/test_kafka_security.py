@@ -1,8 +1,9 @@
 """Client properties reach every Kafka client keyrange makes: `keyrange run` (its topics, the
 controller's control channel, the load), the worker processes, and the aggregation job reading
 with Spark's own (Java) Kafka connector, against a real Apache Kafka
-listener that takes only TLS with SASL/SCRAM. The test makes its own CA and broker certificate
-(openssl) and the broker's SCRAM credentials (`kafka-storage format --add-scram`). The password
+listener that takes only TLS with SASL/SCRAM; and the clients refuse a broker certificate from an
+untrusted CA or for another host. The test makes its own CAs and broker certificates (openssl) and
+the broker's SCRAM credentials (`kafka-storage format --add-scram`). The password
 reaches keyrange only through an environment variable (`spec.kafka.clientPropertiesFrom`)."""
 
 from __future__ import annotations
@@ -56,22 +57,27 @@ def _openssl(*args: str) -> None:
     subprocess.run(["openssl", *args], check=True, capture_output=True)
 
 
-def make_certificates(folder: Path) -> tuple[Path, Path]:
-    """A CA, and a broker certificate for 127.0.0.1 signed by it; returns (CA cert, broker key+cert PEM)."""
-    ca_key, ca_cert = folder / "ca.key", folder / "ca.pem"
-    key, csr, cert = folder / "broker.key", folder / "broker.csr", folder / "broker.crt"
-    _openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2", "-subj", "/CN=keyrange test CA",
+def make_ca(folder: Path, name: str) -> tuple[Path, Path]:
+    """A self-signed CA; returns (key, certificate)."""
+    ca_key, ca_cert = folder / f"{name}.key", folder / f"{name}.pem"
+    _openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2", "-subj", f"/CN=keyrange {name}",
              "-keyout", str(ca_key), "-out", str(ca_cert))
-    _openssl("req", "-newkey", "rsa:2048", "-nodes", "-subj", "/CN=127.0.0.1", "-keyout", str(key), "-out", str(csr))
-    (folder / "san.ext").write_text("subjectAltName=IP:127.0.0.1,DNS:localhost\n")
-    _openssl("x509", "-req", "-in", str(csr), "-CA", str(ca_cert), "-CAkey", str(ca_key), "-CAcreateserial",
-             "-days", "2", "-extfile", str(folder / "san.ext"), "-out", str(cert))
+    return ca_key, ca_cert
+
+
+def make_keystore(folder: Path, name: str, ca: tuple[Path, Path], subject_alt_names: str) -> Path:
+    """A broker certificate for `subject_alt_names` signed by `ca`, as Kafka's PEM keystore."""
+    key, csr, cert = folder / f"{name}.key", folder / f"{name}.csr", folder / f"{name}.crt"
+    _openssl("req", "-newkey", "rsa:2048", "-nodes", "-subj", f"/CN={name}", "-keyout", str(key), "-out", str(csr))
+    (folder / f"{name}.ext").write_text(f"subjectAltName={subject_alt_names}\n")
+    _openssl("x509", "-req", "-in", str(csr), "-CA", str(ca[1]), "-CAkey", str(ca[0]), "-CAcreateserial",
+             "-days", "2", "-extfile", str(folder / f"{name}.ext"), "-out", str(cert))
     # Kafka's PEM keystore: an unencrypted PKCS#8 key followed by the certificate.
     pkcs8 = subprocess.run(["openssl", "pkcs8", "-topk8", "-nocrypt", "-in", str(key)], check=True,
                            capture_output=True, text=True).stdout
-    keystore = folder / "broker-keystore.pem"
+    keystore = folder / f"{name}-keystore.pem"
     keystore.write_text(pkcs8 + cert.read_text())
-    return ca_cert, keystore
+    return keystore
 
 
 @dataclass(frozen=True)
@@ -81,6 +87,10 @@ class SecureKafka:
     cluster: KafkaCluster
     secure_bootstrap: str
     ca: Path
+    wrong_host_bootstrap: str
+    """A TLS listener whose certificate, signed by the same CA, names another host than 127.0.0.1."""
+    untrusted_ca: Path
+    """A CA that signed nothing the broker serves."""
 
     def client_properties(self, password: str = PASSWORD) -> dict[str, str]:
         return {"security.protocol": "SASL_SSL", "sasl.mechanism": "SCRAM-SHA-256", "sasl.username": USER,
@@ -89,11 +99,17 @@ class SecureKafka:
 
 @pytest.fixture(scope="module")
 def secure_kafka(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SecureKafka]:
-    ca, keystore = make_certificates(tmp_path_factory.mktemp("certs"))
+    folder = tmp_path_factory.mktemp("certs")
+    ca = make_ca(folder, "ca")
+    keystore = make_keystore(folder, "broker", ca, "IP:127.0.0.1,DNS:localhost")
+    wrong_host = make_keystore(folder, "elsewhere", ca, "DNS:kafka.elsewhere.test")
+    untrusted_ca = make_ca(folder, "untrusted-ca")[1]
     listener = "listener.name.secure"
     cluster = KafkaCluster(
-        nodes=1, jvm_options=QUICK_START_JVM_OPTIONS, extra_listeners={"SECURE": "SASL_SSL"},
+        nodes=1, jvm_options=QUICK_START_JVM_OPTIONS, extra_listeners={"SECURE": "SASL_SSL", "ELSEWHERE": "SSL"},
         broker_config={
+            "listener.name.elsewhere.ssl.keystore.type": "PEM",
+            "listener.name.elsewhere.ssl.keystore.location": str(wrong_host),
             "sasl.enabled.mechanisms": "SCRAM-SHA-256",
             f"{listener}.sasl.enabled.mechanisms": "SCRAM-SHA-256",
             f"{listener}.scram-sha-256.sasl.jaas.config":
@@ -104,13 +120,29 @@ def secure_kafka(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SecureKaf
         format_args=["--add-scram", f"SCRAM-SHA-256=[name={USER},password={PASSWORD}]"],
     )
     with cluster:
-        yield SecureKafka(cluster, cluster.bootstrap_for("SECURE"), ca)
+        yield SecureKafka(cluster, cluster.bootstrap_for("SECURE"), ca[1], cluster.bootstrap_for("ELSEWHERE"),
+                          untrusted_ca)
 
 
 def test_the_secure_listener_refuses_a_wrong_password(secure_kafka: SecureKafka) -> None:
     assert partition_counts(secure_kafka.secure_bootstrap, 20, secure_kafka.client_properties()) is not None
     with pytest.raises(KafkaSetupError, match="cannot reach Kafka"):
         partition_counts(secure_kafka.secure_bootstrap, 5, secure_kafka.client_properties("wrong"))
+
+
+def test_a_broker_certificate_from_an_untrusted_ca_is_refused(secure_kafka: SecureKafka) -> None:
+    untrusted = {**secure_kafka.client_properties(), "ssl.ca.location": str(secure_kafka.untrusted_ca)}
+    with pytest.raises(KafkaSetupError, match="cannot reach Kafka"):
+        partition_counts(secure_kafka.secure_bootstrap, 5, untrusted)
+
+
+def test_a_broker_certificate_for_another_host_is_refused(secure_kafka: SecureKafka) -> None:
+    tls = {"security.protocol": "SSL", "ssl.ca.location": str(secure_kafka.ca)}
+    # The same listener with host name checks off answers: only the name is wrong.
+    unchecked = {**tls, "ssl.endpoint.identification.algorithm": "none"}
+    assert partition_counts(secure_kafka.wrong_host_bootstrap, 20, unchecked) is not None
+    with pytest.raises(KafkaSetupError, match="cannot reach Kafka"):
+        partition_counts(secure_kafka.wrong_host_bootstrap, 5, tls)
 
 
 def test_keyrange_run_works_end_to_end_over_tls_and_scram(secure_kafka: SecureKafka, topic_name: str,
