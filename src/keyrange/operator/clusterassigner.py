@@ -11,6 +11,12 @@ Lag comes from the workers' /metrics, scraped through the headless Service's pod
 (`<name>-worker-<i>.<name>-worker.<namespace>.svc`). A fixed `workers.replicas` (kubectl scale,
 an HPA) becomes workers.min = workers.max for the planner, which then converges one ordinary
 handoff at a time.
+
+A controller that another controller of the same group fenced stands down: it does not claim the
+role back, which would fence the other in turn, forever. Only the Lease holder runs controllers,
+and a holder that lost the Lease stopped them before a successor could start (leadership.py), so
+a fence means a different controller: a second operator release, or `keyrange run`, on the same
+group. The status says so until the StreamConsumer changes or the operator restarts.
 """
 
 from __future__ import annotations
@@ -105,6 +111,8 @@ class KafkaRangeControl:
         self._problem: str | None = None
         self._stop = threading.Event()
         self._reconnect = threading.Event()
+        self._fenced: ControllerFenced | None = None
+        """Set when another controller of the group fenced this one: it stands down (module docstring)."""
         self._thread = threading.Thread(target=self._run, name=f"keyrange-controller-{namespace}-{name}",
                                         daemon=True)
         self._thread.start()
@@ -133,8 +141,13 @@ class KafkaRangeControl:
 
     def _run(self) -> None:
         while not self._stop.is_set():
+            if self._fenced is not None and not self._reconnect.is_set():
+                self._disconnect()
+                self._stop.wait(self._retry_seconds)  # standing down until the spec changes
+                continue
             if self._controller is None or self._reconnect.is_set():
                 self._reconnect.clear()
+                self._fenced = None
                 self._disconnect()
                 try:
                     self._controller = self._connect()
@@ -148,16 +161,22 @@ class KafkaRangeControl:
             try:
                 self._controller.step_and_wait(self._stop, self._step_seconds)
             except ControllerFenced as exc:
-                # Another controller of the group wrote since: a stale leader that has not noticed
-                # it lost the Lease, or a `keyrange run` on the same group. This replica holds the
-                # Lease, so it claims the role back; the other one is fenced in turn.
-                log.warning("%s/%s: %s; claiming the controller role back", self._namespace, self._name, exc)
-                self._reconnect.set()
-                self._stop.wait(self._retry_seconds)
+                self._stand_down(exc)
             except Exception:
                 log.exception("%s/%s: controller step failed; retrying", self._namespace, self._name)
                 self._stop.wait(self._retry_seconds)
         self._disconnect()
+
+    def _stand_down(self, exc: ControllerFenced) -> None:
+        if self._fenced is not None:
+            return
+        group = self._spec.group_id(self._name, self._namespace)
+        self._problem = (
+            f"stood down as range controller of consumer group {group!r}: another controller claimed it ({exc}). "
+            "Two controllers on one group (a second keyrange operator release, or `keyrange run`) would fence each "
+            "other forever: stop the other one, then change this StreamConsumer or restart the operator")
+        log.error("%s/%s: %s", self._namespace, self._name, self._problem)
+        self._fenced = exc
 
     def _disconnect(self) -> None:
         controller, self._controller = self._controller, None
@@ -175,23 +194,27 @@ class KafkaRangeControl:
         """Split or merge now (within limits and cooldown), through the Controller."""
         controller = self._controller
         n = self._fleet.workers
-        if controller is None:
+        if controller is None or self._fenced is not None:
             return ScaleOutcome(False, n, n, self._problem or "the range controller is still starting")
-        result = controller.request_scale(request.direction, request.reason)
+        try:
+            result = controller.request_scale(request.direction, request.reason)
+        except ControllerFenced as exc:
+            self._stand_down(exc)
+            return ScaleOutcome(False, n, n, self._problem or str(exc))
         return ScaleOutcome(result.applied, result.from_workers, result.to_workers, result.detail)
 
     def update_spec(self, spec: StreamConsumerSpec) -> None:
         """New limits apply at the next step; a new broker, topic, group or client properties reconnects."""
         old, self._spec = self._spec, spec
-        if self._identity(old) != self._identity(spec):
-            self._reconnect.set()
+        if self._identity(old) != self._identity(spec) or self._fenced is not None:
+            self._reconnect.set()  # a controller that stood down takes the role again on a change
         elif self._controller is not None:
             self._controller.planner.limits = planner_limits(spec)
 
     def status(self) -> RangeStatus:
         """Epoch, map, lag and whether a handoff is in flight."""
         controller = self._controller
-        if controller is None:
+        if controller is None or self._fenced is not None:
             return RangeStatus(epoch=0, workers=self._fleet.workers, problem=self._problem)
         s = controller.status()
         lags = s.range_lag
