@@ -58,3 +58,13 @@ def test_bad_options_are_rejected_before_starting_anything(tmp_path: Path) -> No
     result = run_keyrange("-f", str(path), "--produce", "-5")
     assert result.returncode == 2
     assert result.stderr.strip() == "keyrange run: error: --produce must be a positive rate, got -5.0"
+
+
+def test_a_file_that_is_not_utf8_is_one_line(tmp_path: Path) -> None:
+    path = tmp_path / "consumer.yaml"
+    path.write_bytes(GOOD.encode().replace(b"payments}", b"caf\xe9}"))
+    result = run_keyrange("-f", str(path), "--duration", "1")
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.strip().splitlines() == [
+        f"keyrange run: error: {path} is not UTF-8 text: byte 0xe9 at offset 75 (line 3, column 21): "
+        "invalid continuation byte; save the file as UTF-8"]
