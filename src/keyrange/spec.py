@@ -367,9 +367,13 @@ def load_file(path: str | Path) -> StreamConsumer:
     """Read and validate the single StreamConsumer in a YAML file."""
     path = Path(path)
     try:
-        text = path.read_text(encoding="utf-8")
+        data = path.read_bytes()
     except OSError as exc:
         raise SpecError(f"cannot read {path}: {exc.strerror}") from None
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise SpecError(f"{path} is not UTF-8 text: {_where_undecodable(data, exc)}; save the file as UTF-8") from None
     try:
         docs = [d for d in yaml.safe_load_all(text) if d is not None]
     except yaml.YAMLError as exc:
@@ -378,3 +382,11 @@ def load_file(path: str | Path) -> StreamConsumer:
     if len(consumers) != 1:
         raise SpecError(f"{path}: expected exactly one StreamConsumer document, found {len(consumers)}")
     return parse_document(consumers[0], str(path))
+
+
+def _where_undecodable(data: bytes, exc: UnicodeDecodeError) -> str:
+    """'byte 0xe9 at offset 75 (line 3, column 21): invalid continuation byte' (column in bytes)."""
+    at = exc.start
+    line = data.count(b"\n", 0, at) + 1
+    column = at - (data.rfind(b"\n", 0, at) + 1) + 1
+    return f"byte 0x{data[at]:02x} at offset {at} (line {line}, column {column}): {exc.reason}"

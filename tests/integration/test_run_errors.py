@@ -27,9 +27,9 @@ CASES = {
 }
 
 
-def run_keyrange(*args: str) -> subprocess.CompletedProcess[str]:
+def run_keyrange(*args: str, cwd: Path | None = None, timeout: float = 60) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "keyrange.cli", "run", *args], capture_output=True, text=True,
-                          timeout=60)
+                          timeout=timeout, cwd=cwd)
 
 
 @pytest.mark.parametrize("case", CASES)
@@ -58,3 +58,28 @@ def test_bad_options_are_rejected_before_starting_anything(tmp_path: Path) -> No
     result = run_keyrange("-f", str(path), "--produce", "-5")
     assert result.returncode == 2
     assert result.stderr.strip() == "keyrange run: error: --produce must be a positive rate, got -5.0"
+
+
+def test_a_file_that_is_not_utf8_is_one_line(tmp_path: Path) -> None:
+    path = tmp_path / "consumer.yaml"
+    path.write_bytes(GOOD.encode().replace(b"payments}", b"caf\xe9}"))
+    result = run_keyrange("-f", str(path), "--duration", "1")
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.strip().splitlines() == [
+        f"keyrange run: error: {path} is not UTF-8 text: byte 0xe9 at offset 75 (line 3, column 21): "
+        "invalid continuation byte; save the file as UTF-8"]
+
+
+def test_a_handler_that_cannot_be_imported_stops_the_run_at_once(tmp_path: Path) -> None:
+    # Workers run `python -m keyrange.cli` in this directory, so they would import it from here too.
+    (tmp_path / "payments_handler.py").write_text("raise RuntimeError('PAYMENTS_DSN is not set')\n")
+    path = tmp_path / "consumer.yaml"
+    path.write_text(GOOD + "  handler: payments_handler:handle\n")
+    result = run_keyrange("-f", str(path), "--duration", "20", "--run-dir", str(tmp_path / "run"), cwd=tmp_path,
+                          timeout=120)
+    assert result.returncode == 2, (result.stdout, result.stderr)
+    assert result.stderr.strip().splitlines() == [
+        "keyrange run: error: handler module 'payments_handler' raised RuntimeError: PAYMENTS_DSN is not set on "
+        f"import ({tmp_path / 'payments_handler.py'}, line 1); fix the module or the handler's name"]
+    assert "handled" not in result.stdout
+    assert not (tmp_path / "run").exists()  # no worker was started

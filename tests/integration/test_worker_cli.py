@@ -24,6 +24,8 @@ from tests.kafkatools import offsets_committed_so_far, read_counts, read_input_l
 
 PARTITIONS = 6
 REPO = Path(__file__).resolve().parents[2]
+ENV = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO / "src"), str(REPO)])}
+"""The checkout's own source first (a worktree's, not the one the venv installed), then its tests."""
 
 
 def worker_command(bootstrap: str, topic: str, port: int, *extra: str) -> list[str]:
@@ -36,9 +38,8 @@ def worker_command(bootstrap: str, topic: str, port: int, *extra: str) -> list[s
 
 
 def start(command: list[str], log_path: Path) -> subprocess.Popen[bytes]:
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
     with log_path.open("ab") as log:
-        return subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=REPO)
+        return subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=ENV, cwd=REPO)
 
 
 def metric_sum(port: int, name: str) -> float:
@@ -147,9 +148,19 @@ def orjson_dumps(body: object) -> bytes:
 
 
 def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
     return subprocess.run([sys.executable, "-m", "keyrange.cli", "worker", *args], capture_output=True, text=True,
-                          env=env, cwd=REPO, timeout=120)
+                          env=ENV, cwd=REPO, timeout=120)
+
+
+def test_a_spec_file_that_is_not_utf8_is_one_line(tmp_path: Path) -> None:
+    path = tmp_path / "consumer.yaml"
+    path.write_bytes(b"apiVersion: keyrange.dev/v1alpha1\nkind: StreamConsumer\nmetadata: {name: p}\n"
+                     b"spec:\n  kafka: {topic: caf\xc3}\n")
+    result = run_cli("--spec-file", str(path), "--partitions", "0")
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.strip().splitlines() == [
+        f"keyrange worker: error: {path} is not UTF-8 text: byte 0xc3 at offset 101 (line 5, column 21): "
+        "invalid continuation byte; save the file as UTF-8"]
 
 
 def test_cli_errors_are_one_clear_line(bootstrap: str, topic_name: str) -> None:

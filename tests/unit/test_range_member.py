@@ -6,8 +6,10 @@ publication still gives it to this worker, and only then."""
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Callable, Collection, Set
 
+import pytest
 from confluent_kafka import KafkaError, KafkaException
 
 from keyrange.ranges.channel import ControlState, ControlWriteFailed, Publication, WorkerReport, describe_reports
@@ -179,3 +181,16 @@ def test_reports_are_described_with_their_age_so_a_silent_worker_stands_out() ->
                0: WorkerReport(0, 6, frozenset({0, 1, 2}), at_ms=69_600)}
     assert describe_reports(reports) == "w0@6[0-2] w1@5[6-11]"
     assert describe_reports(reports, at_ms=70_000) == "w0@6[0-2] 0.4s ago w1@5[6-11] 60.0s ago"
+
+
+async def test_a_final_report_that_cannot_be_written_is_logged_not_raised(caplog: pytest.LogCaptureFixture) -> None:
+    engine = Engine()
+    channel = UnwritableChannel(Publication(RangeMap.even(6, 2, epoch=3)), failures=1)
+    member = RangeMember(engine, channel, 0)  # type: ignore[arg-type]
+    with caplog.at_level(logging.WARNING, logger="keyrange.ranges.member"):
+        await member.report_final()
+    assert channel.delivered == []
+    (record,) = [r for r in caplog.records if "final report" in r.getMessage()]
+    assert "ControlWriteFailed: control record to g.control not delivered within 10 s" in record.getMessage()
+    await member.report_final()  # written when the channel works
+    assert [r.held for r in channel.delivered] == [frozenset()]

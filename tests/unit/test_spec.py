@@ -81,6 +81,15 @@ def test_load_file_errors(tmp_path: Path) -> None:
         load_file(empty)
 
 
+def test_a_file_that_is_not_utf8_names_the_byte_and_where_it_is(tmp_path: Path) -> None:
+    latin1 = tmp_path / "latin1.yaml"
+    latin1.write_bytes(b"apiVersion: keyrange.dev/v1alpha1\nkind: StreamConsumer\nmetadata: {name: caf\xe9}\n")
+    with pytest.raises(SpecError) as err:
+        load_file(latin1)
+    assert str(err.value) == (f"{latin1} is not UTF-8 text: byte 0xe9 at offset 75 (line 3, column 21): "
+                              "invalid continuation byte; save the file as UTF-8")
+
+
 SECURE_KAFKA = {
     "topic": "events", "bootstrapServers": "kafka:9093", "replicationFactor": 3,
     "clientProperties": {"security.protocol": "SASL_SSL", "sasl.username": "app"},

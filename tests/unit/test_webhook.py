@@ -168,10 +168,32 @@ async def test_an_async_decision_sink_is_awaited(client: TestClient[Any, Any]) -
     assert status == 200 and [d.direction for d in seen] == ["down"]
 
 
-async def test_healthz_lists_the_consumers(client: TestClient[Any, Any], receiver: AlertReceiver) -> None:
+@pytest.mark.parametrize("raw", [b"[" * 100_000, b'{"version": "4", "alerts": ' + b"[" * 100_000,
+                                 b'{"alerts": [{"labels": ' + b'{"a": ' * 100_000 + b"1" + b"}" * 100_000 + b"}]}"])
+async def test_a_deeply_nested_body_is_a_400_with_one_line(client: TestClient[Any, Any], raw: bytes,
+                                                           caplog: pytest.LogCaptureFixture) -> None:
+    resp = await client.post(WEBHOOK_PATH, data=raw, headers=AUTH)
+    assert resp.status == 400, await resp.text()
+    error = (await resp.json())["error"]
+    assert "nested too deeply" in error and "\n" not in error
+    assert not [r for r in caplog.records if r.exc_info], "a bad body must not log a traceback"
+
+
+async def test_a_body_over_4_mib_is_refused_with_413(client: TestClient[Any, Any]) -> None:
+    limit = 4 * 1024 * 1024
+    at_limit = await client.post(WEBHOOK_PATH, data=b" " * limit, headers=AUTH)
+    assert at_limit.status == 400  # read whole, then found not to be JSON
+    over = await client.post(WEBHOOK_PATH, data=b" " * (limit + 1), headers=AUTH)
+    assert over.status == 413
+
+
+async def test_healthz_says_only_ok_without_the_token(client: TestClient[Any, Any], receiver: AlertReceiver) -> None:
     receiver.register(PAYMENTS, Controller(), 60)
-    resp = await client.get("/healthz")
-    assert resp.status == 200 and (await resp.json()) == {"consumers": ["shop/payments"]}
+    for headers in ({}, {"Authorization": "Bearer wrong"}):
+        resp = await client.get("/healthz", headers=headers)
+        assert resp.status == 200 and (await resp.json()) == {"status": "ok"}
+    resp = await client.get("/healthz", headers=AUTH)
+    assert resp.status == 200 and (await resp.json()) == {"status": "ok", "consumers": ["shop/payments"]}
 
 
 def test_threaded_server_for_synchronous_callers() -> None:

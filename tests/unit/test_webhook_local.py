@@ -4,11 +4,15 @@ the receiver reaching the supervisor, and the planner's own lag triggers switche
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import stat
 import subprocess
+import sys
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -59,6 +63,47 @@ def test_written_configs_pass_promtool_and_amtool(path: LocalAlertPath) -> None:
     assert am["receivers"][0]["webhook_configs"][0]["url"] == path.webhook_url
     rules = yaml.safe_load(path.rules_file.read_text())["groups"][0]["rules"]
     assert all(r["labels"]["namespace"] == "default" and "namespace=" not in r["expr"] for r in rules)
+
+
+TOKEN = "s3cret-only-in-alertmanager-yml"
+_watch: dict[str, Any] = {"dir": None, "busy": False, "seen": []}
+
+
+def _loose_token_files(event: str, args: Any) -> None:
+    """Audit hook: at every audited operation while a directory is watched, note each file in it
+    that holds the token and that group or others may read (the file's mode, right then)."""
+    directory = _watch["dir"]
+    if directory is None or _watch["busy"]:
+        return
+    _watch["busy"] = True  # the checks below are audited operations themselves
+    try:
+        for entry in os.scandir(directory) if os.path.isdir(directory) else ():
+            mode = entry.stat().st_mode
+            if stat.S_ISREG(mode) and mode & 0o077 and TOKEN in Path(entry.path).read_text(errors="replace"):
+                _watch["seen"].append((event, entry.name, oct(mode & 0o777)))
+    finally:
+        _watch["busy"] = False
+
+
+sys.addaudithook(_loose_token_files)
+
+
+def test_the_token_is_never_in_a_file_others_may_read(tmp_path: Path) -> None:
+    # Every file operation is audited: a file written first and chmodded after is seen at the chmod.
+    alerts = LocalAlertPath(AlertingOptions(0, TOKEN), CONSUMER, tmp_path)
+    umask = os.umask(0o022)
+    _watch.update(dir=str(alerts.dir), seen=[])
+    try:
+        alerts.start(Target())
+    finally:
+        _watch["dir"] = None
+        os.umask(umask)
+        alerts.stop()
+    assert _watch["seen"] == []
+    config = alerts.dir / "alertmanager.yml"
+    assert stat.S_IMODE(config.stat().st_mode) == 0o600 and TOKEN in config.read_text()
+    assert sorted(p.name for p in alerts.dir.iterdir()) == ["alertmanager.yml", "prometheus.yml", "rules.yml",
+                                                             "targets.json"]
 
 
 def test_targets_follow_the_workers(path: LocalAlertPath) -> None:

@@ -128,3 +128,12 @@ async def test_consumers_the_operator_does_not_run_are_unknown(client: TestClien
     body = await notify(client, alert(consumer="orphan"), alert(consumer="ghost"), alert(namespace="other"))
     assert [v["outcome"] for v in body["verdicts"]] == ["unknown-consumer"] * 3
     assert kube.events == [] and kube.patches == []
+
+
+async def test_the_operators_receiver_answers_a_deep_body_with_400_and_hides_consumers(
+        client: TestClient[Any, Any], kube: RecordingKube, control: ScalingControl) -> None:
+    resp = await client.post(WEBHOOK_PATH, data=b"[" * 100_000, headers={"Authorization": "Bearer tok"})
+    assert resp.status == 400 and "nested too deeply" in (await resp.json())["error"]
+    assert control.requests == [] and kube.events == []
+    resp = await client.get("/healthz")
+    assert resp.status == 200 and await resp.json() == {"status": "ok"}

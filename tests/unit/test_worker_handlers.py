@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
 
 import orjson
 import pytest
@@ -77,6 +78,17 @@ def test_user_handlers_resolve_sync_async_and_inline() -> None:
         load_handler("tests.integration.worker_handlers:nope")
     with pytest.raises(HandlerError, match="unknown handler"):
         load_handler("sleepy")
+
+
+def test_a_handler_module_that_raises_on_import_is_a_handler_error(tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "raising_handler_module.py").write_text("import os\nSETTING = os.environ['NOT_SET_ANYWHERE']\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(HandlerError) as err:
+        load_handler("raising_handler_module:handle")
+    assert str(err.value) == (
+        "handler module 'raising_handler_module' raised KeyError: 'NOT_SET_ANYWHERE' on import "
+        f"({tmp_path / 'raising_handler_module.py'}, line 2); fix the module or the handler's name")
 
 
 def test_sleep_handler_sleeps_about_its_mean() -> None:

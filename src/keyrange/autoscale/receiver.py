@@ -8,9 +8,11 @@ every resulting request is passed to the target, which enforces workers.min/max 
 cooldown. Every request and its outcome goes to `on_decision` (`keyrange run` keeps them; in the
 operator the target itself records status and a Kubernetes Event, see `operator/scalewebhook.py`).
 
-Responses: 200 with a JSON verdict per alert; 401 without the right token; 400 for a body that is
-not an Alertmanager v4 payload; 500 if a controller raised (Alertmanager retries, and the tracker
-makes the retry harmless for the requests that were applied).
+Responses: 200 with a JSON verdict per alert; 401 without the right token; 400 (one line saying why)
+for a body that is not an Alertmanager v4 payload, nested too deeply included; 413 for a body over
+4 MiB; 500 if a controller raised (Alertmanager retries, and the tracker makes the retry harmless
+for the requests that were applied). `GET /healthz` answers `{"status": "ok"}` to anyone, and adds
+the consumers it routes only for a request carrying the token.
 """
 
 from __future__ import annotations
@@ -32,12 +34,22 @@ from typing import Any, Protocol
 from aiohttp import web
 
 from keyrange import metrics
-from keyrange.autoscale.tracker import AlertTracker, ConsumerRef, Direction, PayloadError, ScaleRequest, parse_payload
+from keyrange.autoscale.tracker import (
+    Alert,
+    AlertTracker,
+    ConsumerRef,
+    Direction,
+    PayloadError,
+    ScaleRequest,
+    parse_payload,
+)
 from keyrange.errors import UserError
 
 WEBHOOK_PATH = "/alertmanager/webhook"
 TOKEN_ENV = "KEYRANGE_WEBHOOK_TOKEN"
 TOKEN_FILE_ENV = "KEYRANGE_WEBHOOK_TOKEN_FILE"
+MAX_BODY_BYTES = 4 * 1024 * 1024
+"""A larger notification is answered with 413."""
 log = logging.getLogger(__name__)
 
 
@@ -145,21 +157,27 @@ class AlertReceiver:
 
     def app(self) -> web.Application:
         """The aiohttp application: POST the webhook path, GET /healthz."""
-        app = web.Application(client_max_size=4 * 1024 * 1024)
+        app = web.Application(client_max_size=MAX_BODY_BYTES)
         app.router.add_post(WEBHOOK_PATH, self._handle)
         app.router.add_get("/healthz", self._healthz)
         return app
 
+    def _authorized(self, request: web.Request) -> bool:
+        return hmac.compare_digest(request.headers.get("Authorization", "").encode(), self._token)
+
     async def _healthz(self, request: web.Request) -> web.Response:
-        return web.json_response({"consumers": sorted(str(c) for c in self._targets)})
+        # Probes send no token; which consumers exist is for the token's holder only.
+        body: dict[str, Any] = {"status": "ok"}
+        if self._authorized(request):
+            body["consumers"] = sorted(str(c) for c in self._targets)
+        return web.json_response(body)
 
     async def _handle(self, request: web.Request) -> web.Response:
-        given = request.headers.get("Authorization", "").encode()
-        if not hmac.compare_digest(given, self._token):
+        if not self._authorized(request):
             return web.json_response({"error": "missing or wrong bearer token"}, status=401,
                                      headers={"WWW-Authenticate": 'Bearer realm="keyrange"'})
         try:
-            alerts = parse_payload(json.loads(await request.read()))
+            alerts = _parse_body(await request.read())
         except (ValueError, PayloadError) as exc:
             return web.json_response({"error": f"not an Alertmanager webhook payload: {exc}"}, status=400)
         async with self._lock:
@@ -223,6 +241,15 @@ class AlertReceiver:
             except Exception:
                 log.exception("recording the decision for %s failed", req.consumer)
         return decision
+
+
+def _parse_body(raw: bytes) -> list[Alert]:
+    """The alerts of a request body; PayloadError (one line) for anything that is not a payload."""
+    try:
+        return parse_payload(json.loads(raw))
+    except RecursionError:
+        # The body is at most client_max_size, but the decoder recurses once per nesting level.
+        raise PayloadError("the JSON is nested too deeply") from None
 
 
 def _cooldown(resolved: Resolved) -> float | None:

@@ -13,6 +13,7 @@ from typing import Any
 
 from keyrange.errors import UserError
 from keyrange.loadgen import LoadShape
+from keyrange.local.fleet import check_handler
 from keyrange.local.load import LoadTotals, Phase, produce_phases
 from keyrange.local.supervisor import Supervisor
 from keyrange.spec import load_file
@@ -43,6 +44,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     """Validate the spec, start everything, show the table until Ctrl-C or --duration, stop cleanly."""
     consumer = load_file(args.file)
+    check_handler(consumer.spec.handler, consumer.spec.handler_config)
     if args.produce is not None and args.produce <= 0:
         raise UserError(f"--produce must be a positive rate, got {args.produce}")
     if args.duration is not None and args.duration <= 0:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import importlib
 import inspect
+import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -86,7 +87,29 @@ def load_handler(name: str, config: dict[str, Any] | None = None) -> Handler:
         raise HandlerError(
             f"cannot import handler module {module_name!r} ({exc}); check the name and that it is on PYTHONPATH"
         ) from None
+    except Exception as exc:  # noqa: BLE001 - the module's own code failed: the user's to fix
+        raise HandlerError(
+            f"handler module {module_name!r} raised {type(exc).__name__}: {_first_line(exc)} on import"
+            f"{_import_site(exc)}; fix the module or the handler's name"
+        ) from None
     found = getattr(module, attr, None)
     if found is None or not callable(found):
         raise HandlerError(f"module {module_name!r} has no callable {attr!r} to use as a handler")
     return _resolved(name, found)
+
+
+def _first_line(exc: BaseException) -> str:
+    lines = str(exc).splitlines()
+    return lines[0] if lines else ""
+
+
+def _import_site(exc: BaseException) -> str:
+    """' (file, line N)': where the imported module's own code raised (the first frame past the
+    import machinery), or '' if there is none (a SyntaxError names its place itself)."""
+    importing = False
+    for frame in traceback.extract_tb(exc.__traceback__):
+        if frame.filename.startswith("<frozen importlib"):
+            importing = True
+        elif importing:
+            return f" ({frame.filename}, line {frame.lineno})"
+    return ""

@@ -8,7 +8,8 @@ take it (on a loaded machine, the Kafka clients draw their local ports from the 
 controller calls `scale_to`; the supervisor calls `check` every tick to restart a worker that died
 (the handoff protocol lets it catch up from the newest epoch) and to reap the ones it stopped. A
 worker that died once is restarted at once; one that keeps dying waits longer before each next
-start (`RestartBackoff`, like Kubernetes' CrashLoopBackOff).
+start (`RestartBackoff`, like Kubernetes' CrashLoopBackOff). A handler that cannot be loaded would
+make every worker exit at once, again and again: `check_handler` finds it before any worker starts.
 """
 
 from __future__ import annotations
@@ -22,17 +23,35 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 
+from keyrange.handlers import load_handler
 from keyrange.local.restarts import RestartBackoff
 
 log = logging.getLogger(__name__)
 
 STOP_TIMEOUT_SECONDS = 30.0
 """How long a SIGTERMed worker may take to finish in-flight events and commit before SIGKILL."""
+
+
+def check_handler(name: str, config: Mapping[str, Any]) -> None:
+    """Load the handler here as every worker will, so one that cannot be loaded (a module that is
+    missing or raises on import, a bad handlerConfig) is one HandlerError now, before any worker
+    starts, and not workers that keep exiting. Workers run `python -m keyrange.cli` in this
+    directory, which puts it first on their module path: so it is here, for the check."""
+    here = os.getcwd()
+    added = here not in sys.path
+    if added:
+        sys.path.insert(0, here)
+    try:
+        load_handler(name, dict(config))
+    finally:
+        if added:
+            with contextlib.suppress(ValueError):
+                sys.path.remove(here)
 
 
 def _terminate_with_parent() -> None:

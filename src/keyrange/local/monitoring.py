@@ -8,7 +8,7 @@ stay), and writes into `<run-dir>/prometheus/` everything a local Prometheus and
     rules.yml          the consumer's alerts (keyrange.autoscale.rules), namespace label "default"
     targets.json       file_sd targets: every worker's /metrics, rewritten as workers come and go
     prometheus.yml     scrape + rules + alerting to Alertmanager on 127.0.0.1:9093
-    alertmanager.yml   one webhook receiver pointing at this process, with the bearer token
+    alertmanager.yml   one webhook receiver pointing at this process, with the bearer token (mode 0600)
 
     prometheus --config.file <run-dir>/prometheus/prometheus.yml
     prometheus-alertmanager --config.file <run-dir>/prometheus/alertmanager.yml --cluster.listen-address=
@@ -17,11 +17,13 @@ stay), and writes into `<run-dir>/prometheus/` everything a local Prometheus and
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import json
 import logging
 import math
 import os
+import tempfile
 import threading
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -97,6 +99,20 @@ def alertmanager_config(webhook_url: str, token: str, group_wait: str = "0s", gr
             }],
         }],
     }
+
+
+def write_private(path: Path, text: str) -> None:
+    """Write `path` readable by its owner only (it holds a secret), with no moment at which the
+    secret sits in a file others may read: a temporary file created 0600 is renamed over `path`."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as out:
+            out.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
 
 
 class ReceiverServer:
@@ -193,10 +209,8 @@ class LocalAlertPath:
         am = f"127.0.0.1:{self.options.alertmanager_port}"
         (self.dir / "prometheus.yml").write_text(
             yaml.safe_dump(prometheus_config(self.rules_file, self.targets_file, am), sort_keys=False))
-        am_config = self.dir / "alertmanager.yml"
-        am_config.write_text(yaml.safe_dump(alertmanager_config(self._server.url, self.options.token),
-                                            sort_keys=False))
-        am_config.chmod(0o600)  # it holds the token
+        write_private(self.dir / "alertmanager.yml",
+                      yaml.safe_dump(alertmanager_config(self._server.url, self.options.token), sort_keys=False))
         log.info("alert webhook at %s; Prometheus files in %s", self._server.url, self.dir)
         return self._server.url
 

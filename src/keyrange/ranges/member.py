@@ -97,8 +97,8 @@ class RangeMember:
         """Set when a newer process took the worker id: this member reports nothing any more."""
 
     async def run(self, stop: asyncio.Event) -> None:
-        """Follow the control topic until `stop` is set; then report holding nothing the engine
-        no longer holds (call after the engine stopped, or release first)."""
+        """Follow the control topic until `stop` is set; once the engine stopped, `report_final`
+        says it holds nothing."""
         await asyncio.to_thread(self.channel.catch_up)
         try:
             while not stop.is_set():
@@ -230,6 +230,17 @@ class RangeMember:
                 await self.report(self._reported_epoch)
             except ControlWriteFailed as exc:  # the next heartbeat carries the warm slots
                 log.warning("w%d: %s", self.worker, exc)
+
+    async def report_final(self) -> None:
+        """After the engine stopped: report holding what it still holds (nothing, after a clean stop),
+        so a handoff waiting for this worker goes on at once. A failure is logged with its cause and
+        not raised: the worker is stopping either way."""
+        try:
+            await self.report(self.applied_epoch)
+        except Exception as exc:
+            log.warning("w%d: the final report was not written (%s: %s); the controller still sees the "
+                        "slots of this worker's last report as held", self.worker, type(exc).__name__, exc,
+                        exc_info=not isinstance(exc, (ControlWriteFailed, KafkaException)))
 
     async def report(self, epoch: int) -> None:
         """Write this worker's report: `epoch` applied (or a newer one reported before), the slots

@@ -8,7 +8,6 @@ events and commits) and report holding nothing, so a pending handoff completes a
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import os
 from collections.abc import Mapping
@@ -78,8 +77,7 @@ async def run_controlled(engine: Engine, bootstrap: str, group_id: str, ordinal:
             task.cancel()
         await asyncio.gather(member_task, stop_task, return_exceptions=True)
         await engine.stop()
-        with contextlib.suppress(Exception):
-            await member.report(member.applied_epoch)
+        await member.report_final()
         engine_task.cancel()
         await asyncio.gather(engine_task, return_exceptions=True)
         await asyncio.to_thread(channel.close)

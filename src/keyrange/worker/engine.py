@@ -15,7 +15,6 @@ static `keyrange worker --partitions`, the local supervisor or the operator's co
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections.abc import Iterable
@@ -169,8 +168,13 @@ class Worker:
         self._stopping = True
         for ps in self._partitions.values():
             ps.transactions.stop_retrying()  # a commit waiting for Kafka must not hold up the stop
-        with contextlib.suppress(Exception):
-            await self.release(list(self._partitions) + list(self._acquiring))
+        held = list(self._partitions) + list(self._acquiring)
+        try:
+            await self.release(held)
+        except Exception:
+            # The rest of the stop still runs; the next owner handles again what did not commit.
+            log.exception("stop: releasing slots %s failed; what they did not commit is handled again by "
+                          "their next owner", held)
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
