@@ -253,7 +253,8 @@ async def test_a_leader_cut_off_from_the_api_server_stops_before_a_standby_start
         cut_off.write_text(cut_off.read_text().replace(release.plane.server, f"https://127.0.0.1:{partition.port}"))
         async with operator_process(tmp_path, "partitioned", cut_off, *FAST_LEASE) as leader:
             await eventually(lambda: _is(leader, "leader"), "the relayed replica to lead")
-            await cluster.create(SC_PATH.format(ns=NS), cluster.with_topic(topic_name).streamconsumer("fenced"))
+            consumer = cluster.with_topic(topic_name).streamconsumer(f"fenced-{fault}")
+            await cluster.create(SC_PATH.format(ns=NS), consumer)
             await eventually(leader.reconciled_ok, "the leader to reconcile")
             async with operator_process(tmp_path, "standby", release.operator_kubeconfig, *FAST_LEASE) as standby:
                 await eventually(lambda: _is(standby, "standby"), "the standby")

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import time
+from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
-from keyrange.operator.kube import CALL_TIMEOUT_SECONDS, Kube, KubeDeadlinePassed
+from keyrange.operator.kube import CALL_TIMEOUT_SECONDS, Kube, KubeDeadlinePassed, new_api_client
 
 
 class Response:
@@ -60,3 +62,18 @@ def test_a_deadline_of_none_means_not_leading_yet() -> None:
     kube.deadline = lambda: None
     kube.delete("v1", "ConfigMap", "ns", "a")
     assert client.timeouts == [CALL_TIMEOUT_SECONDS]
+
+
+def test_the_operators_client_does_not_retry_inside_a_call(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # urllib3's default retries give a call four tries, each with the whole timeout: a call bounded
+    # by the Lease's deadline took four times as long on a network that dropped packets.
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(yaml.safe_dump({
+        "apiVersion": "v1", "kind": "Config", "current-context": "c",
+        "clusters": [{"name": "k", "cluster": {"server": "https://127.0.0.1:6443", "insecure-skip-tls-verify": True}}],
+        "users": [{"name": "u", "user": {"token": "t"}}],
+        "contexts": [{"name": "c", "context": {"cluster": "k", "user": "u"}}]}))
+    monkeypatch.setenv("KUBECONFIG", str(kubeconfig))
+    client = new_api_client()
+    assert client.configuration.retries is False
+    assert client.rest_client.pool_manager.connection_pool_kw["retries"].total is False

@@ -78,7 +78,11 @@ def new_api_client() -> kubernetes.client.ApiClient:
             raise KubeConfigError(
                 f"no Kubernetes credentials ({exc}): run the operator in a pod with a ServiceAccount, "
                 "or point $KUBECONFIG at a kubeconfig file") from None
-    return kubernetes.client.ApiClient()
+    configuration = kubernetes.client.Configuration.get_default_copy()
+    # No retries inside a call: each try gets the call's whole timeout, so a retried call outlives its
+    # deadline (the Lease's). Callers retry in their own loops (the elector, kopf's handlers).
+    configuration.retries = False
+    return kubernetes.client.ApiClient(configuration)
 
 
 class Kube:
