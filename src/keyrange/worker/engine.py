@@ -263,7 +263,7 @@ class Worker:
         if not wanted:
             return True
         for slot in wanted - self._warm_transactions.keys():
-            self._warm_transactions[slot] = SlotTransactions(self.settings, slot, self._group_metadata)
+            self._warm_transactions[slot] = self._new_slot_transactions(slot)
         future = asyncio.get_running_loop().run_in_executor(None, self._restorer.prefetch, wanted)
         self._prefetch = (wanted, future)
         try:
@@ -276,7 +276,13 @@ class Worker:
     def _slot_transactions(self, slot: int) -> SlotTransactions:
         """The slot's producer: the one created by its read-ahead, or a new one."""
         warm = self._warm_transactions.pop(slot, None)
-        return warm if warm is not None else SlotTransactions(self.settings, slot, self._group_metadata)
+        return warm if warm is not None else self._new_slot_transactions(slot)
+
+    def _new_slot_transactions(self, slot: int) -> SlotTransactions:
+        assert self._outputs is not None, "worker not started"
+        # Batches no larger than the smallest output topic takes: records that fit one by one could
+        # still fail their transaction together, on every try.
+        return SlotTransactions(self.settings, slot, self._group_metadata, batch_bytes=self._outputs.batch_bytes)
 
     async def _take_prefetch(self, slots: list[int]) -> Prefetched | None:
         """The read-ahead of exactly `slots` (waiting for it if it still runs), or None; either way
