@@ -116,8 +116,9 @@ class Worker:
 
     @property
     def held_slots(self) -> frozenset[int]:
-        """Slots fully acquired and not released."""
-        return frozenset(p for p, ps in self._partitions.items() if not ps.revoked)
+        """Slots fully acquired and not released; a slot whose producer failed stays held until its
+        release is done (its calls returned), so that nobody is told it is free while they run."""
+        return frozenset(p for p, ps in self._partitions.items() if not ps.revoked or p in self._losing)
 
     @property
     def partition_count(self) -> int:
@@ -150,7 +151,7 @@ class Worker:
         self._intake = Intake(count, s.restore_clock_slack_seconds, self._outputs)
         attempts = self._attempts = AttemptRunner(s, self.handler, self._outputs, self._pool, self.stats,
                                                   self.handoff_pauses)
-        self.health.set_abandoned_source(lambda: attempts.abandoned)
+        self.health.set_abandoned_source(lambda: attempts.abandoned, attempts.held_releases)
         self._scheduler = ClientScheduler(attempts.run, s.concurrency, skip=lambda job: job.ps.revoked)
         self._committer = Committer(s, self._partitions.values, self.stats, self._slot_failed)
         for coro in (self._fetch_loop(), self._committer.run(), self._gauge_loop(), self.health.beat_forever()):
@@ -298,6 +299,11 @@ class Worker:
     async def release(self, slots: Iterable[int], commit: bool = True) -> None:
         """Stop the slots: no new handler starts, in-flight calls finish, and (with `commit`) their
         outputs, state and offsets commit; then their state is dropped. Safe mid-acquire.
+
+        In-flight calls include sync calls that timed out and whose thread still runs: until they
+        return, their client is not free for the slot's next owner (guarantee 1), so this waits for
+        them, however long; meanwhile `/healthz` fails, so that a call that never returns ends with
+        a restart of the worker rather than holding the handoff for good (attempts.py).
 
         `commit=False` is for fencing (a newer epoch gave the slots away): the slots' uncommitted
         outputs are discarded with their offsets, so the new owner runs those events once. Either
