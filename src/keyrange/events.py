@@ -34,6 +34,9 @@ DLQ_TOPIC = "keyrange.source.topic"
 DLQ_PARTITION = "keyrange.source.partition"
 DLQ_OFFSET = "keyrange.source.offset"
 DLQ_ATTEMPTS = "keyrange.attempts"
+DLQ_TRUNCATED = "keyrange.truncated"
+"""On a dead letter too large for its topic only: the original value's size in bytes (the value is
+then the event's identity, or empty; the original stays at its source offset)."""
 
 GROUP_HEADER = "keyrange.group"
 """On every processed record and dead letter: the consumer group whose worker wrote it."""

@@ -137,6 +137,11 @@ HANDLER_CALLS_ABANDONED = Gauge(
     "Sync handler calls that timed out and still hold a thread (Python cannot stop a thread).",
     ("consumer", "worker"),
 )
+HANDLER_CALL_ABANDONED_SECONDS = Gauge(
+    "keyrange_handler_call_abandoned_seconds",
+    "How long ago the oldest sync call still running timed out (0: none); it holds its client meanwhile.",
+    ("consumer", "worker"),
+)
 HANDLER_SECONDS = LoopHistogram(
     "keyrange_handler_seconds", "Duration of one handler call (each attempt).",
     ("consumer", "worker"), buckets=_LATENCY_BUCKETS,

@@ -1,6 +1,6 @@
 """What production needs from a worker besides the guarantees: hung handlers time out, outputs too
-large for Kafka are dead-lettered instead of crash-looping the worker, liveness reflects the event
-loop, and memory is bounded in bytes."""
+large for Kafka are dead-lettered instead of crash-looping the worker, dead letters too large for
+their topic are truncated, liveness reflects the event loop, and memory is bounded in bytes."""
 
 from __future__ import annotations
 
@@ -13,12 +13,13 @@ from typing import Any
 from confluent_kafka import Producer
 from prometheus_client import REGISTRY
 
-from keyrange.events import DLQ_DETAIL, DLQ_REASON, encode_input
+from keyrange.events import DLQ_DETAIL, DLQ_REASON, DLQ_TRUNCATED, MAX_EVENT_BYTES, encode_input, parse_input
 from keyrange.handlers import load_handler
 from keyrange.kafkaio import TopicSpec, ensure_topics
 from keyrange.worker import Worker
 from keyrange.worker.health import Health
 from tests.checkers import check_all
+from tests.integration.worker_handlers import FAIL_MARK
 from tests.integration.worker_helpers import run_worker_until, settings_for, wait_for
 from tests.kafkatools import read_counts, read_input_log, read_processed, read_topic
 
@@ -109,6 +110,38 @@ async def test_outputs_too_large_for_kafka_go_to_the_dlq_and_the_worker_goes_on(
     assert worker.stats.processed == 40
     check_all(log, read_processed(bootstrap, f"{topic_name}.processed", 40),
               read_counts(bootstrap, topic_name, settings.group_id, covering=42), dead_lettered=["huge", "big-state"])
+
+
+async def test_dead_letters_over_the_dlqs_limit_are_truncated_and_the_slot_keeps_committing(
+        kafka_bootstrap: str, topic_name: str) -> None:
+    """A dead letter copies its input; one over the DLQ's max.message.bytes used to fail every
+    transaction of its slot, which was then given up, re-acquired and hit the same record."""
+    bootstrap, dlq = kafka_bootstrap, f"{topic_name}.dlq"
+    ensure_topics(bootstrap, [TopicSpec(topic_name, 1, {"max.message.bytes": "2000000"}),
+                              TopicSpec(dlq, 1, {"max.message.bytes": "100000"})])
+    bodies = [{"clientId": 1000, "uuid": "failing-200k", "mode": FAIL_MARK, "pad": "f" * 200_000},
+              {"clientId": 1001, "uuid": "oversized", "pad": "o" * (MAX_EVENT_BYTES + 200_000)}]
+    # Each of these fits the DLQ alone, not two together: they must not share a record batch.
+    bodies += [{"clientId": 1002 + i, "uuid": f"failing-60k-{i}", "mode": FAIL_MARK, "pad": "s" * 60_000}
+               for i in range(3)]
+    bodies += [{"clientId": 1000 + i % 4} for i in range(40)]
+    produce(bootstrap, topic_name, bodies)
+    log = read_input_log(bootstrap, topic_name, len(bodies))
+    settings = settings_for(bootstrap, topic_name, max_retries=0)
+    worker = await run_worker_until(settings, f"{HANDLERS}:sync_counter", [0],
+                                    lambda w: w.stats.processed >= 40 and w.stats.dead_letters >= 5)
+    assert worker.stats.processed == 40 and worker.stats.dead_letters == 5
+    dead = {parse_input(m.value()).uuid if m.value() else "oversized": m for m in read_topic(bootstrap, dlq, expect=5)}
+    assert sorted(dead) == ["failing-200k", "failing-60k-0", "failing-60k-1", "failing-60k-2", "oversized"]
+    assert all(DLQ_TRUNCATED not in dict(dead[f"failing-60k-{i}"].headers()) for i in range(3))
+    failing, oversized = dead["failing-200k"], dead["oversized"]
+    original = read_topic(bootstrap, topic_name, expect=len(bodies))[0].value()
+    assert int(dict(failing.headers())[DLQ_TRUNCATED]) == len(original)
+    assert parse_input(failing.value()).uuid == "failing-200k"  # what a restore rebuilds the window from
+    assert oversized.value() is None and int(dict(oversized.headers())[DLQ_TRUNCATED]) > MAX_EVENT_BYTES
+    check_all(log, read_processed(bootstrap, f"{topic_name}.processed", 40),
+              read_counts(bootstrap, topic_name, settings.group_id, covering=len(bodies)),
+              dead_lettered=sorted(dead))
 
 
 async def test_liveness_fails_while_the_event_loop_is_blocked(bootstrap: str, topic_name: str) -> None:

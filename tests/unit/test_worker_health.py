@@ -1,4 +1,5 @@
-"""The worker's probes: liveness follows the event loop's heartbeat and stuck handler threads."""
+"""The worker's probes: liveness follows the event loop's heartbeat, stuck handler threads and
+releases held up by them."""
 
 from __future__ import annotations
 
@@ -21,4 +22,18 @@ def test_liveness_follows_the_heartbeat_and_stuck_threads() -> None:
     alive, why = health.liveness()
     assert not alive and "2 handler calls timed out" in why
     stuck[0] = 1
+    alive, why = health.liveness()
+    assert alive and why.startswith("ok (1 handler call(s) timed out and still run")
+    stuck[0] = 0
     assert health.liveness() == (True, "ok")
+
+
+def test_liveness_fails_while_a_release_waits_for_a_timed_out_call() -> None:
+    held: list[str | None] = [None]
+    health = Health(max_abandoned=4, abandoned=lambda: 1, held_releases=lambda: held[0])
+    health.beat()
+    assert health.liveness()[0]
+    held[0] = "the release of slot 3 waits for 1 handler call(s)"
+    assert health.liveness() == (False, held[0])
+    held[0] = None
+    assert health.liveness()[0]

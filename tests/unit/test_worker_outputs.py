@@ -1,4 +1,6 @@
-"""OutputStage.too_large: an event whose outputs Kafka would refuse is found before its transaction."""
+"""OutputStage: an event whose outputs Kafka would refuse is found before its transaction
+(`too_large`), and a dead letter over its topic's limit is truncated rather than failing every
+transaction of its slot (`dead_letter`)."""
 
 from __future__ import annotations
 
@@ -6,9 +8,24 @@ import itertools
 
 import pytest
 
-from keyrange.events import GROUP_HEADER, STATE_HEADER
+from keyrange.events import (
+    DLQ_ATTEMPTS,
+    DLQ_DETAIL,
+    DLQ_OFFSET,
+    DLQ_REASON,
+    DLQ_TRUNCATED,
+    GROUP_HEADER,
+    MAX_EVENT_BYTES,
+    STATE_HEADER,
+    InputEvent,
+    encode_input,
+    parse_input,
+)
+from keyrange.kafkaio import KAFKA_DEFAULT_MAX_MESSAGE_BYTES
 from keyrange.worker.outputs import RECORD_OVERHEAD_BYTES, OutputStage
 from keyrange.worker.settings import WorkerSettings
+from keyrange.worker.transactions import OutputRecord
+from tests.slotstate import held_slot
 
 SETTINGS = WorkerSettings(bootstrap="x", topic="t", group_id="g")
 LIMITS = {SETTINGS.sink: 2_000, SETTINGS.state: 1_200, SETTINGS.dlq: 2_000}
@@ -32,3 +49,78 @@ def test_too_large_refuses_exactly_what_either_topic_would(limits: dict[str, int
         why = stage.too_large(b"k" * key, b"v" * value, None if state is None else b"s" * state)
         expected = bool(limits) and refused(key, value, state)
         assert (why is not None) == expected, (key, value, state, why)
+
+
+# --- dead letters ---------------------------------------------------------------------------------
+
+DLQ_SETTINGS = WorkerSettings(bootstrap="x", topic="t", group_id="g", worker_id="w0")
+
+
+def dlq_stage(dlq_limit: int) -> OutputStage:
+    s = DLQ_SETTINGS
+    return OutputStage(s, {s.topic: 1, s.sink: 1, s.dlq: 1, s.state: 1},
+                       {s.sink: KAFKA_DEFAULT_MAX_MESSAGE_BYTES, s.state: KAFKA_DEFAULT_MAX_MESSAGE_BYTES,
+                        s.dlq: dlq_limit})
+
+
+def record_bytes(r: OutputRecord) -> int:
+    return len(r.key or b"") + len(r.value or b"") + sum(len(n) + len(v) for n, v in r.headers) + RECORD_OVERHEAD_BYTES
+
+
+def event_of(size: int) -> tuple[bytes, bytes, InputEvent]:
+    key, value = encode_input(7, "u-7", 1_700_000_000_000, pad="x" * size)
+    return key, value, parse_input(value)
+
+
+def test_a_dead_letter_of_an_event_at_the_input_limit_fits_a_dlq_with_kafkas_default_limit_whole() -> None:
+    key, value, event = event_of(MAX_EVENT_BYTES - 100)
+    value = value[:-1] + b" " * (MAX_EVENT_BYTES - len(value)) + b"}"
+    assert len(value) == MAX_EVENT_BYTES and parse_input(value).uuid == "u-7"
+    ps = held_slot()
+    dlq_stage(KAFKA_DEFAULT_MAX_MESSAGE_BYTES).dead_letter(ps, 5, key, value, "handler-error", "E" * 5_000, 4, event)
+    (record,) = ps.outputs
+    assert (record.key, record.value) == (key, value)
+    assert DLQ_TRUNCATED not in dict(record.headers) and ps.dead_letters_uncommitted == ["handler-error"]
+
+
+def test_a_dead_letter_over_the_dlq_limit_keeps_the_events_identity_and_says_how_large_it_was() -> None:
+    key, value, event = event_of(50_000)
+    ps = held_slot()
+    dlq_stage(20_000).dead_letter(ps, 5, key, value, "handler-error", "boom", 4, event)
+    (record,) = ps.outputs
+    headers = dict(record.headers)
+    assert headers[DLQ_TRUNCATED] == str(len(value)).encode()
+    assert (headers[DLQ_REASON], headers[DLQ_DETAIL], headers[DLQ_OFFSET], headers[DLQ_ATTEMPTS]) == (
+        b"handler-error", b"boom", b"5", b"4")
+    assert headers[GROUP_HEADER] == b"g" and record.key == key
+    # What a restore reads back from it: the same event identity, so the dedup window is rebuilt exactly.
+    assert parse_input(record.value)[:3] == event[:3]
+    assert record_bytes(record) <= 20_000 and ps.dead_letters_uncommitted == ["handler-error"]
+
+
+def test_bad_input_over_the_producers_own_limit_is_dead_lettered_without_its_value() -> None:
+    """An input topic may allow records over the input limit, larger than the producer sends even
+    where the DLQ allows them: the oversized dead letter must fit both."""
+    value = b"{" + b" " * (3 * MAX_EVENT_BYTES) + b"}"
+    ps = held_slot()
+    dlq_stage(10 * MAX_EVENT_BYTES).dead_letter(ps, 9, b"7", value, "oversized", "too big", 0)
+    (record,) = ps.outputs
+    assert record.value is None and record.key == b"7"
+    assert dict(record.headers)[DLQ_TRUNCATED] == str(len(value)).encode()
+
+
+@pytest.mark.parametrize("limit", [600, 700, 800, 1_000, 1_200, 3_000])
+def test_every_dead_letter_staged_fits_its_topic_down_to_its_headers_alone(limit: int) -> None:
+    for size in (0, 100, 1_000, 10_000):
+        key, value, event = event_of(size)
+        for key_size in (1, 400):
+            ps = held_slot()
+            dlq_stage(limit).dead_letter(ps, 5, key * key_size, value, "handler-error", "boom", 1, event)
+            assert ps.dead_letters_uncommitted == ["handler-error"]  # counted, written or not
+            assert all(record_bytes(r) <= limit for r in ps.outputs), (limit, size, key_size)
+
+
+def test_a_batch_of_records_that_fit_one_by_one_fits_every_output_topic_too() -> None:
+    assert dlq_stage(KAFKA_DEFAULT_MAX_MESSAGE_BYTES).batch_bytes is None  # librdkafka's default batch fits
+    assert dlq_stage(100_000).batch_bytes == 100_000 - RECORD_OVERHEAD_BYTES
+    assert dlq_stage(100).batch_bytes == 1  # one record per batch

@@ -5,9 +5,14 @@ event is dead-lettered; the client's later events wait meanwhile (order), other 
 An attempt that has not returned after `handler_timeout_seconds` fails like an error, so a hung
 call cannot block its client, its partition's commits and every handoff of its slot forever. An
 async call is cancelled; a sync call cannot be (Python cannot stop a thread), so its thread is
-left to finish on its own and counted (`keyrange_handler_calls_abandoned`): the worker reports
-itself unhealthy when half its threads are stuck that way (health.py). One watchdog keeps every
-call's deadline (deadlines.py).
+left to finish on its own, its result ignored, and counted (`keyrange_handler_calls_abandoned`,
+and the age of the oldest in `keyrange_handler_call_abandoned_seconds`). Until that thread returns
+the call still holds its client: calls of one client never overlap (docs/design.md, guarantee 1),
+so the retry, or the client's next event once the timed-out event is dead-lettered, waits for it,
+and so does the release of its slot (`run` returns only then). The worker reports itself unhealthy
+when half its threads are stuck that way, or when a release waits for such a call (health.py): a
+restart is what ends a call that never returns. One watchdog keeps every call's deadline
+(deadlines.py).
 An `@inline` handler's first attempt runs at once, on the loop, where its event is admitted
 (`run_inline`, when its client has nothing queued): no task, no thread, no deadline; if it fails,
 the job joins its client's queue for the retries above, in the thread pool.
@@ -21,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
+from typing import NamedTuple
 
 from keyrange import metrics as metric_defs
 from keyrange.events import encode_processed, json_bytes
@@ -31,6 +37,7 @@ from keyrange.worker.context import ClientState, HandlerContext
 from keyrange.worker.deadlines import CallDeadlines
 from keyrange.worker.intake import Job
 from keyrange.worker.outputs import OutputStage
+from keyrange.worker.partition import PartitionState
 from keyrange.worker.settings import WorkerSettings
 from keyrange.worker.stats import WorkerStats
 
@@ -39,6 +46,19 @@ MAX_RETRY_BACKOFF_SECONDS = 2.0
 
 class HandlerTimeout(Exception):
     """A handler call did not return within handler_timeout_seconds."""
+
+    def __init__(self, message: str, still_running: Future[object] | None = None) -> None:
+        super().__init__(message)
+        self.still_running = still_running
+        """The sync call's future, whose thread goes on: its client waits for it."""
+
+
+class AbandonedCall(NamedTuple):
+    """A sync call that timed out and whose thread still runs."""
+
+    ps: PartitionState
+    since: float
+    """When it timed out (monotonic seconds)."""
 
 
 class AttemptRunner:
@@ -58,8 +78,29 @@ class AttemptRunner:
         self._handler_seconds = metric_defs.HANDLER_SECONDS.labels(*labels)
         self._timeouts = metric_defs.HANDLER_TIMEOUTS.labels(*labels)
         self._abandoned_gauge = metric_defs.HANDLER_CALLS_ABANDONED.labels(*labels)
-        self.abandoned = 0
+        self._abandoned: dict[Future[object], AbandonedCall] = {}
         """Sync calls that timed out and whose thread still runs."""
+        metric_defs.HANDLER_CALL_ABANDONED_SECONDS.labels(*labels).set_function(self.oldest_abandoned_seconds)
+
+    @property
+    def abandoned(self) -> int:
+        """Sync calls that timed out and whose thread still runs. Any thread may ask."""
+        return len(self._abandoned)
+
+    def oldest_abandoned_seconds(self) -> float:
+        """How long ago the oldest call still running timed out (0: none). Any thread may ask."""
+        calls = tuple(self._abandoned.values())  # one C call: the loop may change the dict meanwhile
+        return time.monotonic() - min(c.since for c in calls) if calls else 0.0
+
+    def held_releases(self) -> str | None:
+        """What keeps a release of a slot waiting on calls that timed out, or None. Any thread may ask."""
+        held = [c for c in tuple(self._abandoned.values()) if c.ps.revoked]
+        if not held:
+            return None
+        slots = ", ".join(str(p) for p in sorted({c.ps.partition for c in held}))
+        oldest = time.monotonic() - min(c.since for c in held)
+        return (f"the release of slot {slots} waits for {len(held)} handler call(s) that timed out (the oldest "
+                f"{oldest:.0f} s ago) and still run: restart the worker to end them")
 
     async def run(self, job: Job) -> None:
         """Handle `job` to an outcome (processed or dead-lettered), unless its slot is released first."""
@@ -97,29 +138,39 @@ class AttemptRunner:
         ps, s = job.ps, self._settings
         started_s = self._started(job)
         attempt = job.attempts
+        running: Future[object] | None = None  # a timed-out sync call that may still run: its client waits for it
         while True:
             if attempt >= 1:  # an attempt failed: back off before the next one
-                if ps.revoked:
-                    return  # the slot moved: the new owner runs it again
-                if attempt > s.max_retries:
+                if not ps.revoked and attempt > s.max_retries:
                     self._outputs.dead_letter(ps, job.offset, job.key, job.value, "handler-error",
-                                              job.failure, attempt)
+                                              job.failure, attempt, job.event)
                     ps.window.finish(job.offset, Outcome.DEAD_LETTERED)
-                    return
+                await self._returned(running)
+                running = None
+                if ps.revoked or attempt > s.max_retries:
+                    return  # dead-lettered, or the slot moved: the new owner runs it again
                 await asyncio.sleep(min(s.retry_backoff_ms / 1000 * 2 ** (attempt - 1), MAX_RETRY_BACKOFF_SECONDS))
             attempt += 1
             state = ClientState(ps.store.get(job.event.client_id))
             t0 = time.perf_counter()
             try:
-                result = await self._call(job.event.body, self._context(job, attempt, state))
+                result = await self._call(job, self._context(job, attempt, state))
                 self._handler_seconds.observe(time.perf_counter() - t0)
                 key, value, state_json = self._encode(job, result, state, started_s, time.time())
             except Exception as exc:  # noqa: BLE001 - any handler failure is retried, then dead-lettered
                 self._handler_seconds.observe(time.perf_counter() - t0)
                 job.failure = f"{type(exc).__name__}: {exc}"
+                if isinstance(exc, HandlerTimeout):
+                    running = exc.still_running
                 continue
             self._stage(job, key, value, state, state_json, attempt)
             return
+
+    @staticmethod
+    async def _returned(running: Future[object] | None) -> None:
+        """Wait until a timed-out sync call's thread has returned (at once when there is none)."""
+        if running is not None and not running.done():
+            await asyncio.wait([asyncio.wrap_future(running)])
 
     def _started(self, job: Job) -> float:
         """The first attempt's start time, observed once per event."""
@@ -155,21 +206,22 @@ class AttemptRunner:
         too_large = self._outputs.too_large(key, value, state_json)
         if too_large is not None:
             # Deterministic: a retry would produce the same output. The state change is dropped.
-            self._outputs.dead_letter(ps, job.offset, job.key, job.value, "output-too-large", too_large, attempt)
+            self._outputs.dead_letter(ps, job.offset, job.key, job.value, "output-too-large", too_large, attempt,
+                                      job.event)
             ps.window.finish(job.offset, Outcome.DEAD_LETTERED)
             return
         deleted = state.changed and state.staged is None
         self._outputs.processed(ps, job.offset, job.event.client_id, key, value, state_json, deleted)
         ps.window.finish(job.offset, Outcome.HANDLED)
 
-    async def _call(self, body: dict[str, object], ctx: HandlerContext) -> object:
+    async def _call(self, job: Job, ctx: HandlerContext) -> object:
         function, deadlines = self._handler.function, self._deadlines
         future: Future[object] | None = None
         call = deadlines.start()
         try:
             if self._handler.is_async:
-                return await function(body, ctx)
-            future = self._pool.submit(function, body, ctx)
+                return await function(job.event.body, ctx)
+            future = self._pool.submit(function, job.event.body, ctx)
             return await asyncio.wrap_future(future)
         except asyncio.CancelledError:
             if not deadlines.timed_out(call):
@@ -178,22 +230,22 @@ class AttemptRunner:
             timeout = deadlines.timeout_seconds
             if future is None:
                 raise HandlerTimeout(f"the handler did not return within {timeout:g} s (cancelled)") from None
-            self._abandon(future)
+            self._abandon(future, job.ps)
             raise HandlerTimeout(f"the handler did not return within {timeout:g} s (its thread is left to "
-                                 "finish; its result is ignored)") from None
+                                 "finish; its result is ignored)", future) from None
         finally:
             deadlines.finish(call)
 
-    def _abandon(self, future: Future[object]) -> None:
+    def _abandon(self, future: Future[object], ps: PartitionState) -> None:
         loop = asyncio.get_running_loop()
-        self.abandoned += 1
-        self._abandoned_gauge.set(self.abandoned)
+        self._abandoned[future] = AbandonedCall(ps, time.monotonic())
+        self._abandoned_gauge.set(len(self._abandoned))
 
         def returned(_: Future[object]) -> None:
-            loop.call_soon_threadsafe(self._returned_late)
+            loop.call_soon_threadsafe(self._returned_late, future)
 
         future.add_done_callback(returned)
 
-    def _returned_late(self) -> None:
-        self.abandoned -= 1
-        self._abandoned_gauge.set(self.abandoned)
+    def _returned_late(self, future: Future[object]) -> None:
+        self._abandoned.pop(future, None)
+        self._abandoned_gauge.set(len(self._abandoned))

@@ -115,8 +115,9 @@ class Worker:
 
     @property
     def held_slots(self) -> frozenset[int]:
-        """Slots fully acquired and not released."""
-        return frozenset(p for p, ps in self._partitions.items() if not ps.revoked)
+        """Slots fully acquired and not released; a slot whose producer failed stays held until its
+        release is done (its calls returned), so that nobody is told it is free while they run."""
+        return frozenset(p for p, ps in self._partitions.items() if not ps.revoked or p in self._losing)
 
     @property
     def partition_count(self) -> int:
@@ -149,7 +150,7 @@ class Worker:
         self._intake = Intake(count, s.restore_clock_slack_seconds, self._outputs)
         attempts = self._attempts = AttemptRunner(s, self.handler, self._outputs, self._pool, self.stats,
                                                   self.handoff_pauses)
-        self.health.set_abandoned_source(lambda: attempts.abandoned)
+        self.health.set_abandoned_source(lambda: attempts.abandoned, attempts.held_releases)
         self._scheduler = ClientScheduler(attempts.run, s.concurrency, skip=lambda job: job.ps.revoked)
         self._committer = Committer(s, self._partitions.values, self.stats, self._slot_failed)
         for coro in (self._fetch_loop(), self._committer.run(), self._gauge_loop(), self.health.beat_forever()):
@@ -267,7 +268,7 @@ class Worker:
         if not wanted:
             return True
         for slot in wanted - self._warm_transactions.keys():
-            self._warm_transactions[slot] = SlotTransactions(self.settings, slot, self._group_metadata)
+            self._warm_transactions[slot] = self._new_slot_transactions(slot)
         future = asyncio.get_running_loop().run_in_executor(None, self._restorer.prefetch, wanted)
         self._prefetch = (wanted, future)
         try:
@@ -280,7 +281,13 @@ class Worker:
     def _slot_transactions(self, slot: int) -> SlotTransactions:
         """The slot's producer: the one created by its read-ahead, or a new one."""
         warm = self._warm_transactions.pop(slot, None)
-        return warm if warm is not None else SlotTransactions(self.settings, slot, self._group_metadata)
+        return warm if warm is not None else self._new_slot_transactions(slot)
+
+    def _new_slot_transactions(self, slot: int) -> SlotTransactions:
+        assert self._outputs is not None, "worker not started"
+        # Batches no larger than the smallest output topic takes: records that fit one by one could
+        # still fail their transaction together, on every try.
+        return SlotTransactions(self.settings, slot, self._group_metadata, batch_bytes=self._outputs.batch_bytes)
 
     async def _take_prefetch(self, slots: list[int]) -> Prefetched | None:
         """The read-ahead of exactly `slots` (waiting for it if it still runs), or None; either way
@@ -296,6 +303,11 @@ class Worker:
     async def release(self, slots: Iterable[int], commit: bool = True) -> None:
         """Stop the slots: no new handler starts, in-flight calls finish, and (with `commit`) their
         outputs, state and offsets commit; then their state is dropped. Safe mid-acquire.
+
+        In-flight calls include sync calls that timed out and whose thread still runs: until they
+        return, their client is not free for the slot's next owner (guarantee 1), so this waits for
+        them, however long; meanwhile `/healthz` fails, so that a call that never returns ends with
+        a restart of the worker rather than holding the handoff for good (attempts.py).
 
         `commit=False` is for fencing (a newer epoch gave the slots away): the slots' uncommitted
         outputs are discarded with their offsets, so the new owner runs those events once. Either

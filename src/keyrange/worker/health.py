@@ -2,10 +2,12 @@
 operator's metrics alone).
 
 Liveness must reflect the worker itself, not the thread that answers HTTP: `/healthz` fails when
-the event loop has not beaten for `stale_after_seconds` (a handler blocking the loop, a deadlock)
-or when half the handler threads are stuck in calls that timed out (Python cannot stop a thread:
-attempts.py); a restart is the only cure for both. `/readyz` is ready once the worker started
-(connected, topics checked). `/metrics` is Prometheus' exposition, as before.
+the event loop has not beaten for `stale_after_seconds` (a handler blocking the loop, a deadlock),
+when the release of a slot waits for a handler call that timed out (a handoff the call holds up:
+attempts.py), or when half the handler threads are stuck in calls that timed out (Python cannot
+stop a thread); a restart is the only cure for all three. Fewer stuck calls leave it alive, and
+its answer says how many. `/readyz` is ready once the worker started (connected, topics checked).
+`/metrics` is Prometheus' exposition, as before.
 """
 
 from __future__ import annotations
@@ -27,19 +29,24 @@ class Health:
     """The worker's liveness and readiness (module docstring). Thread-safe reads."""
 
     def __init__(self, stale_after_seconds: float = 30.0, max_abandoned: int = 1,
-                 abandoned: Callable[[], int] = lambda: 0, clock: Callable[[], float] = time.monotonic) -> None:
+                 abandoned: Callable[[], int] = lambda: 0, clock: Callable[[], float] = time.monotonic,
+                 held_releases: Callable[[], str | None] = lambda: None) -> None:
         self.stale_after_seconds = stale_after_seconds
         self.max_abandoned = max(1, max_abandoned)
         """Stuck sync calls (timed out, thread still running) at which the worker is not alive."""
         self._abandoned = abandoned
+        self._held_releases = held_releases
         self._clock = clock
         self._last_beat: float | None = None
         self.started = False
         """Set once the worker has started (readiness)."""
 
-    def set_abandoned_source(self, abandoned: Callable[[], int]) -> None:
-        """Where to read the count of stuck sync calls (the worker's attempt runner)."""
+    def set_abandoned_source(self, abandoned: Callable[[], int],
+                             held_releases: Callable[[], str | None] = lambda: None) -> None:
+        """Where to read the count of stuck sync calls, and what keeps a release waiting for them
+        (None: nothing): the worker's attempt runner."""
         self._abandoned = abandoned
+        self._held_releases = held_releases
 
     def beat(self) -> None:
         """Called from the event loop."""
@@ -58,10 +65,16 @@ class Health:
         silent = self._clock() - self._last_beat
         if silent > self.stale_after_seconds:
             return False, (f"the event loop has not run for {silent:.0f} s (a handler blocking it, or a deadlock)")
+        held = self._held_releases()
+        if held is not None:
+            return False, held
         stuck = self._abandoned()
         if stuck >= self.max_abandoned:
             return False, (f"{stuck} handler calls timed out and still hold their threads (of "
                            f"{self.max_abandoned * 2}): restart to get the threads back")
+        if stuck:
+            return True, (f"ok ({stuck} handler call(s) timed out and still run: each holds its client and a "
+                          "thread until it returns)")
         return True, "ok"
 
     def readiness(self) -> tuple[bool, str]:

@@ -39,6 +39,9 @@ from keyrange.worker.settings import WorkerSettings
 
 log = logging.getLogger(__name__)
 
+PRODUCER_MAX_MESSAGE_BYTES = 2 * MAX_EVENT_BYTES + 100_000
+"""librdkafka's own limit on one record (`message.max.bytes`), whatever the topic allows: room for
+a dead letter just over the input limit (outputs.py checks every output against it)."""
 TRANSACTION_TIMEOUT_MS = 60_000
 """transaction.timeout.ms of every slot's producer (see `SlotTransactions._create`)."""
 COMMIT_DEADLINE_SECONDS = 40.0
@@ -179,8 +182,11 @@ class SlotTransactions:
     """Writes one slot's batches of OutputRecords plus its offset commit in Kafka transactions."""
 
     def __init__(self, settings: WorkerSettings, slot: int, group_metadata: Any,
-                 make_producer: Callable[[dict[str, Any]], Producer] = Producer) -> None:
+                 make_producer: Callable[[dict[str, Any]], Producer] = Producer,
+                 batch_bytes: int | None = None) -> None:
         self._settings = settings
+        self._batch_bytes = batch_bytes
+        """librdkafka's batch.size, when the output topics need one below its default (outputs.py)."""
         self._make_producer = make_producer
         self.slot = slot
         self.transactional_id = settings.slot_transactional_id(slot)
@@ -218,8 +224,8 @@ class SlotTransactions:
                     # Retrying is safe: the producer is idempotent and transactional.
                     "request.timeout.ms": 10_000, "socket.timeout.ms": 10_000,
                     "linger.ms": 5,
-                    # Dead letters carry the original value, which may be just over the input limit.
-                    "message.max.bytes": 2 * MAX_EVENT_BYTES + 100_000},
+                    "message.max.bytes": PRODUCER_MAX_MESSAGE_BYTES,
+                    **({"batch.size": self._batch_bytes} if self._batch_bytes is not None else {})},
         ))
         # Connected now, not at `open`: a new producer's first request waits about 50 ms (librdkafka
         # 2.16 on 127.0.0.1), which a read-ahead's producer spends while the old owner still works.
