@@ -141,3 +141,20 @@ def test_a_system_error_without_a_kafka_cause_is_not_taken_for_a_kafka_failure(
     writer.failure = SystemError("a bug")
     with pytest.raises(SystemError, match="a bug"):
         channel.publish(publication())
+
+
+def test_claiming_the_writer_reports_a_kafka_failure_wrapped_in_a_system_error_as_a_kafka_failure() -> None:
+    """The operator retries a controller whose claim failed on Kafka (KafkaException); a SystemError
+    escaped that and ended the controller's thread."""
+    writer = FailingWriter()
+    channel = ControlChannel("127.0.0.1:1", "g", make_producer=lambda _config: writer)  # type: ignore[arg-type,return-value]
+
+    def init_fails(timeout: float) -> None:
+        raise system_error_from(KafkaError(KafkaError._TIMED_OUT, "no coordinator", retriable=True))
+
+    writer.init_transactions = init_fails  # type: ignore[method-assign]
+    try:
+        with pytest.raises(KafkaException, match="no coordinator"):
+            channel.claim_writer(0.1)
+    finally:
+        channel.close()

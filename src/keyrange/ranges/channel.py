@@ -313,7 +313,10 @@ class ControlChannel:
         producer = self._make_producer(self._clients.transactional_producer(
             controller_transactional_id(self.group_id), transaction_timeout_ms=60_000,
             tuning={"linger.ms": 0, "client.id": f"{self._client_name}-controller"}))
-        producer.init_transactions(timeout_seconds)
+        try:
+            producer.init_transactions(timeout_seconds)
+        except SystemError as exc:
+            raise KafkaException(kafka_error(exc)) from exc
         self._writer = producer
 
     def publish(self, publication: Publication) -> None:
