@@ -10,6 +10,7 @@ from confluent_kafka import KafkaError, KafkaException
 
 from keyrange.ranges.channel import ControlChannel, ControllerFenced, ControlWriteFailed, Publication
 from keyrange.ranges.rangemap import RangeMap
+from tests.kafka_failures import system_error_from
 
 
 class FailingWriter:
@@ -62,66 +63,40 @@ def publication() -> Publication:
     return Publication(RangeMap.even(12, 1))
 
 
-def system_error_from(error: KafkaError) -> SystemError:
-    """What confluent-kafka raises when its logger callback ran while the call's KafkaException was pending."""
-    try:
-        try:
-            raise KafkaException(error)
-        except KafkaException as exc:
-            raise SystemError("<built-in function isinstance> returned a result with an exception set") from exc
-    except SystemError as wrapped:
-        return wrapped
-
-
-def test_a_fenced_commit_wrapped_in_a_system_error_says_another_controller_took_over(
-        writer_channel: tuple[ControlChannel, FailingWriter]) -> None:
+@pytest.mark.parametrize(("commit_failure", "abort_failure"), [
+    # confluent-kafka's wrapping of a fenced commit (the controller retried it forever as a bug)
+    (system_error_from(KafkaError(KafkaError._FENCED, "fenced", fatal=True)), None),
+    # tansu's fenced answer, flagged only abortable
+    (KafkaException(KafkaError(KafkaError.PRODUCER_FENCED, "fenced", txn_requires_abort=True)), None),
+    # fenced while the abort of an abortable failure ran (it escaped as a raw KafkaException)
+    (KafkaException(KafkaError(KafkaError._MSG_TIMED_OUT, "timed out", txn_requires_abort=True)),
+     system_error_from(KafkaError(KafkaError._FENCED, "fenced", fatal=True))),
+], ids=["system-error", "abortable-code", "fenced-abort"])
+def test_a_fenced_writer_says_another_controller_took_over(
+        writer_channel: tuple[ControlChannel, FailingWriter], commit_failure: BaseException,
+        abort_failure: BaseException | None) -> None:
     channel, writer = writer_channel
-    writer.failure = system_error_from(KafkaError(KafkaError._FENCED, "fenced", fatal=True))
+    writer.failure, writer.abort_failure = commit_failure, abort_failure
     with pytest.raises(ControllerFenced, match="another controller"):
         channel.publish(publication())
 
 
-def test_a_plain_fenced_commit_says_another_controller_took_over(
-        writer_channel: tuple[ControlChannel, FailingWriter]) -> None:
-    channel, writer = writer_channel
-    writer.failure = KafkaException(KafkaError(KafkaError.PRODUCER_FENCED, "fenced", txn_requires_abort=True))
-    with pytest.raises(ControllerFenced):
-        channel.publish(publication())
-
-
+@pytest.mark.parametrize("failure", [
+    system_error_from(KafkaError(KafkaError._MSG_TIMED_OUT, "timed out", txn_requires_abort=True)),
+    # Abortable, not fatal: the broker aborted this producer's own transaction after its timeout
+    # (KIP-588), which an abort and the next write get over; not another controller taking over.
+    KafkaException(KafkaError(KafkaError.INVALID_PRODUCER_EPOCH, "epoch", txn_requires_abort=True)),
+], ids=["system-error", "epoch-aborted"])
 def test_an_abortable_failure_is_aborted_and_the_next_write_goes_through(
-        writer_channel: tuple[ControlChannel, FailingWriter]) -> None:
+        writer_channel: tuple[ControlChannel, FailingWriter], failure: BaseException) -> None:
     channel, writer = writer_channel
-    writer.failure = system_error_from(KafkaError(KafkaError._MSG_TIMED_OUT, "timed out", txn_requires_abort=True))
+    writer.failure = failure
     with pytest.raises(ControlWriteFailed):
         channel.publish(publication())
     assert writer.calls[-1] == "abort"
     writer.calls.clear()
     channel.publish(publication())
     assert writer.calls == ["begin", "produce", "commit"]
-
-
-def test_a_transaction_the_broker_aborted_after_its_timeout_is_not_taken_for_fencing(
-        writer_channel: tuple[ControlChannel, FailingWriter]) -> None:
-    channel, writer = writer_channel
-    # Abortable, not fatal: the broker aborted this producer's own transaction (KIP-588), which an
-    # abort and the next write get over; the controller must not stop as if another one took over.
-    writer.failure = KafkaException(KafkaError(KafkaError.INVALID_PRODUCER_EPOCH, "epoch", txn_requires_abort=True))
-    with pytest.raises(ControlWriteFailed):
-        channel.publish(publication())
-    assert writer.calls[-1] == "abort"
-    writer.calls.clear()
-    channel.publish(publication())
-    assert writer.calls == ["begin", "produce", "commit"]
-
-
-def test_an_abort_that_finds_the_writer_fenced_says_another_controller_took_over(
-        writer_channel: tuple[ControlChannel, FailingWriter]) -> None:
-    channel, writer = writer_channel
-    writer.failure = KafkaException(KafkaError(KafkaError._MSG_TIMED_OUT, "timed out", txn_requires_abort=True))
-    writer.abort_failure = system_error_from(KafkaError(KafkaError._FENCED, "fenced", fatal=True))
-    with pytest.raises(ControllerFenced):
-        channel.publish(publication())
 
 
 def test_a_commit_that_timed_out_is_finished_before_the_next_write(

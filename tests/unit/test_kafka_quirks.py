@@ -18,6 +18,7 @@ from keyrange.kafkaquirks import (
     outputs_acknowledged_before_offsets,
     read_past_listed_end,
 )
+from tests.kafka_failures import system_error_from
 
 
 class Clock:
@@ -56,13 +57,7 @@ def test_classify(error: KafkaError, failure: Failure) -> None:
 def test_kafka_error_unwraps_confluent_s_system_error() -> None:
     error = KafkaError(KafkaError._FENCED, fatal=True)
     assert kafka_error(KafkaException(error)) is error
-    try:
-        try:
-            raise KafkaException(error)
-        except KafkaException as exc:
-            raise SystemError("<built-in function isinstance> returned a result with an exception set") from exc
-    except SystemError as wrapped:
-        assert kafka_error(wrapped) is error
+    assert kafka_error(system_error_from(error)) is error
 
 
 def test_a_system_error_of_anything_else_is_raised_again() -> None:
