@@ -62,7 +62,7 @@ The call is then left to its thread and its producer given up; a whole commit li
 COMMIT_DEADLINE_SECONDS + this after it began."""
 
 class _Backoff:
-    """Waits between tries of one slot's transaction, doubling up to a cap, one log line each, and
+    """Waits between tries of one slot's transaction (kafkaquirks' Backoff), one log line each, and
     keeps the transaction's deadline (COMMIT_DEADLINE_SECONDS from the first try).
 
     It gives up (TransactionFailed) at a failure once `give_up` is set (the worker stops: a SIGTERM
