@@ -52,11 +52,8 @@ class KafkaClients:
 
     def _build(self, tuning: Mapping[str, Any] | None, fixed: Mapping[str, Any]) -> dict[str, Any]:
         # librdkafka's log goes through Python logging, where repeats are summarised (kafkalog.py).
-        # No re-bootstrap when every broker is away: librdkafka 2.16 then decommissions the brokers
-        # it knew, and a transactional producer's next send_offsets_to_transaction, after the
-        # brokers are back, waits forever on a decommissioned handle whatever its timeout
-        # (reproduced with a single-node Kafka restarted under a worker). The brokers' advertised
-        # addresses stay valid across a restart, so nothing is lost; a user may still set it.
+        # No re-bootstrap when every broker is away: it can leave a transactional producer waiting
+        # forever on a decommissioned broker handle (docs/kafka.md); a user may still set it.
         return {"bootstrap.servers": self.bootstrap, "log_level": 3, "logger": librdkafka_logger(),
                 "metadata.recovery.strategy": "none", **(tuning or {}), **self.properties, **fixed}
 

@@ -1,9 +1,7 @@
 """The few Kafka admin calls keyrange makes, with errors that say what to do.
 
-Topics are always created explicitly: a broker that auto-creates on produce would otherwise
-silently pick a partition count the range map does not expect. (tansu workaround in part: tansu
-always auto-creates, with 4 partitions; Apache Kafka does when `auto.create.topics.enable` is on,
-as it is by default, with `num.partitions`. Explicit creation is right on both.)
+Topics are always created explicitly: a broker that auto-creates on produce (tansu always does,
+Kafka by default) would otherwise silently pick a partition count the range map does not expect.
 """
 
 from __future__ import annotations
@@ -23,6 +21,7 @@ from confluent_kafka.cimpl import NewTopic
 
 from keyrange.errors import UserError
 from keyrange.kafkaclients import KafkaClients
+from keyrange.kafkaquirks import LONGEST_RETRY_SECONDS, Backoff, listed_topic_config
 
 log = logging.getLogger(__name__)
 
@@ -44,7 +43,6 @@ class StopRequested(Exception):
 
 T = TypeVar("T")
 
-REACH_BACKOFF_MAX_SECONDS = 30.0
 FIRST_REACH_TIMEOUT_SECONDS = 5.0
 """How long the first try waits for an answer: a worker started before its brokers says so after
 5 s, not after the full client timeout; each later try waits twice as long, up to that timeout
@@ -57,12 +55,14 @@ async def until_reachable(call: Callable[[float], T], stop: asyncio.Event | None
     not answer, one log line per try: a worker started before its brokers, or during their restart,
     waits for them instead of exiting. Any other setup error (a missing topic, a bad config) is
     raised at once."""
-    delay = first_delay_seconds
-    timeout = min(FIRST_REACH_TIMEOUT_SECONDS, longest_timeout_seconds)
+    delays = Backoff(first_delay_seconds, LONGEST_RETRY_SECONDS)
+    timeouts = Backoff(min(FIRST_REACH_TIMEOUT_SECONDS, longest_timeout_seconds), longest_timeout_seconds)
     while True:
         try:
-            return await asyncio.to_thread(call, timeout)
+            return await asyncio.to_thread(call, timeouts.delay)
         except KafkaUnreachable as exc:
+            delay = delays.failed()
+            timeouts.failed()
             log.warning("%s; trying again in %.0f s", exc, delay)
             if stop is None:
                 await asyncio.sleep(delay)
@@ -71,8 +71,6 @@ async def until_reachable(call: Callable[[float], T], stop: asyncio.Event | None
                     await asyncio.wait_for(stop.wait(), delay)
                 if stop.is_set():
                     raise StopRequested(str(exc)) from None
-            delay = min(delay * 2, REACH_BACKOFF_MAX_SECONDS)
-            timeout = min(timeout * 2, longest_timeout_seconds)
 
 
 @dataclass(frozen=True)
@@ -157,15 +155,13 @@ def _check_compacted(admin: AdminClient, topics: list[TopicSpec], timeout_second
     futures = admin.describe_configs(resources, request_timeout=timeout_seconds)
     for resource, future in futures.items():
         try:
-            entry = future.result().get("cleanup.policy")
+            policy = listed_topic_config(future.result(), "cleanup.policy")
         except KafkaException as exc:
             raise KafkaSetupError(f"cannot read the configuration of topic {resource.name!r}: {exc.args[0]}") from None
-        # Kafka always lists cleanup.policy. tansu workaround: tansu lists only what was set when
-        # the topic was created, so there a topic created without it cannot be checked: it
-        # passes, unverified.
-        if entry is not None and "compact" not in str(entry.value).split(","):
+        # Not listed (on tansu, a topic created without it): it passes, unverified.
+        if policy is not None and "compact" not in policy.split(","):
             raise KafkaSetupError(
-                f"topic {resource.name!r} exists with cleanup.policy={entry.value}, but keyrange keeps its latest "
+                f"topic {resource.name!r} exists with cleanup.policy={policy}, but keyrange keeps its latest "
                 "record per key there and needs cleanup.policy=compact: set it (kafka-configs.sh --alter "
                 f"--entity-type topics --entity-name {resource.name} --add-config cleanup.policy=compact) "
                 "or delete the topic"
@@ -178,18 +174,18 @@ KAFKA_DEFAULT_MAX_MESSAGE_BYTES = 1_048_588
 
 def max_message_bytes(bootstrap: str, topics: list[str], timeout_seconds: float = 10.0,
                       client_properties: Mapping[str, str] | None = None) -> dict[str, int]:
-    """Each topic's `max.message.bytes`: the largest record batch the broker accepts for it.
-    tansu does not report topic configs it was not given: Kafka's default stands in there."""
+    """Each topic's `max.message.bytes`: the largest record batch the broker accepts for it (Kafka's
+    default where the broker does not list it)."""
     admin = admin_client(bootstrap, client_properties)
     resources = [ConfigResource(ConfigResource.Type.TOPIC, name) for name in topics]
     out = dict.fromkeys(topics, KAFKA_DEFAULT_MAX_MESSAGE_BYTES)
     for resource, future in admin.describe_configs(resources, request_timeout=timeout_seconds).items():
         try:
-            entry = future.result().get("max.message.bytes")
+            limit = listed_topic_config(future.result(), "max.message.bytes")
         except KafkaException as exc:
             raise KafkaSetupError(f"cannot read the configuration of topic {resource.name!r}: {exc.args[0]}") from None
-        if entry is not None and str(entry.value).isdigit():
-            out[resource.name] = int(entry.value)
+        if limit is not None and limit.isdigit():
+            out[resource.name] = int(limit)
     return out
 
 

@@ -2,14 +2,14 @@
 
 The end is the high watermark of the broker's fetch responses, which librdkafka keeps per
 assigned partition (`get_watermark_offsets(cached=True)`); -1 until a response came, which means
-"not known yet", never "empty". Not a ListOffsets answer: tansu workaround: tansu's ListOffsets
-answers too low right after a batched produce. On Apache Kafka the fetch responses' value is
-exact too, and a read to the end fetches anyway, so ListOffsets would add a round trip and nothing
-else. A read has reached the end when its position has: the position, not the offset after the
-last record, because under read_committed the position moves past transaction markers, which no
-record shows, and stops at the last stable offset while a transaction is open (such a read waits
-until the transaction is decided). librdkafka keeps a partition's last high watermark after it is
-unassigned, so a consumer must not read the same partition to its end twice.
+"not known yet", never "empty". Not a ListOffsets answer, which tansu gives too low right after a
+batched produce (docs/kafka.md) and which on Kafka would add a round trip and nothing else, as a
+read to the end fetches anyway. A read has reached the end when its position has: the position,
+not the offset after the last record, because under read_committed the position moves past
+transaction markers, which no record shows, and stops at the last stable offset while a
+transaction is open (such a read waits until the transaction is decided). librdkafka keeps a
+partition's last high watermark after it is unassigned, so a consumer must not read the same
+partition to its end twice.
 
 The reads that follow this rule: the worker's restores (worker/logreader.py), the demo's report
 (local/demo.py) and the tests' `read_topic`. The aggregation's end probe

@@ -139,7 +139,7 @@ async def test_a_slot_producer_fenced_in_the_middle_of_a_transaction_fails_as_fe
     Kafka answers fenced (fatal _FENCED) at both. tansu accepts a fenced AddOffsetsToTxn, then fails
     its TxnOffsetCommit with an error librdkafka flags only abortable: the slot must still fail as
     fenced, not retry an abort until the commit deadline and count the producer as given up (see
-    transactions.py `_FENCED_CODES`). Either way the fenced transaction's offsets never commit.
+    `kafkaquirks.classify`). Either way the fenced transaction's offsets never commit.
 
     tansu workaround: tansu drops the connection on a fenced EndTxn, so there a fence right before
     the commit cannot be told from Kafka being away: the commit is retried until its deadline and

@@ -16,7 +16,8 @@ from typing import Any
 from confluent_kafka import TopicPartition
 from confluent_kafka.admin._listoffsets import ListOffsetsResultInfo
 
-from keyrange.worker.consumer import RetryBackoff, ThreadedConsumer
+from keyrange.kafkaquirks import Backoff
+from keyrange.worker.consumer import ThreadedConsumer
 from keyrange.worker.settings import WorkerSettings
 from tests.unit.test_call_deadlines import FakeClock
 
@@ -44,7 +45,7 @@ class AnsweringAdmin:
 def consumer_with(admin: AnsweringAdmin, clock: FakeClock) -> ThreadedConsumer:
     consumer = ThreadedConsumer(SETTINGS)
     consumer._admin = admin  # type: ignore[assignment]
-    consumer._listing_backoff = RetryBackoff(1.0, 60.0, clock)
+    consumer._listing_backoff = Backoff(1.0, 60.0, clock)
     return consumer
 
 
@@ -97,20 +98,3 @@ def test_one_answer_ends_the_backoff() -> None:
     gauge_tick(consumer)
     assert admin.asked == asked + 1
     assert consumer._listed_ends == {0: 7, 1: 7}
-
-
-def test_retry_backoff_doubles_and_resets() -> None:
-    clock = FakeClock()
-    backoff = RetryBackoff(1.0, 4.0, clock)
-    assert backoff.ready()
-    waits = []
-    for _ in range(4):
-        backoff.failed()
-        start = clock.now
-        while not backoff.ready():
-            clock.now += 0.5
-        waits.append(clock.now - start)
-    assert waits == [1.0, 2.0, 4.0, 4.0]
-    backoff.failed()
-    backoff.succeeded()
-    assert backoff.ready()

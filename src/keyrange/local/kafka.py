@@ -40,9 +40,9 @@ from keyrange.local.kafka_setup import (
 from keyrange.local.ports import free_port
 
 QUICK_START_JVM_OPTIONS = ("-XX:TieredStopAtLevel=1",)
-"""For tests: only the JVM's quick compiler. A node needs about a third less CPU to start (8 s instead
-of 12 s of CPU for three nodes) and the short runs of a test never reach the optimising compiler's
-pay-off; benchmarks leave it out."""
+"""For tests: only the JVM's quick compiler. A node needs about a third less CPU to start
+(BENCHMARKS.md) and a test's short run never reaches the optimising compiler's pay-off; benchmarks
+leave it out."""
 
 STOP_GRACE_SECONDS = 20.0
 """How long a node may take to shut down on SIGTERM before it is killed."""

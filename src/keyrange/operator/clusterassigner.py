@@ -31,6 +31,7 @@ from confluent_kafka import KafkaException
 from keyrange.autoscale.scrape import WorkerSample, merged_lag, scrape
 from keyrange.errors import UserError
 from keyrange.kafkaio import TopicSpec, ensure_topics
+from keyrange.kafkaquirks import LONGEST_RETRY_SECONDS, Backoff
 from keyrange.operator.assignments import HandoffSummary, PlannedRescale, RangeStatus, ScaleOutcome, ScaleRequest
 from keyrange.operator.kafkasecrets import SecretReader, operator_client_properties, read_secret_key
 from keyrange.ranges.assigner import Controller
@@ -105,6 +106,8 @@ class KafkaRangeControl:
         self._lag = PodMetricsLag(lambda i: f"http://{name}-worker-{i}.{service}:{metrics_port}/metrics",
                                   self._fleet)
         self._step_seconds, self._retry_seconds = step_seconds, retry_seconds
+        self._connecting = Backoff(retry_seconds, max(retry_seconds, LONGEST_RETRY_SECONDS))
+        """Waits between tries to connect while Kafka is away or the spec is wrong."""
         self._controller: Controller | None = None
         self._decisions_taken: tuple[Controller | None, int] = (None, 0)
         """(controller, how many of its rescales take_decisions has looked at)."""
@@ -152,11 +155,12 @@ class KafkaRangeControl:
                 try:
                     self._controller = self._connect()
                     self._problem = None
+                    self._connecting.succeeded()
                 except (KafkaException, UserError, ValueError, OSError) as exc:  # Kafka down or misconfigured
                     self._problem = f"cannot run the range controller: {exc}"
-                    log.warning("%s/%s: %s; retrying in %.0f s", self._namespace, self._name, self._problem,
-                                self._retry_seconds)
-                    self._stop.wait(self._retry_seconds)
+                    delay = self._connecting.failed()
+                    log.warning("%s/%s: %s; retrying in %.0f s", self._namespace, self._name, self._problem, delay)
+                    self._stop.wait(delay)
                     continue
             try:
                 self._controller.step_and_wait(self._stop, self._step_seconds)

@@ -25,16 +25,17 @@ transit, and only then do the new owners acquire. Slots that do not move are nev
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
-from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, Producer, TopicPartition
+from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaException, Producer, TopicPartition
 
 from keyrange.errors import UserError
 from keyrange.kafkaclients import KafkaClients
 from keyrange.kafkaio import TopicSpec, ensure_topics
+from keyrange.kafkaquirks import Failure, classify, kafka_error, read_past_listed_end
 from keyrange.ranges.ownership import allowed_slots, has_read_ahead, has_released, supersedes
 from keyrange.ranges.pauses import HandoffPause
 from keyrange.ranges.rangemap import RangeMap
@@ -265,7 +266,8 @@ class ControlChannel:
     """
 
     def __init__(self, bootstrap: str, group_id: str, client_name: str = "keyrange",
-                 client_properties: Mapping[str, str] | None = None) -> None:
+                 client_properties: Mapping[str, str] | None = None,
+                 make_producer: Callable[[dict[str, Any]], Producer] = Producer) -> None:
         self.bootstrap = bootstrap
         self.group_id = group_id
         self.topic = control_topic(group_id)
@@ -273,10 +275,11 @@ class ControlChannel:
         clients = KafkaClients(bootstrap, client_properties or {})
         self._clients = clients
         self._client_name = client_name
+        self._make_producer = make_producer
         self._writer: Producer | None = None
         self._commit_unfinished = False
         """A controller write whose commit timed out; the next write finishes it first."""
-        self._producer = Producer(clients.producer({"linger.ms": 0, "acks": "all",
+        self._producer = make_producer(clients.producer({"linger.ms": 0, "acks": "all",
                                                     "client.id": f"{client_name}-control"}))
         # A group id is required by the client but never used: offsets are not committed,
         # every reader reads the whole compacted topic from the beginning.
@@ -324,10 +327,7 @@ class ControlChannel:
             self.poll(0.1)
             positions = self._consumer.position([TopicPartition(self.topic, 0)])
             if positions[0].offset >= high or high <= 0:
-                # tansu workaround: tansu's ListOffsets answer can be too low right after a
-                # write, so one more short read picks up what it missed. On Apache Kafka the
-                # answer is exact and this read finds nothing new: it costs 0.1 s at most, once.
-                self.poll(0.1)
+                read_past_listed_end(self.poll)
                 return
 
     def read_progress(self, timeout_seconds: float = 5.0) -> tuple[int, int]:
@@ -341,10 +341,13 @@ class ControlChannel:
     def claim_writer(self, timeout_seconds: float = 30.0) -> None:
         """Become the group's one controller: fences any other controller of the group (its later
         writes are rejected by the broker) and resolves a transaction it left open."""
-        producer = Producer(self._clients.transactional_producer(
+        producer = self._make_producer(self._clients.transactional_producer(
             controller_transactional_id(self.group_id), transaction_timeout_ms=60_000,
             tuning={"linger.ms": 0, "client.id": f"{self._client_name}-controller"}))
-        producer.init_transactions(timeout_seconds)
+        try:
+            producer.init_transactions(timeout_seconds)
+        except SystemError as exc:
+            raise KafkaException(kafka_error(exc)) from exc
         self._writer = producer
 
     def publish(self, publication: Publication) -> None:
@@ -363,11 +366,8 @@ class ControlChannel:
         committing = False
         try:
             if self._commit_unfinished:
-                # A commit that timed out (the broker frozen or too slow) still runs inside
-                # librdkafka, which refuses every other transactional call until the application
-                # calls commit again: before this, one timeout left the controller unable to
-                # write anything ever after (_CONFLICT). Its record (an earlier prepare or
-                # assignment of ours) lands before this one; readers keep the newest of each key.
+                # A commit that timed out still runs in librdkafka, which refuses any other
+                # transactional call until it is called again; its record lands before this one.
                 committing = True
                 writer.commit_transaction(timeout)
                 self._commit_unfinished = False
@@ -376,19 +376,24 @@ class ControlChannel:
             writer.produce(self.topic, value, key)
             committing = True
             writer.commit_transaction(timeout)
-        except KafkaException as exc:
-            error = exc.args[0]
-            if error.code() in (KafkaError._FENCED, KafkaError.PRODUCER_FENCED, KafkaError.INVALID_PRODUCER_EPOCH):
+        except (KafkaException, SystemError) as exc:
+            error = kafka_error(exc)
+            failure = classify(error)
+            if failure is Failure.ABORTABLE:
+                self._commit_unfinished = False
+                try:
+                    writer.abort_transaction(timeout)
+                except (KafkaException, SystemError) as abort_exc:
+                    error = kafka_error(abort_exc)  # e.g. fenced meanwhile
+                    failure = classify(error)
+            elif committing and failure is Failure.RETRIABLE:
+                self._commit_unfinished = True
+            if failure is Failure.FENCED:
                 raise ControllerFenced(
                     f"another controller of consumer group {self.group_id!r} took over (the broker fenced this "
                     "one's transactional id): stopping. Run one controller per consumer: the operator's Lease "
                     "holder, or a single keyrange run"
                 ) from None
-            if error.txn_requires_abort():
-                self._commit_unfinished = False
-                writer.abort_transaction(timeout)
-            elif committing and error.retriable():
-                self._commit_unfinished = True
             raise ControlWriteFailed(f"control record to {self.topic} not written: {error}") from exc
 
     def report(self, report: WorkerReport) -> int:

@@ -29,6 +29,7 @@ from typing import Protocol
 from confluent_kafka import KafkaException
 
 from keyrange.errors import UserError
+from keyrange.kafkaquirks import Backoff
 from keyrange.ranges.channel import ControlChannel, ControlWriteFailed, Prepare, Publication, WorkerReport, now_ms
 from keyrange.ranges.ownership import in_transit_towards, to_acquire, to_release
 from keyrange.ranges.pauses import HandoffPauses
@@ -87,8 +88,8 @@ class RangeMember:
         self._warm: tuple[int, frozenset[int]] = (0, frozenset())
         """(prepare epoch, slots) of the newest finished read-ahead."""
         self._read_ahead_task: asyncio.Task[None] | None = None
-        self._lost_retry = (0.0, 0.5)
-        """(loop time, delay): when a failed acquire of lost slots may be tried again, and the next delay."""
+        self._lost_retry = Backoff()
+        """When a failed acquire of lost slots may be tried again."""
         self.instance = f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
         """This process's name in its reports, unique even for a worker restarted in place."""
         self.claim = -1
@@ -146,7 +147,7 @@ class RangeMember:
                 await self.engine.acquire(granted)
                 await self.report(pub.epoch)
             self.applied_epoch = pub.epoch
-        elif to_acquire(self.engine.held_slots, pub.allowed_slots(self.worker)) and loop.time() >= self._lost_retry[0]:
+        elif to_acquire(self.engine.held_slots, pub.allowed_slots(self.worker)) and self._lost_retry.ready():
             await self._acquire_lost(pub.epoch)
         elif loop.time() - self._last_report >= self.heartbeat_seconds:
             await self.report(self.applied_epoch)
@@ -172,12 +173,11 @@ class RangeMember:
                         format_slot_list(sorted(lost)))
             await self.engine.acquire(lost)
         except (KafkaException, TransactionFailed) as exc:
-            at, delay = asyncio.get_running_loop().time(), self._lost_retry[1]
-            self._lost_retry = (at + delay, min(delay * 2, 30.0))
+            delay = self._lost_retry.failed()
             log.warning("w%d: acquiring %s again failed (%s); trying again in %.1f s", self.worker,
                         format_slot_list(sorted(lost)) if lost else "lost slots", exc, delay)
             return
-        self._lost_retry = (0.0, 0.5)
+        self._lost_retry.succeeded()
         await self.report(epoch)
 
     def _check_identity(self) -> None:

@@ -4,9 +4,8 @@ confluent-kafka's Consumer is not thread-safe, so every call on it (fetch, assig
 watermarks, close) runs on a single-thread executor and calls are serialized; a fetch that waits
 for records gives way as soon as another call is queued behind it. The
 consumer never joins a group: the range map, not Kafka, decides ownership, so partitions are
-`incremental_assign`ed explicitly and the group id only keys the committed offsets. (That joins
-take about half of `session.timeout.ms` on tansu would be reason enough on the embedded broker,
-but it is not a tansu workaround: a group's rebalances would fight the range map on any broker.)
+`incremental_assign`ed explicitly and the group id only keys the committed offsets (a group's
+rebalances would fight the range map on any broker).
 """
 
 from __future__ import annotations
@@ -22,6 +21,7 @@ from confluent_kafka import Consumer, IsolationLevel, KafkaException, Message, T
 from confluent_kafka.admin import AdminClient
 from confluent_kafka.admin._listoffsets import ListOffsetsResultInfo, OffsetSpec
 
+from keyrange.kafkaquirks import Backoff, known_log_end
 from keyrange.worker.settings import WorkerSettings
 
 R = TypeVar("R")
@@ -33,46 +33,14 @@ FETCH_SLICE_SECONDS = 0.005
 behind it, and returns early if so: a handoff waits for those commands."""
 FETCH_QUEUE_BACKOFF_MS = 10
 """How long librdkafka waits before fetching a partition again once its prefetch queue was full
-(librdkafka's default: 1000 ms). A busy partition fills that queue within one fetch, so it is
-full whenever the worker pauses the partition for backpressure, and pausing drops what it holds:
-after the resume the partition then fetched nothing for up to a second while its last
-`max_pending / 2` events ran out in milliseconds. A single hot client's backlog (the hot counter,
-Apache Kafka) drained at 11.6-12.8k events/s with the default and 21.8-23.6k/s with this, in
-interleaved drains; 10 ms of waiting costs a timer, not a request."""
+(librdkafka's default: 1000 ms). A busy partition's queue is full whenever the worker pauses it for
+backpressure, and pausing drops what it holds: with the default a resumed partition fetched
+nothing for up to a second (a hot client drained at half the rate: BENCHMARKS.md)."""
 LIST_OFFSETS_TIMEOUT_SECONDS = 2.0
 """How long one ListOffsets request for the lag may take before its answer is given up."""
 LIST_OFFSETS_RETRY_SECONDS = (1.0, 60.0)
-"""After a failed ListOffsets, the first and the longest wait before the next (doubling).
-
-librdkafka (2.16) spins while an admin request waits for a broker it cannot connect to: its
-main and broker threads wake each other, connecting about 750 times a second, for the request's
-whole timeout. Asked every second, that kept a worker at 50-100% of a core for as long as Kafka
-was down. With the short timeout and this backoff the spin lasts 2 s per try, and the tries
-thin out to one a minute."""
-
-
-class RetryBackoff:
-    """Whether to try again now: after a failure wait `first_seconds`, doubling up to
-    `longest_seconds` while failures go on; no wait after a success."""
-
-    def __init__(self, first_seconds: float, longest_seconds: float,
-                 clock: Callable[[], float] = time.monotonic) -> None:
-        self._first, self._longest, self._clock = first_seconds, longest_seconds, clock
-        self._delay = 0.0
-        self._next_at = float("-inf")
-
-    def ready(self) -> bool:
-        """True when no wait is due."""
-        return self._clock() >= self._next_at
-
-    def failed(self) -> None:
-        """A try failed: wait before the next, longer than last time."""
-        self._delay = self._first if self._delay == 0 else min(self._delay * 2, self._longest)
-        self._next_at = self._clock() + self._delay
-
-    def succeeded(self) -> None:
-        """A try succeeded: the next one may come at once."""
-        self._delay, self._next_at = 0.0, float("-inf")
+"""After a failed ListOffsets, the first and the longest wait before the next (doubling): librdkafka
+spins on a core while an admin request waits for a broker it cannot reach (docs/kafka.md)."""
 
 
 def worker_client_id(settings: WorkerSettings, role: str) -> str:
@@ -113,7 +81,7 @@ class ThreadedConsumer:
         """The ListOffsets request in flight, if any (see `high_watermarks`)."""
         self._listed_ends: dict[int, int] = {}
         """Each partition's end as the last ListOffsets answer gave it."""
-        self._listing_backoff = RetryBackoff(*LIST_OFFSETS_RETRY_SECONDS)
+        self._listing_backoff = Backoff(*LIST_OFFSETS_RETRY_SECONDS)
 
     async def _call(self, function: Callable[..., R], *args: Any) -> R:
         self._commands_queued += 1
@@ -168,8 +136,7 @@ class ThreadedConsumer:
         consumer = self._c
         if not consumer.assignment():
             # librdkafka asks for the metadata of a topic it does not know only at its next
-            # once-a-second scan, so a first assignment would wait up to 1 s to fetch (on Kafka;
-            # tansu answers a consumer's first metadata request with every topic). Asking now
+            # once-a-second scan, so a first assignment would wait up to 1 s to fetch. Asking now
             # takes one round trip; if it fails, the scan still finds the topic.
             with contextlib.suppress(KafkaException):
                 consumer.list_topics(self._topic, timeout=self._settings.kafka_timeout_seconds)
@@ -199,16 +166,10 @@ class ThreadedConsumer:
             await self._call(self._c.resume, tps)
 
     async def high_watermarks(self, partitions: Iterable[int]) -> dict[int, int]:
-        """High watermark per partition (-1 when unknown): the larger of the one last seen in fetch
-        responses and the broker's last ListOffsets answer, which is at most one call old.
-
-        tansu workaround: tansu's ListOffsets answers a high watermark far too low after a batched
-        produce (1 after 5,000 records), while its fetch responses carry the true one; hence the
-        cached fetch-response value. On Apache Kafka ListOffsets is exact and stays fresh while a
-        partition is paused for backpressure, when no fetch responses come and the cached value
-        freezes. Both are lower bounds of the true end on either broker, so their maximum is never
-        too high, and on Kafka it is the true end: no broker detection is needed. The request
-        never waits on the consumer's thread or the network: its answer is taken by the next call.
+        """High watermark per partition (-1 when unknown): `known_log_end` of the one last seen in
+        fetch responses (frozen while a partition is paused for backpressure) and the broker's last
+        ListOffsets answer, which is at most one call old. The request never waits on the
+        consumer's thread or the network: its answer is taken by the next call.
         """
         wanted = list(partitions)
 
@@ -221,7 +182,7 @@ class ThreadedConsumer:
         cached = await self._call(highs)
         self._take_listed_ends()
         self._ask_list_offsets(wanted)
-        return {p: max(high, self._listed_ends.get(p, -1)) for p, high in cached.items()}
+        return {p: known_log_end(high, self._listed_ends.get(p, -1)) for p, high in cached.items()}
 
     def _take_listed_ends(self) -> None:
         if not self._listing or not all(f.done() for f in self._listing.values()):

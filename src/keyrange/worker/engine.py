@@ -28,6 +28,7 @@ from keyrange import metrics as metric_defs
 from keyrange.handlers import Handler
 from keyrange.kafkaio import TopicSpec, ensure_topics, max_message_bytes, require_topic, until_reachable
 from keyrange.kafkalog import RepeatSummary
+from keyrange.kafkaquirks import Backoff
 from keyrange.ranges.pauses import HandoffPauses
 from keyrange.worker.attempts import AttemptRunner
 from keyrange.worker.committer import Committer
@@ -371,15 +372,15 @@ class Worker:
             await self.release([slot], commit=False)
         finally:
             self._losing.pop(slot, None)
-        delay = 0.5
+        backoff = Backoff()
         while again and not self._stopping:
             try:
                 await self.acquire([slot])
                 return
             except (KafkaException, TransactionFailed) as exc:  # the fault that failed the producer
+                delay = backoff.failed()
                 log.warning("acquiring slot %d again failed (%s); trying again in %.1f s", slot, exc, delay)
                 await asyncio.sleep(delay)
-                delay = min(delay * 2, 30.0)
 
     async def _losses_released(self, slots: Iterable[int]) -> None:
         """Wait until the slots among `slots` whose producer failed are released."""

@@ -153,10 +153,7 @@ class LogReader:
             [TopicPartition(t, p, ms) for (t, p), ms in times_ms.items()], timeout=timeout)
         out = {}
         for tp in found:
-            # tansu workaround: tansu matches broker append time, not the records' CreateTime, and
-            # answers 0 (not -1) for a future time; its ListOffsets end below can be too low. All
-            # three only start the read earlier (a longer read, never a skipped record). On
-            # Apache Kafka the answer is the CreateTime match this asks for.
+            # A broker's answer that is too early (tansu's: docs/kafka.md) only makes a longer read.
             out[(tp.topic, tp.partition)] = (
                 tp.offset if tp.offset >= 0 else self._consumer.get_watermark_offsets(tp, timeout=timeout)[1])
         return out

@@ -14,9 +14,9 @@ Every commit interval the committer hands each slot the records finished since i
 transaction (processed records, dead letters, state changelog records, the totals record) and
 its committable offset; they commit atomically, so after a crash either all of them are visible
 (read_committed) and the offset is past the events, or none are and the events run again.
-(On tansu a fenced or crashed owner's open transaction is committed, torn, by the next
-`init_transactions` instead of aborted: see `_commit` and rebuild.py.) Each producer has its own
-thread because a commit blocks until the broker acknowledges; slots commit in parallel.
+(tansu commits, torn, what a dead owner left open: see docs/kafka.md and rebuild.py.) Each
+producer has its own thread because a commit blocks until the broker acknowledges; slots commit
+in parallel. What a failed call means, and the waits between tries, come from kafkaquirks.py.
 """
 
 from __future__ import annotations
@@ -33,6 +33,7 @@ from typing import Any
 from confluent_kafka import KafkaError, KafkaException, Producer, TopicPartition
 
 from keyrange.events import MAX_EVENT_BYTES
+from keyrange.kafkaquirks import Backoff, Failure, classify, kafka_error, outputs_acknowledged_before_offsets
 from keyrange.worker.callthread import CallThread
 from keyrange.worker.consumer import worker_client_id
 from keyrange.worker.settings import WorkerSettings
@@ -49,56 +50,22 @@ COMMIT_DEADLINE_SECONDS = 40.0
 producer up (TransactionFailed, gave_up): the slot is then released without committing and
 acquired again, by a fresh producer whose init_transactions fences this one and aborts what it
 left open. An outage shorter than about this is waited out in place (the first flush waits the
-client timeout, 30 s, then one more try fits). Waiting longer is not only slower: librdkafka
-(2.16) can leave a producer whose broker restarted without a usable connection after the broker
-is back ("No brokers available for Transactions"), its outputs unacknowledged for minutes, while
-a new producer connects at once. Shorter than the transaction timeout, after which the broker
-aborts the transaction anyway."""
-RETRY_BACKOFF_MAX_SECONDS = 30.0
-"""The longest wait between two tries of a transaction while Kafka is unavailable."""
+client timeout, 30 s, then one more try fits); past it a fresh producer beats waiting, as one whose
+broker restarted may never get a usable connection back (docs/kafka.md). Shorter than the
+transaction timeout, after which the broker aborts the transaction anyway."""
 CONNECT_TIMEOUT_SECONDS = 5.0
 """How long a slot's producer waits for a broker connection before `init_transactions` (which
 then waits on its own, retrying)."""
 OFFSETS_TIMEOUT_SECONDS = 10.0
 """How long one send_offsets_to_transaction may take (a retriable timeout is tried again)."""
 CALL_STUCK_SECONDS = 5.0
-"""How long past its own timeout a producer call may go on before it counts as never returning:
-librdkafka (2.16) can leave send_offsets_to_transaction's request to the group coordinator
-unanswered past the call's timeout, for good, when the coordinator's broker died and left the
-metadata (librdkafka issues 5456 and 5511). The call is then left to its thread and its producer
-given up; a whole commit likewise, COMMIT_DEADLINE_SECONDS + this after it began."""
-
-_FENCED_CODES = frozenset({KafkaError._FENCED, KafkaError.PRODUCER_FENCED})
-"""Errors that say another producer initialised the slot's transactional id: this producer can
-neither commit nor abort again, whether librdkafka flags the error fatal or only abortable.
-tansu workaround: Apache Kafka's fencing answers reach a transaction as fatal _FENCED wherever it
-is fenced (AddPartitionsToTxn, Produce, AddOffsetsToTxn, EndTxn), but tansu answers a fenced
-ProduceRequest with PRODUCER_FENCED and accepts a fenced AddOffsetsToTxn, then fails its
-TxnOffsetCommit (_FENCED): librdkafka (2.16) flags both only abortable. Taken for a transient
-failure, the abort was retried until COMMIT_DEADLINE_SECONDS (tansu drops the connection on a fenced
-EndTxn) and the producer counted as given up instead of fenced. On Kafka these codes only ever came
-fatal (at each of those five points), so recognising them by code changes nothing there: a worker
-with static slots stops on them (engine.py `SlotFailure`) as it already did. INVALID_PRODUCER_EPOCH
-is left to librdkafka's flags: flagged abortable (Java clients since KIP-588) it means the broker
-aborted this producer's own timed-out transaction, which an abort and a retry get over."""
-
-
-def _kafka_error(exc: KafkaException | SystemError) -> KafkaError:
-    """The KafkaError a producer call failed with; `exc` itself if it carries none.
-
-    confluent-kafka (2.x) can raise SystemError ("<built-in function isinstance> returned a result
-    with an exception set") instead of the call's KafkaException: it ran the `logger` callback
-    (librdkafka logging the fatal error) while that exception was pending, and the KafkaException
-    is left as the SystemError's cause. Seen from flush() of a slot producer fenced mid-transaction
-    on Kafka: taken for a bug, it stopped the worker instead of releasing the slot as fenced."""
-    cause = exc if isinstance(exc, KafkaException) else exc.__cause__
-    if isinstance(cause, KafkaException) and isinstance(cause.args[0], KafkaError):
-        return cause.args[0]
-    raise exc
-
+"""How long past its own timeout a producer call may go on before it counts as never returning
+(librdkafka can leave a request to a coordinator that died unanswered for good: docs/kafka.md).
+The call is then left to its thread and its producer given up; a whole commit likewise,
+COMMIT_DEADLINE_SECONDS + this after it began."""
 
 class _Backoff:
-    """Waits between tries of one slot's transaction, doubling up to a cap, one log line each, and
+    """Waits between tries of one slot's transaction (kafkaquirks' Backoff), one log line each, and
     keeps the transaction's deadline (COMMIT_DEADLINE_SECONDS from the first try).
 
     It gives up (TransactionFailed) at a failure once `give_up` is set (the worker stops: a SIGTERM
@@ -114,7 +81,7 @@ class _Backoff:
         self.give_up = give_up
         self.abandoned = abandoned
         self.tries = 0
-        self.delay = 0.5
+        self._waits = Backoff(clock=clock)
         self._clock = clock
         self.deadline = clock() + COMMIT_DEADLINE_SECONDS
 
@@ -127,10 +94,10 @@ class _Backoff:
             raise TransactionFailed(f"{self.who}: {why}, still failing after {self.tries} tries over "
                                     f"{COMMIT_DEADLINE_SECONDS:g} s: giving this producer up; the slot resumes from "
                                     "the last committed offsets", gave_up=True)
+        delay = self._waits.failed()
         log.warning("%s: %s; Kafka may be unavailable: trying again in %.1f s (try %d)", self.who, why,
-                    self.delay, self.tries)
-        self.give_up.wait(min(self.delay, self.deadline - self._clock()))
-        self.delay = min(self.delay * 2, RETRY_BACKOFF_MAX_SECONDS)
+                    delay, self.tries)
+        self.give_up.wait(min(delay, self.deadline - self._clock()))
 
     def timeout(self, longest: float, what: str) -> float:
         """The timeout of the next call (`what`): `longest`, cut to what is left of the deadline;
@@ -217,18 +184,15 @@ class SlotTransactions:
             # aggregation) when nobody takes the slot over.
             transaction_timeout_ms=TRANSACTION_TIMEOUT_MS,
             tuning={"client.id": worker_client_id(s, f"slot-{self.slot}"),
-                    # A request to a frozen broker (SIGSTOP, a stalled VM: its connection stays
-                    # open, nothing answers) is given up and sent again, to the partition's or
-                    # coordinator's new node, after 10 s instead of librdkafka's 30 s and 60 s: in
-                    # the frozen-broker fault test commits stalled 61 s before, 10-17 s after.
-                    # Retrying is safe: the producer is idempotent and transactional.
+                    # A request to a frozen broker is sent again to the new leader after 10 s, not
+                    # librdkafka's 30-60 s (BENCHMARKS.md); safe: the producer is idempotent.
                     "request.timeout.ms": 10_000, "socket.timeout.ms": 10_000,
                     "linger.ms": 5,
                     "message.max.bytes": PRODUCER_MAX_MESSAGE_BYTES,
                     **({"batch.size": self._batch_bytes} if self._batch_bytes is not None else {})},
         ))
-        # Connected now, not at `open`: a new producer's first request waits about 50 ms (librdkafka
-        # 2.16 on 127.0.0.1), which a read-ahead's producer spends while the old owner still works.
+        # Connected now, not at `open`: a read-ahead's producer waits for its first connection while
+        # the old owner still works.
         self._connect(self._producer)
 
     async def open(self) -> None:
@@ -240,24 +204,19 @@ class SlotTransactions:
             assert self._producer is not None
             try:
                 self._producer.init_transactions(self._settings.kafka_timeout_seconds)
-            except KafkaException as exc:
-                raise TransactionFailed(f"cannot initialise {self.transactional_id}: {exc.args[0]}") from exc
+            except (KafkaException, SystemError) as exc:
+                raise TransactionFailed(f"cannot initialise {self.transactional_id}: {kafka_error(exc)}") from exc
             self._initialised = True
 
         await asyncio.get_running_loop().run_in_executor(self._executor, init)
 
     def _connect(self, producer: Producer) -> None:
-        """Have a broker connection up before `init_transactions`. A producer connects to brokers
-        only when it needs one; if none is up when init_transactions asks for the transaction
-        coordinator, librdkafka (2.16) tries again only after a fixed 500 ms. That was most of a
-        handoff's pause on Apache Kafka: 505-530 ms in `init_transactions` against 3 ms with a
-        connection up.
+        """Have a broker connection up before `init_transactions`, which otherwise waits a fixed
+        500 ms for the coordinator when none is (most of a handoff's pause: BENCHMARKS.md).
 
         Two metadata requests of the sink topic: the first is answered over the bootstrap
-        connection, which librdkafka drops once the answer names the brokers, so right after it
-        no connection may be up again (the 500 ms wait still came in a quarter of the acquires
-        right after a producer was created); the second waits until a connection to a named
-        broker is up."""
+        connection, which librdkafka drops once the answer names the brokers; the second waits
+        until a connection to a named broker is up."""
         timeout = min(CONNECT_TIMEOUT_SECONDS, self._timeout)
         try:
             producer.list_topics(self._settings.sink, timeout=timeout)
@@ -302,27 +261,22 @@ class SlotTransactions:
                 for r in records:
                     self._produce(producer, r)
                 if offsets:
-                    # tansu workaround: offsets only after every output was acknowledged. Kafka
-                    # commits or aborts a transaction whole, so this changes nothing there; but tansu's
-                    # init_transactions COMMITS what a killed predecessor left open, i.e. the
-                    # per-partition prefixes librdkafka had delivered. Flushing first means that
-                    # if those offsets become visible, so did every output before them (no loss);
-                    # rebuild.py copes with the torn prefixes of outputs and changelog.
-                    self._flush(producer, retry)
-                    self._retrying(retry, "sending its offsets", OFFSETS_TIMEOUT_SECONDS,
-                                   lambda timeout: self._send_offsets(producer, offsets, timeout))
+                    outputs_acknowledged_before_offsets(
+                        lambda: self._flush(producer, retry),
+                        lambda: self._retrying(retry, "sending its offsets", OFFSETS_TIMEOUT_SECONDS,
+                                               lambda timeout: self._send_offsets(producer, offsets, timeout)))
                 self._retrying(retry, "committing", self._timeout, producer.commit_transaction)
                 retry.recovered()
                 return
             except (KafkaException, SystemError) as exc:
-                error = _kafka_error(exc)
-                if error.fatal() or error.code() in _FENCED_CODES or error.code() == KafkaError._CONFLICT:
+                error = kafka_error(exc)
+                if classify(error) in (Failure.FENCED, Failure.CONFLICT, Failure.FATAL):
                     raise self._failed(error, len(records)) from exc
                 retry.failed(f"the transaction was aborted ({error})")
                 try:
                     self._retrying(retry, "aborting", self._timeout, producer.abort_transaction)
                 except (KafkaException, SystemError) as abort_exc:
-                    raise self._failed(_kafka_error(abort_exc), len(records)) from abort_exc
+                    raise self._failed(kafka_error(abort_exc), len(records)) from abort_exc
 
     def _send_offsets(self, producer: Producer, offsets: list[TopicPartition], timeout: float) -> None:
         """send_offsets_to_transaction, on a thread of its own so that a call that never returns
@@ -354,14 +308,13 @@ class SlotTransactions:
             raise outcome[0]
 
     def _failed(self, error: KafkaError, records: int) -> TransactionFailed:
-        if error.code() in (KafkaError._FENCED, KafkaError.PRODUCER_FENCED, KafkaError.INVALID_PRODUCER_EPOCH):
+        failure = classify(error)
+        if failure is Failure.FENCED:
             why = (f"slot {self.slot} was acquired by another worker (its transactional id fenced this one), "
                    f"or Kafka was away longer than the transaction timeout ({TRANSACTION_TIMEOUT_MS // 1000} s) "
                    "and aborted the transaction")
-        elif error.code() == KafkaError._CONFLICT:
-            # librdkafka still runs a transactional call that timed out (e.g. a commit while this
-            # worker was frozen or Kafka away) and refuses any other until it ends; when the broker
-            # has fenced the producer meanwhile, it never does, and retrying the abort spun forever.
+        elif failure is Failure.CONFLICT:
+            # Retrying (an abort) would spin forever behind the call that never ends.
             why = f"slot {self.slot}'s producer is stuck behind a transactional call that did not finish"
         else:
             why = f"transaction of {records} records of slot {self.slot} failed"
@@ -386,10 +339,10 @@ class SlotTransactions:
             try:
                 call(retry.timeout(longest, what))
                 return
-            except KafkaException as exc:
-                error: KafkaError = exc.args[0]
-                if error.fatal() or not error.retriable() or error.code() == KafkaError._CONFLICT:
-                    raise  # _CONFLICT: another call is still in progress; see `_failed`
+            except (KafkaException, SystemError) as exc:
+                error = kafka_error(exc)
+                if classify(error) is not Failure.RETRIABLE:
+                    raise
                 retry.failed(f"{what} failed ({error})")
 
     def _flush(self, producer: Producer, retry: _Backoff) -> None:
@@ -430,8 +383,7 @@ class SlotTransactions:
                 self._created.result()
             producer, self._producer = self._producer, None
             # A producer whose transaction failed is not flushed: its outputs are discarded with
-            # the transaction, and with Kafka away the flush only waited its 5 s (every slot's
-            # release took 5 s in a 45 s outage).
+            # the transaction, and with Kafka away the flush would only wait out its timeout.
             if producer is not None and not self._transaction_failed:
                 with contextlib.suppress(KafkaException):  # a fenced producer raises its fatal error
                     producer.flush(5.0)
