@@ -88,3 +88,18 @@ def test_a_producer_whose_clock_is_behind_still_gets_its_duplicates_dropped() ->
     assert seen.add_if_new("late", late)
     assert not seen.add_if_new("late", late)  # its duplicate, right after: within the TTL
     assert "late" in seen
+
+
+def test_events_less_than_a_bucket_apart_cannot_walk_the_clock_past_the_wall_clock() -> None:
+    now = [1000.0]
+    seen = TtlSet(10.0, lambda: now[0])
+    for i in range(2000):  # a burst from a producer running ahead: each 0.19 s (< one bucket) after the last
+        seen.add_if_new(f"burst{i}", 1000.0 + i * 0.19)
+    assert seen.stream_time <= now[0]
+    assert seen.add_if_new("x", now[0])
+    for i in range(3000):  # then 30 s of 100 events/s, on time
+        now[0] = 1000.0 + i / 100
+        seen.add_if_new(f"u{i}", now[0])
+    # Sent again 30 s (3 x the TTL) after the original: handled again, and the burst has expired.
+    assert seen.add_if_new("x", now[0])
+    assert len(seen) <= 100 * 10 * (1 + 1 / BUCKETS_PER_TTL) + 2

@@ -1,8 +1,9 @@
 """The dedup window of one partition: uuids seen within a TTL, in event time.
 
 The window's clock is the partition's stream time: the newest event time (`created`) seen, never
-later than the wall clock, so one event from a producer whose clock runs ahead cannot flush the
-window. An event is remembered at the stream time just after it was seen, which is its own
+later than the wall clock (every step is capped, however small), so events from a producer whose
+clock runs ahead can neither flush the window nor walk its clock ahead and keep it from expiring.
+An event is remembered at the stream time just after it was seen, which is its own
 `created` for a well-behaved stream (created times grow along the log) and bounds it both ways
 otherwise: an event from the future enters at the wall clock (it cannot pin its entry, and every
 entry after it, in the window forever), and one from a producer whose clock is behind enters at
@@ -30,7 +31,7 @@ BUCKETS_PER_TTL = 50
 class TtlSet:
     """Remembers strings for `ttl_seconds` of stream time after their event time."""
 
-    __slots__ = ("_bucket_seconds", "_buckets", "_members", "_wall_clock", "stream_time", "ttl_seconds")
+    __slots__ = ("_bucket_seconds", "_buckets", "_members", "_wall_clock", "_wall_read", "stream_time", "ttl_seconds")
 
     def __init__(self, ttl_seconds: float, wall_clock: Callable[[], float]) -> None:
         if ttl_seconds <= 0:
@@ -38,6 +39,8 @@ class TtlSet:
         self.ttl_seconds = ttl_seconds
         self._bucket_seconds = ttl_seconds / BUCKETS_PER_TTL
         self._wall_clock = wall_clock
+        # The latest reading of the wall clock: an event time at or below it needs no new reading.
+        self._wall_read = float("-inf")
         self.stream_time = float("-inf")
         """The newest event time seen (seconds), capped at the wall clock."""
         self._members: set[str] = set()
@@ -71,9 +74,12 @@ class TtlSet:
                 members.discard(key)
 
     def _advance(self, event_time: float) -> None:
-        if event_time > self.stream_time + self._bucket_seconds:
-            # Checking the wall clock once per bucket width keeps the hot path cheap.
-            event_time = min(event_time, self._wall_clock())
+        # Every step is capped (small steps under a cap checked per jump would add up past the wall
+        # clock); the clock is read only when an event passes its last reading.
+        if event_time > self._wall_read:
+            self._wall_read = self._wall_clock()
+            if event_time > self._wall_read:
+                event_time = self._wall_read
         if event_time > self.stream_time:
             self.stream_time = event_time
             self.expire()
