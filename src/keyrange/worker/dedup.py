@@ -28,6 +28,12 @@ BUCKETS_PER_TTL = 50
 """Expiry granularity: the TTL is cut into this many buckets (2% overshoot at most)."""
 
 
+def window_seconds(ttl_seconds: float) -> float:
+    """The longest an entry stays, in stream time: the TTL and one bucket (a restore reads this far
+    back from the stream time to rebuild the window)."""
+    return ttl_seconds * (1 + 1 / BUCKETS_PER_TTL)
+
+
 class TtlSet:
     """Remembers strings for `ttl_seconds` of stream time after their event time."""
 
