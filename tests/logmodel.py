@@ -144,7 +144,7 @@ def restored_window(settings: WorkerSettings, reader: ModelReader, partition: in
     now = [now_s]
     window = TtlSet(settings.ttl_seconds, lambda: now[0])
     for uuid, event_s in restored.seen:
-        window.add_if_new(uuid, event_s)
+        window.replay(uuid, event_s)
 
     def set_wall(t: float) -> None:
         now[0] = t

@@ -103,3 +103,21 @@ def test_events_less_than_a_bucket_apart_cannot_walk_the_clock_past_the_wall_clo
     # Sent again 30 s (3 x the TTL) after the original: handled again, and the burst has expired.
     assert seen.add_if_new("x", now[0])
     assert len(seen) <= 100 * 10 * (1 + 1 / BUCKETS_PER_TTL) + 2
+
+
+def test_a_replayed_event_from_the_future_does_not_move_the_clock() -> None:
+    # A restore replays the log without the wall clock each event was seen at: an event stamped
+    # past the clock now was past its owner's then, and its owner saw it at the stream time or later.
+    seen = TtlSet(10.0, wall)
+    seen.replay("a", WALL - 60)
+    seen.replay("ahead", WALL + 3600)
+    assert seen.stream_time == WALL - 60
+    assert "ahead" in seen
+    seen.replay("b", WALL - 59)
+    assert seen.stream_time == WALL - 59 and "a" in seen
+
+
+def test_a_replay_that_starts_from_the_future_starts_the_clock_at_the_wall_clock() -> None:
+    seen = TtlSet(10.0, wall)
+    seen.replay("ahead", WALL + 3600)
+    assert seen.stream_time == WALL and "ahead" in seen

@@ -68,6 +68,20 @@ class TtlSet:
         self._remember(key, self.stream_time)
         return True
 
+    def replay(self, key: str, event_time: float) -> None:
+        """Add `key` as a restore replays the log before the committed offset (rebuild.py): as
+        `add_if_new`, except that an event time past the wall clock does not move the stream time.
+        Its owner bounded it by the wall clock when it saw it, which the log does not keep; that was
+        no earlier than the stream time then, where it enters. (Bounding it by the clock now
+        instead, a restore long after a partition's last event, stamped in the future, would move
+        the clock past the whole window.)"""
+        if event_time > self._wall_read:
+            self._wall_read = self._wall_clock()
+        if event_time <= self._wall_read or self.stream_time == float("-inf"):
+            self.add_if_new(key, event_time)
+        elif key not in self._members:
+            self._remember(key, self.stream_time)
+
     def expire(self) -> None:
         """Forget every bucket older than the TTL (in stream time)."""
         if not self._buckets:

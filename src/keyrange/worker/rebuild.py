@@ -162,10 +162,13 @@ def plan_reads(reader: LogReader, settings: WorkerSettings, start_offsets: dict[
         before = [e for e in tail if e.offset < committed]
         # The window's clock is the newest event time before C, capped at the wall clock (dedup.py),
         # so neither the record at C nor a late record before it can pull it back, and an idle
-        # partition keeps the stream time its last events gave it, not now.
+        # partition keeps the stream time its last events gave it, not now. An event stamped past
+        # now moved it to when its owner saw it, which is not known (TtlSet.replay): left out.
         event_ms = [int(e.event_s * 1000) for e in before if e.uuid is not None]
-        if event_ms:
-            stream_ms[p] = min(now_ms, max(event_ms))
+        if any(ms <= now_ms for ms in event_ms):
+            stream_ms[p] = max(ms for ms in event_ms if ms <= now_ms)
+        elif event_ms:
+            stream_ms[p] = now_ms - slack_ms  # all ahead of this clock: by the slack at most, or skewed
         elif before:
             stream_ms[p] = 0  # only bad input in the tail: the window's clock is older, read it all
         if any(e.offset >= committed for e in tail):
