@@ -87,6 +87,19 @@ def test_one_created_far_in_the_future_before_an_idle_committed_offset_keeps_the
     assert all((u in live) == (u in restored) for u in run.uuids)
 
 
+def test_one_created_far_in_the_future_before_the_committed_offset_does_not_hide_its_outputs() -> None:
+    run = steady_run(1000)
+    committed = 900
+    future_ms = T0_MS + 365 * 86_400_000
+    odd = run.records[committed - 1]
+    run.records[committed - 1] = Record(odd.offset, future_ms, odd.appended_ms, odd.value, odd.key)
+    sink = [Record(o, T0_MS + o * 100 + 80, T0_MS + o * 100 + 80) for o in range(950)]
+    reader = ModelReader(model_logs(run, sink=sink), "kafka")
+    now_s = (T0_MS + 3_600_000) / 1000  # an hour later
+    plan = plan_reads(reader, SETTINGS, {0: committed}, {t: 1 for t, _ in (INPUT, SINK, DLQ)}, now_s)  # type: ignore[arg-type]
+    assert plan.starts[SINK] <= committed  # the output of offset 900 was written right after it
+
+
 def test_a_partition_whose_tail_is_bad_input_reads_its_window_from_the_start() -> None:
     run = steady_run(200)
     for o in range(136, 200):  # the 64 records before offset 200 are not events

@@ -139,8 +139,8 @@ class ReadPlan:
     tell (never later than it was, within the clock slack): the input is read from TTL before."""
     written_ms: dict[int, int]
     """Per partition, a time no later than when the outputs of offsets at or after the committed one
-    were written (within the clock slack): the newest record timestamp up to that offset, or now when
-    the partition ends there."""
+    were written (within the clock slack): the newest record timestamp up to that offset that is not
+    past now, or now when the partition ends there."""
 
 
 def plan_reads(reader: LogReader, settings: WorkerSettings, start_offsets: dict[int, int],
@@ -173,8 +173,10 @@ def plan_reads(reader: LogReader, settings: WorkerSettings, start_offsets: dict[
             stream_ms[p] = 0  # only bad input in the tail: the window's clock is older, read it all
         if any(e.offset >= committed for e in tail):
             # An output of an offset >= C was written after the record at C was appended, so after
-            # every record before it was: the newest timestamp among them bounds it from below.
-            written_ms[p] = min(now_ms, max(e.timestamp_ms for e in tail))
+            # every record before it was: the newest timestamp among them bounds it from below
+            # (one stamped past now says nothing about when it was appended).
+            stamped = [e.timestamp_ms for e in tail if e.timestamp_ms <= now_ms]
+            written_ms[p] = max(stamped) if stamped else now_ms - slack_ms
     # A partition that ends at its committed offset has no event at or past it, so no output of
     # one to find (a transaction marker at the offset does not count: records may follow it).
     ended = {p for p in parts if ends[(topic, p)] <= start_offsets[p]} if skip_ended else set()
