@@ -70,6 +70,18 @@ class ModelReader:
     broker: str = "kafka"
     asked_times: dict[Span, int] = field(default_factory=dict)
     """The times the last offsets_at call asked for."""
+    committed: dict[int, int] = field(default_factory=dict)
+    """The group's committed offsets, per input partition (`start_offsets`)."""
+
+    def connect(self, topics: object) -> None:
+        """Nothing to connect to."""
+
+    def close(self) -> None:
+        """Nothing to close."""
+
+    def start_offsets(self, topic: str, partitions: list[int]) -> dict[int, int]:
+        """The committed offset of each partition, or 0."""
+        return {p: self.committed.get(p, 0) for p in partitions}
 
     def read(self, starts: dict[Span, int], stops: dict[Span, int] | None = None,
              each: Callable[[Span, list[FakeMessage]], None] | None = None

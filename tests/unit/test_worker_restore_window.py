@@ -4,10 +4,12 @@ bounded stretch of the logs (rebuild.plan_reads), on Apache Kafka's and tansu's 
 from __future__ import annotations
 
 import random
+from unittest.mock import patch
 
 import pytest
 
 from keyrange.worker.dedup import BUCKETS_PER_TTL, TtlSet
+from keyrange.worker.readahead import Restorer
 from keyrange.worker.rebuild import plan_reads
 from keyrange.worker.settings import WorkerSettings
 from tests.logmodel import LiveRun, ModelReader, Record, restored_window, same_window
@@ -175,6 +177,47 @@ def test_the_restored_window_is_the_live_one_at_any_committed_offset(broker: str
             live_wall(wall)
             restored_wall(wall)
             assert live.add_if_new(uuid, event_s) == restored.add_if_new(uuid, event_s), f"seed {seed}, {uuid}"
+
+
+@pytest.mark.parametrize("broker", ["kafka", "tansu"])
+def test_a_read_ahead_always_covers_the_final_restore_and_rebuilds_the_live_window(broker: str) -> None:
+    for seed in SEEDS[:80]:
+        read_ahead_then_grant(seed, broker)
+
+
+def read_ahead_then_grant(seed: int, broker: str) -> None:
+    rng = random.Random(seed)
+    ttl_seconds = rng.choice([1.0, 2.0, 10.0])
+    settings = WorkerSettings(bootstrap="unused:9092", topic="events", group_id="g", worker_id="w0",
+                              ttl_seconds=ttl_seconds, restore_clock_slack_seconds=ttl_seconds)
+    run = random_run(rng, ttl_seconds)
+    n = len(run.records)
+    ahead_at = rng.randint(0, n)  # committed when the new owner reads ahead
+    committed = rng.choice([ahead_at, rng.randint(ahead_at, n)])  # committed at the grant
+    seen_ahead = rng.randint(ahead_at, n)  # the input's end when it reads ahead
+    seen_at_grant = rng.randint(max(seen_ahead, committed), n)
+    ahead_s = max([r.appended_ms / 1000 for r in run.records[:seen_ahead]] + run.handled_at_s[:ahead_at]
+                  + [T0_MS / 1000])
+    grant_s = max([r.appended_ms / 1000 for r in run.records[:seen_at_grant]] + run.handled_at_s[:committed]
+                  + [ahead_s]) + rng.random() * ttl_seconds
+    logs = {**model_logs(run, seen_ahead), (settings.sink, 0): [], (settings.dlq, 0): [], (settings.state, 0): []}
+    reader = ModelReader(logs, broker, committed={0: ahead_at})
+    counts = {settings.topic: 1, settings.sink: 1, settings.dlq: 1, settings.state: 1}
+    with (patch("keyrange.worker.readahead.LogReader", lambda _settings: reader),
+          patch("keyrange.worker.readahead.restore_with", side_effect=AssertionError("read it all"))):
+        restorer = Restorer(settings, counts)
+        try:
+            prefetched = restorer.prefetch([0], now_s=ahead_s)
+            logs[(settings.topic, 0)] = run.records[:seen_at_grant]
+            reader.committed = {0: committed}
+            restored = restorer.restore_slots([0], prefetched, now_s=grant_s)[0]
+        finally:
+            restorer.close()
+    window = TtlSet(ttl_seconds, lambda: grant_s)
+    for uuid, event_s in restored.seen:
+        window.replay(uuid, event_s)
+    live, _ = run.window(committed)
+    assert same_window(live, window, run.uuids) == [], f"seed {seed}: {ahead_at} -> {committed} of {n}"
 
 
 def test_memory_stays_within_rate_times_ttl_whatever_the_producers_clocks() -> None:
