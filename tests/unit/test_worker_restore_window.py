@@ -150,21 +150,25 @@ def random_run(rng: random.Random, ttl_seconds: float) -> LiveRun:
     return run
 
 
+def random_case(seed: int) -> tuple[random.Random, WorkerSettings, LiveRun]:
+    """A random TTL (the clock slack as long) and stream, from `seed`."""
+    rng = random.Random(seed)
+    ttl_seconds = rng.choice([1.0, 2.0, 10.0])
+    settings = WorkerSettings(bootstrap="unused:9092", topic=SETTINGS.topic, group_id=SETTINGS.group_id,
+                              worker_id="w0", ttl_seconds=ttl_seconds, restore_clock_slack_seconds=ttl_seconds)
+    return rng, settings, random_run(rng, ttl_seconds)
+
+
 @pytest.mark.parametrize("broker", ["kafka", "tansu"])
 def test_the_restored_window_is_the_live_one_at_any_committed_offset(broker: str) -> None:
     for seed in SEEDS:
-        rng = random.Random(seed)
-        ttl_seconds = rng.choice([1.0, 2.0, 10.0])
-        settings = WorkerSettings(bootstrap="unused:9092", topic="events", group_id="g", worker_id="w0",
-                                  ttl_seconds=ttl_seconds, restore_clock_slack_seconds=ttl_seconds)
-        run = random_run(rng, ttl_seconds)
-        n = len(run.records)
+        rng, settings, run = random_case(seed)
+        ttl_seconds, n = settings.ttl_seconds, len(run.records)
         committed = rng.choice([n, rng.randint(0, n)])  # idle partitions often
         upto = rng.randint(committed, n)  # the log as the restore found it
         last_ms = max(r.appended_ms for r in run.records[:upto]) if upto else T0_MS
         now_s = max(last_ms / 1000, max(run.handled_at_s[:committed], default=0.0)) + rng.random() * 5 * ttl_seconds
-        reader = ModelReader({**model_logs(run, upto), (settings.sink, 0): [], (settings.dlq, 0): [],
-                              (settings.state, 0): []}, broker)
+        reader = ModelReader(model_logs(run, upto), broker)
         live, live_wall = run.window(committed)
         restored, _, restored_wall = restored_window(settings, reader, 0, committed, now_s)
         assert same_window(live, restored, run.uuids) == [], f"seed {seed}, committed {committed} of {n}"
@@ -186,12 +190,8 @@ def test_a_read_ahead_always_covers_the_final_restore_and_rebuilds_the_live_wind
 
 
 def read_ahead_then_grant(seed: int, broker: str) -> None:
-    rng = random.Random(seed)
-    ttl_seconds = rng.choice([1.0, 2.0, 10.0])
-    settings = WorkerSettings(bootstrap="unused:9092", topic="events", group_id="g", worker_id="w0",
-                              ttl_seconds=ttl_seconds, restore_clock_slack_seconds=ttl_seconds)
-    run = random_run(rng, ttl_seconds)
-    n = len(run.records)
+    rng, settings, run = random_case(seed)
+    ttl_seconds, n = settings.ttl_seconds, len(run.records)
     ahead_at = rng.randint(0, n)  # committed when the new owner reads ahead
     committed = rng.choice([ahead_at, rng.randint(ahead_at, n)])  # committed at the grant
     seen_ahead = rng.randint(ahead_at, n)  # the input's end when it reads ahead
@@ -200,7 +200,7 @@ def read_ahead_then_grant(seed: int, broker: str) -> None:
                   + [T0_MS / 1000])
     grant_s = max([r.appended_ms / 1000 for r in run.records[:seen_at_grant]] + run.handled_at_s[:committed]
                   + [ahead_s]) + rng.random() * ttl_seconds
-    logs = {**model_logs(run, seen_ahead), (settings.sink, 0): [], (settings.dlq, 0): [], (settings.state, 0): []}
+    logs = model_logs(run, seen_ahead)
     reader = ModelReader(logs, broker, committed={0: ahead_at})
     counts = {settings.topic: 1, settings.sink: 1, settings.dlq: 1, settings.state: 1}
     with (patch("keyrange.worker.readahead.LogReader", lambda _settings: reader),
