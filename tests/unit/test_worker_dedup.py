@@ -88,3 +88,36 @@ def test_a_producer_whose_clock_is_behind_still_gets_its_duplicates_dropped() ->
     assert seen.add_if_new("late", late)
     assert not seen.add_if_new("late", late)  # its duplicate, right after: within the TTL
     assert "late" in seen
+
+
+def test_events_less_than_a_bucket_apart_cannot_walk_the_clock_past_the_wall_clock() -> None:
+    now = [1000.0]
+    seen = TtlSet(10.0, lambda: now[0])
+    for i in range(2000):  # a burst from a producer running ahead: each 0.19 s (< one bucket) after the last
+        seen.add_if_new(f"burst{i}", 1000.0 + i * 0.19)
+    assert seen.stream_time <= now[0]
+    assert seen.add_if_new("x", now[0])
+    for i in range(3000):  # then 30 s of 100 events/s, on time
+        now[0] = 1000.0 + i / 100
+        seen.add_if_new(f"u{i}", now[0])
+    # Sent again 30 s (3 x the TTL) after the original: handled again, and the burst has expired.
+    assert seen.add_if_new("x", now[0])
+    assert len(seen) <= 100 * 10 * (1 + 1 / BUCKETS_PER_TTL) + 2
+
+
+def test_a_replayed_event_from_the_future_does_not_move_the_clock() -> None:
+    # A restore replays the log without the wall clock each event was seen at: an event stamped
+    # past the clock now was past its owner's then, and its owner saw it at the stream time or later.
+    seen = TtlSet(10.0, wall)
+    seen.replay("a", WALL - 60)
+    seen.replay("ahead", WALL + 3600)
+    assert seen.stream_time == WALL - 60
+    assert "ahead" in seen
+    seen.replay("b", WALL - 59)
+    assert seen.stream_time == WALL - 59 and "a" in seen
+
+
+def test_a_replay_that_starts_from_the_future_starts_the_clock_at_the_wall_clock() -> None:
+    seen = TtlSet(10.0, wall)
+    seen.replay("ahead", WALL + 3600)
+    assert seen.stream_time == WALL and "ahead" in seen

@@ -24,18 +24,18 @@ class NothingNewReader:
         return {span: [] for span in starts}, dict(starts)
 
 
-def read_ahead(committed: int = 10, resume_ms: int = 50_000) -> Prefetched:
+def read_ahead(committed: int = 10) -> Prefetched:
     logs = ParsedLogs()
     logs.inputs[0] = [InputEntry(o, 40_000 + o * 1000, f"u{o}", 40.0 + o) for o in range(4, 14)]
     logs.outputs = [OutputEntry(0, 11, "u11", 51.0, (7, {"n": 2}), Outcome.HANDLED)]
     logs.states[0] = [StateEntry(7, 9, {"n": 1}), StateEntry(7, 11, {"n": 2})]
     reached = {(SETTINGS.topic, 0): 14, (SETTINGS.sink, 0): 1, (SETTINGS.state, 0): 2}
-    return Prefetched({0: committed}, {0: resume_ms}, logs, reached)
+    return Prefetched({0: committed}, logs, reached)
 
 
 def test_a_read_ahead_is_finished_from_where_it_stopped() -> None:
     reader = NothingNewReader()
-    restored = _catch_up(reader, SETTINGS, {0: 11}, read_ahead(), now_s=100.0)  # type: ignore[arg-type]
+    restored = _catch_up(reader, SETTINGS, {0: 11}, read_ahead())  # type: ignore[arg-type]
     assert restored is not None
     r = restored[0]
     assert r.start_offset == 11
@@ -49,19 +49,21 @@ def test_a_read_ahead_is_finished_from_where_it_stopped() -> None:
     assert stops == {(SETTINGS.topic, 0): 14}  # the record at the committed offset was read ahead
 
 
-def test_the_input_is_read_up_to_the_record_at_a_committed_offset_past_the_read_ahead() -> None:
+def test_the_input_is_read_up_to_a_committed_offset_past_the_read_ahead() -> None:
     reader = NothingNewReader()
-    assert _catch_up(reader, SETTINGS, {0: 20}, read_ahead(), now_s=100.0) is not None  # type: ignore[arg-type]
-    assert reader.asked[0][1] == {(SETTINGS.topic, 0): 21}
+    assert _catch_up(reader, SETTINGS, {0: 20}, read_ahead()) is not None  # type: ignore[arg-type]
+    assert reader.asked[0][1] == {(SETTINGS.topic, 0): 20}
 
 
-def test_an_earlier_timestamp_at_the_committed_offset_means_restoring_in_full() -> None:
-    # The record at offset 11 has timestamp 51,000 ms: before the 60,000 the read-ahead planned from,
-    # so the dedup window may start before what was read ahead.
-    assert _catch_up(NothingNewReader(), SETTINGS, {0: 11}, read_ahead(resume_ms=60_000),  # type: ignore[arg-type]
-                     now_s=100.0) is None
+def test_an_ancient_timestamp_at_the_committed_offset_still_finishes_the_read_ahead() -> None:
+    # The window's stream time and the outputs' times cannot go back as the committed offset moves
+    # on, whatever the record at it says: what was read ahead still covers the restore.
+    pre = read_ahead()
+    pre.logs.inputs[0][-3] = InputEntry(11, 1_000, "u11", 1.0)
+    restored = _catch_up(NothingNewReader(), SETTINGS, {0: 11}, pre)  # type: ignore[arg-type]
+    assert restored is not None and [u for u, _ in restored[0].seen] == [f"u{o}" for o in range(4, 11)]
 
 
 def test_other_slots_or_a_committed_offset_that_went_back_mean_restoring_in_full() -> None:
-    assert _catch_up(NothingNewReader(), SETTINGS, {0: 11, 1: 0}, read_ahead(), None) is None  # type: ignore[arg-type]
-    assert _catch_up(NothingNewReader(), SETTINGS, {0: 9}, read_ahead(committed=10), None) is None  # type: ignore[arg-type]
+    assert _catch_up(NothingNewReader(), SETTINGS, {0: 11, 1: 0}, read_ahead()) is None  # type: ignore[arg-type]
+    assert _catch_up(NothingNewReader(), SETTINGS, {0: 9}, read_ahead(committed=10)) is None  # type: ignore[arg-type]

@@ -1,8 +1,9 @@
 """The dedup window of one partition: uuids seen within a TTL, in event time.
 
 The window's clock is the partition's stream time: the newest event time (`created`) seen, never
-later than the wall clock, so one event from a producer whose clock runs ahead cannot flush the
-window. An event is remembered at the stream time just after it was seen, which is its own
+later than the wall clock (every step is capped, however small), so events from a producer whose
+clock runs ahead can neither flush the window nor walk its clock ahead and keep it from expiring.
+An event is remembered at the stream time just after it was seen, which is its own
 `created` for a well-behaved stream (created times grow along the log) and bounds it both ways
 otherwise: an event from the future enters at the wall clock (it cannot pin its entry, and every
 entry after it, in the window forever), and one from a producer whose clock is behind enters at
@@ -27,10 +28,16 @@ BUCKETS_PER_TTL = 50
 """Expiry granularity: the TTL is cut into this many buckets (2% overshoot at most)."""
 
 
+def window_seconds(ttl_seconds: float) -> float:
+    """The longest an entry stays, in stream time: the TTL and one bucket (a restore reads this far
+    back from the stream time to rebuild the window)."""
+    return ttl_seconds * (1 + 1 / BUCKETS_PER_TTL)
+
+
 class TtlSet:
     """Remembers strings for `ttl_seconds` of stream time after their event time."""
 
-    __slots__ = ("_bucket_seconds", "_buckets", "_members", "_wall_clock", "stream_time", "ttl_seconds")
+    __slots__ = ("_bucket_seconds", "_buckets", "_members", "_wall_clock", "_wall_read", "stream_time", "ttl_seconds")
 
     def __init__(self, ttl_seconds: float, wall_clock: Callable[[], float]) -> None:
         if ttl_seconds <= 0:
@@ -38,6 +45,8 @@ class TtlSet:
         self.ttl_seconds = ttl_seconds
         self._bucket_seconds = ttl_seconds / BUCKETS_PER_TTL
         self._wall_clock = wall_clock
+        # The latest reading of the wall clock: an event time at or below it needs no new reading.
+        self._wall_read = float("-inf")
         self.stream_time = float("-inf")
         """The newest event time seen (seconds), capped at the wall clock."""
         self._members: set[str] = set()
@@ -59,6 +68,20 @@ class TtlSet:
         self._remember(key, self.stream_time)
         return True
 
+    def replay(self, key: str, event_time: float) -> None:
+        """Add `key` as a restore replays the log before the committed offset (rebuild.py): as
+        `add_if_new`, except that an event time past the wall clock does not move the stream time.
+        Its owner bounded it by the wall clock when it saw it, which the log does not keep; that was
+        no earlier than the stream time then, where it enters. (Bounding it by the clock now
+        instead, a restore long after a partition's last event, stamped in the future, would move
+        the clock past the whole window.)"""
+        if event_time > self._wall_read:
+            self._wall_read = self._wall_clock()
+        if event_time <= self._wall_read or self.stream_time == float("-inf"):
+            self.add_if_new(key, event_time)
+        elif key not in self._members:
+            self._remember(key, self.stream_time)
+
     def expire(self) -> None:
         """Forget every bucket older than the TTL (in stream time)."""
         if not self._buckets:
@@ -71,9 +94,12 @@ class TtlSet:
                 members.discard(key)
 
     def _advance(self, event_time: float) -> None:
-        if event_time > self.stream_time + self._bucket_seconds:
-            # Checking the wall clock once per bucket width keeps the hot path cheap.
-            event_time = min(event_time, self._wall_clock())
+        # Every step is capped (small steps under a cap checked per jump would add up past the wall
+        # clock); the clock is read only when an event passes its last reading.
+        if event_time > self._wall_read:
+            self._wall_read = self._wall_clock()
+            if event_time > self._wall_read:
+                event_time = self._wall_read
         if event_time > self.stream_time:
             self.stream_time = event_time
             self.expire()

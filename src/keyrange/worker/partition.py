@@ -69,7 +69,7 @@ class PartitionState:
         """Offsets already finished before this acquire (outputs exist), with how: not run again."""
         self.dedup = TtlSet(ttl_seconds, wall_clock)
         for uuid, event_time_s in restored.seen:
-            self.dedup.add_if_new(uuid, event_time_s)
+            self.dedup.replay(uuid, event_time_s)
         self.store: dict[int, bytes] = {client: json_bytes(value) for client, value in restored.state.items()}
         """clientId -> committed keyed state as JSON (as applied by finished events; as the changelog
         holds it, so memory always matches what a restore would rebuild)."""

@@ -11,9 +11,10 @@ done before the grant rather than after it:
   what a restore from the committed offsets of that moment (C0) would read, with every span read
   on to its current end. After the grant, the restore from the final committed offsets C >= C0
   reads only what was appended since (`restore_slots(..., prefetched)`): its window and outputs
-  start no later than those read ahead, because they start at times taken from the record at the
-  committed offset, and that record's timestamp has not gone back (checked; otherwise the
-  restore starts over in full). Reading a span in two pieces returns what one read would: a read
+  need nothing before what was read ahead, because both were read from lower bounds that cannot go
+  back as the committed offset moves on (the window's stream time at C0, which the stream time at
+  C is not below; when outputs of offsets >= C0 were written, which those of offsets >= C are not
+  before: rebuild.plan_reads). Reading a span in two pieces returns what one read would: a read
   only ever stops at an offset below which every transaction is decided (the input is not
   transactional; read_committed reads stop at the last stable offset).
 """
@@ -22,7 +23,6 @@ from __future__ import annotations
 
 import contextlib
 import threading
-import time
 from collections.abc import Iterable
 from concurrent.futures import Future
 from dataclasses import dataclass
@@ -41,8 +41,6 @@ class Prefetched:
 
     committed: dict[int, int]
     """The committed offsets (C0) the read-ahead was planned from."""
-    resume_ms: dict[int, int]
-    """Timestamp of the record at each C0 (the read-ahead's window and outputs start from it)."""
     logs: ParsedLogs
     """The records read, parsed."""
     reached: dict[Span, int]
@@ -110,7 +108,7 @@ class Restorer:
             # A read can return records past the end it stopped at (they came in the same fetch).
             reached = {span: max([ends[span]] + [m.offset() + 1 for m in logs[span][-1:]])  # type: ignore[operator]
                        for span in starts}
-            return Prefetched(committed, plan.resume_ms, ParsedLogs.of(self._settings, logs), reached)
+            return Prefetched(committed, ParsedLogs.of(self._settings, logs), reached)
         finally:
             self._done_with(reader)
 
@@ -122,7 +120,7 @@ class Restorer:
         try:
             starts = reader.start_offsets(self._settings.topic, sorted(set(slots)))
             if prefetched is not None:
-                caught_up = _catch_up(reader, self._settings, starts, prefetched, now_s)
+                caught_up = _catch_up(reader, self._settings, starts, prefetched)
                 if caught_up is not None:
                     return caught_up
             return restore_with(reader, self._settings, starts, self._counts, now_s)
@@ -139,24 +137,18 @@ class Restorer:
                 ready.result(timeout=self._settings.kafka_timeout_seconds).close()
 
 
-def _catch_up(reader: LogReader, settings: WorkerSettings, committed: dict[int, int], pre: Prefetched,
-              now_s: float | None) -> dict[int, RestoredPartition] | None:
+def _catch_up(reader: LogReader, settings: WorkerSettings, committed: dict[int, int],
+              pre: Prefetched) -> dict[int, RestoredPartition] | None:
     """The restore from `committed` using `pre` plus what was appended since; None when `pre` does
-    not cover it (other slots, a committed offset that went back, or an earlier resume time)."""
+    not cover it (other slots, or a committed offset that went back)."""
     topic = settings.topic
     if set(committed) != set(pre.committed) or any(committed[p] < pre.committed[p] for p in committed):
         return None
     starts, stops = dict(pre.reached), {}
     for p, offset in committed.items():
-        # Up to and including the record at the committed offset (its timestamp is checked).
-        stops[(topic, p)] = max(starts[(topic, p)], offset + 1)
+        stops[(topic, p)] = max(starts[(topic, p)], offset)  # the window is what lies before C
     fresh, _ = reader.read(starts, stops)
     logs = pre.logs
     for span, messages in fresh.items():
         logs.add(settings, span, messages)
-    now_ms = int((time.time() if now_s is None else now_s) * 1000)
-    for p, offset in committed.items():
-        at_offset = next((e.timestamp_ms for e in reversed(logs.inputs.get(p, [])) if e.offset == offset), now_ms)
-        if at_offset < pre.resume_ms[p]:
-            return None  # the window would start before the read-ahead's: read it all
     return fold_logs(committed, logs)

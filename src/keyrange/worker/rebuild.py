@@ -2,9 +2,11 @@
 
 On acquire (and on start) nothing is trusted from memory. For each input partition, with C its
 committed offset:
-- the input before C, from TTL (plus clock slack) before the event time there, gives the uuids
-  the window must hold (everything below C is finished); the window is in event time (see
-  dedup.py), so it is rebuilt exactly;
+- the input before C, from TTL (plus clock slack) before the window's stream time there, gives
+  the uuids the window must hold (everything below C is finished); the window is in event time
+  (see dedup.py), so it is rebuilt exactly. That stream time is the newest event time of the
+  records just before C, capped at now (`plan_reads`): not the time of the record at C, which
+  may be any producer's, nor now, which for a partition idle since C is past its window;
 - the sink and dead-letter records of offsets >= C are events that finished after the last
   commit (outputs commit in the same transaction as offsets, and events finish out of order):
   they are skipped, not run again, and their uuids join the window when the new owner's fetch
@@ -63,6 +65,7 @@ from keyrange.events import (
 )
 from keyrange.logend import Span
 from keyrange.worker.commits import Outcome, Totals
+from keyrange.worker.dedup import window_seconds
 from keyrange.worker.logreader import LogReader
 from keyrange.worker.settings import WorkerSettings
 
@@ -100,9 +103,9 @@ def restore(settings: WorkerSettings, start_offsets: dict[int, int], partition_c
             now_s: float | None = None) -> dict[int, RestoredPartition]:
     """Restore every partition in `start_offsets` (partition -> committed or first offset).
 
-    Three round trips on one consumer: the record at each committed offset; the offsets at the
-    window's and the outputs' start times; then the input window, the sink, the dead letters and
-    the changelog, all in one assignment.
+    Three round trips on one consumer: the last records before each committed offset and the one
+    at it; the offsets at the window's and the outputs' start times; then the input window, the
+    sink, the dead letters and the changelog, all in one assignment.
     """
     reader = LogReader(settings)
     try:
@@ -119,46 +122,72 @@ def restore_with(reader: LogReader, settings: WorkerSettings, start_offsets: dic
     return fold_logs(start_offsets, ParsedLogs.of(settings, logs))
 
 
+TAIL_RECORDS = 64
+"""Records a restore reads just before each committed offset to find the window's stream time there
+(the newest event time among them; one record with an odd `created` cannot move it)."""
+
+
 @dataclass
 class ReadPlan:
-    """Where a restore's reads start, and the event time at each committed offset."""
+    """Where a restore's reads start, and the times they start from."""
 
     starts: dict[Span, int]
     """Input (the dedup window before the committed offset), sink and DLQ (outputs of offsets at or
     after it) and changelog (from its start) spans, with their first offsets."""
-    resume_ms: dict[int, int]
-    """Timestamp of the record at each partition's committed offset (now when there is none)."""
+    stream_ms: dict[int, int]
+    """Per partition, the dedup window's stream time at the committed offset as the records before it
+    tell (never later than it was, within the clock slack): the input is read from TTL before."""
+    written_ms: dict[int, int]
+    """Per partition, a time no later than when the outputs of offsets at or after the committed one
+    were written (within the clock slack): the newest record timestamp up to that offset that is not
+    past now, or now when the partition ends there."""
 
 
 def plan_reads(reader: LogReader, settings: WorkerSettings, start_offsets: dict[int, int],
                partition_counts: dict[str, int], now_s: float | None, skip_ended: bool = True) -> ReadPlan:
-    """Two round trips: the record at each committed offset, then the offsets at the window's and
-    the outputs' start times. With `skip_ended`, partitions that end at their committed offset get
-    no output spans (nothing past the offset has run)."""
-    now_s = time.time() if now_s is None else now_s
+    """Two round trips: the last records before each committed offset and the record at it, then the
+    offsets at the window's and the outputs' start times. With `skip_ended`, partitions that end at
+    their committed offset get no output spans (nothing past the offset has run)."""
+    now_ms = int((time.time() if now_s is None else now_s) * 1000)
     slack_ms = int(settings.restore_clock_slack_seconds * 1000)
     parts = list(start_offsets)
     topic = settings.topic
 
-    # The event time at the committed offset: where the window's stream time stood (under lag it
-    # can be far behind now), and a lower bound of when outputs past the offset were written.
-    first_unfinished, ends = reader.read({(topic, p): o for p, o in start_offsets.items()},
-                                         {(topic, p): o + 1 for p, o in start_offsets.items()})
-    resume_ms = {p: int(now_s * 1000) for p in parts}
-    for (_, p), messages in first_unfinished.items():
-        for m in messages:
-            resume_ms[p] = min(resume_ms[p], m.timestamp()[1])
+    tails, ends = reader.read({(topic, p): max(0, o - TAIL_RECORDS) for p, o in start_offsets.items()},
+                              {(topic, p): o + 1 for p, o in start_offsets.items()})
+    stream_ms: dict[int, int] = {}
+    written_ms = dict.fromkeys(parts, now_ms)
+    for p, committed in start_offsets.items():
+        tail = [_input_entry(m) for m in tails.get((topic, p), [])]
+        before = [e for e in tail if e.offset < committed]
+        # The window's clock is the newest event time before C, capped at the wall clock (dedup.py),
+        # so neither the record at C nor a late record before it can pull it back, and an idle
+        # partition keeps the stream time its last events gave it, not now. An event stamped past
+        # now moved it to when its owner saw it, which is not known (TtlSet.replay): left out.
+        event_ms = [int(e.event_s * 1000) for e in before if e.uuid is not None]
+        if any(ms <= now_ms for ms in event_ms):
+            stream_ms[p] = max(ms for ms in event_ms if ms <= now_ms)
+        elif event_ms:
+            stream_ms[p] = now_ms - slack_ms  # all ahead of this clock: by the slack at most, or skewed
+        elif before:
+            stream_ms[p] = 0  # only bad input in the tail: the window's clock is older, read it all
+        if any(e.offset >= committed for e in tail):
+            # An output of an offset >= C was written after the record at C was appended, so after
+            # every record before it was: the newest timestamp among them bounds it from below
+            # (one stamped past now says nothing about when it was appended).
+            stamped = [e.timestamp_ms for e in tail if e.timestamp_ms <= now_ms]
+            written_ms[p] = max(stamped) if stamped else now_ms - slack_ms
     # A partition that ends at its committed offset has no event at or past it, so no output of
     # one to find (a transaction marker at the offset does not count: records may follow it).
     ended = {p for p in parts if ends[(topic, p)] <= start_offsets[p]} if skip_ended else set()
 
-    ttl_ms = int(settings.ttl_seconds * 1000)
-    times = {(topic, p): resume_ms[p] - ttl_ms - slack_ms for p in parts if start_offsets[p] > 0}
-    outputs_from_ms = min(resume_ms.values(), default=int(now_s * 1000)) - slack_ms
+    window_ms = int(window_seconds(settings.ttl_seconds) * 1000) + 1
+    times = {(topic, p): max(0, ms - window_ms - slack_ms) for p, ms in stream_ms.items()}
+    outputs_from_ms = max(0, min(written_ms.values(), default=now_ms) - slack_ms)
     input_count = partition_counts[topic]
     for out_topic in (settings.sink, settings.dlq):
         if partition_counts[out_topic] == input_count:
-            times.update({(out_topic, p): outputs_from_ms for p in parts if p not in ended})
+            times.update({(out_topic, p): max(0, written_ms[p] - slack_ms) for p in parts if p not in ended})
         elif not ended.issuperset(parts):
             times.update({(out_topic, p): outputs_from_ms for p in range(partition_counts[out_topic])})
     offsets = reader.offsets_at(times)
@@ -167,7 +196,7 @@ def plan_reads(reader: LogReader, settings: WorkerSettings, start_offsets: dict[
     # of offsets >= C, and the changelog from its start.
     starts = dict(offsets)
     starts.update({(settings.state, p): 0 for p in parts})
-    return ReadPlan(starts, resume_ms)
+    return ReadPlan(starts, stream_ms, written_ms)
 
 
 @dataclass(frozen=True, slots=True)
