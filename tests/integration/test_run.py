@@ -21,7 +21,6 @@ from __future__ import annotations
 import signal
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
@@ -29,13 +28,12 @@ import pytest
 
 from keyrange.handlers import load_handler
 from keyrange.loadgen import LoadShape
-from keyrange.local.load import LoadTotals, Phase, produce_phases
-from keyrange.local.supervisor import Supervisor
+from keyrange.local.load import Phase
 from keyrange.spec import load_file
-from tests.checkers import check_all
 from tests.conftest import BrokerUnderTest
 from tests.integration.fault_run import INLINE, QUEUED
-from tests.kafkatools import read_counts, read_input_log, read_processed
+from tests.integration.supervised import check_everything, supervised
+from tests.kafkatools import read_processed
 
 SPEC = """apiVersion: keyrange.dev/v1alpha1
 kind: StreamConsumer
@@ -69,27 +67,12 @@ def test_run_rescales_and_survives_a_sigkill_mid_handoff(broker_engine: BrokerUn
     path.write_text(SPEC.format(name="ledger-run", topic=topic_name, handler_config=handler_config))
     consumer = load_file(path)
     assert load_handler(consumer.spec.handler, consumer.spec.handler_config).inline == (handler_config == INLINE)
-    supervisor = Supervisor(consumer, path, bootstrap, tmp_path / "run", tick_seconds=0.5)
-    stop = threading.Event()
-    totals = LoadTotals()
-    supervisor.start()
-    assert supervisor.controller is not None and supervisor.fleet is not None
-    controller, fleet = supervisor.controller, supervisor.fleet
-
-    def tick() -> None:
-        while not stop.wait(0.5):
-            supervisor.tick()
-
-    ticker = threading.Thread(target=tick, daemon=True)
-    ticker.start()
     shape = LoadShape(rate=1500, clients=200, duplicate_ratio=0.05, ledger=True, seed=5)
-    load = threading.Thread(target=produce_phases,
-                            args=(bootstrap, topic_name, shape, [Phase(30, 1500)], stop, totals), daemon=True)
     kills = 0
-    try:
-        wait_for(lambda: 0 in controller.channel.state.reports and controller.channel.state.reports[0].held,
-                 60, "worker 0 to hold its slots")
-        load.start()
+    with supervised(path, bootstrap, tmp_path / "run", shape, [Phase(30, 1500)]) as run:
+        controller, fleet = run.controller, run.fleet
+        wait_for(run.worker_holds_slots(0), 60, "worker 0 to hold its slots")
+        run.load.start()
         plan = ["up", "up", "down", "up", "down", "down"]
         for i, direction in enumerate(plan):
             result = controller.request_scale(direction, f"test {i}")  # type: ignore[arg-type]
@@ -104,24 +87,14 @@ def test_run_rescales_and_survives_a_sigkill_mid_handoff(broker_engine: BrokerUn
             wait_for(lambda: not (s := controller.status()).handoff_awaiting and not s.starting, 120,
                      f"rescale {i} to complete: {controller.status()}", interval=0.1)
             time.sleep(1.0)
-        load.join(timeout=120)
-        assert not load.is_alive()
-        log = read_input_log(bootstrap, topic_name, totals.sent)
-        distinct = len({e.uuid for e in log})
-        processed = read_processed(bootstrap, f"{topic_name}.processed", distinct, timeout_seconds=120)
-        counts = read_counts(bootstrap, topic_name, f"{topic_name}-g", covering=len(log))
+        run.finish_load()
+        check_everything(bootstrap, topic_name, f"{topic_name}-g", run.totals.sent)
         restarts = sum(w.restarts for w in fleet.workers.values())
-    finally:
-        stop.set()
-        ticker.join(timeout=10)
-        supervisor.stop()
     assert kills == 2
     assert restarts >= 1  # a killed worker that was merged away is not restarted
     assert len(controller.rescales) == 6
     assert {r.action for r in controller.rescales} == {"split", "merge"}
-    check_all(log, list(processed), counts, ledger=True)
-    assert len(processed) == distinct
-    assert supervisor.history and supervisor.history[-1].processed > 0
+    assert run.supervisor.history and run.supervisor.history[-1].processed > 0
 
 
 def _worker_pids(spec_path: Path) -> list[int]:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Collection, Set
+from collections.abc import Callable, Collection
 
 import pytest
 from confluent_kafka import KafkaError, KafkaException
@@ -15,26 +15,7 @@ from confluent_kafka import KafkaError, KafkaException
 from keyrange.ranges.channel import ControlState, ControlWriteFailed, Publication, WorkerReport, describe_reports
 from keyrange.ranges.member import RangeMember
 from keyrange.ranges.rangemap import RangeMap
-
-
-class Engine:
-    def __init__(self) -> None:
-        self.held: set[int] = set()
-        self.acquired: list[set[int]] = []
-
-    @property
-    def held_slots(self) -> Set[int]:
-        return self.held
-
-    async def acquire(self, slots: Collection[int]) -> None:
-        self.acquired.append(set(slots))
-        self.held |= set(slots)
-
-    async def release(self, slots: Collection[int]) -> None:
-        self.held -= set(slots)
-
-    async def prefetch(self, slots: Collection[int]) -> bool:
-        return True
+from tests.slot_owner import FakeSlotOwner
 
 
 class UnwritableChannel:
@@ -60,7 +41,7 @@ class UnwritableChannel:
 
 
 async def test_a_report_that_cannot_be_written_is_retried_not_fatal() -> None:
-    engine = Engine()
+    engine = FakeSlotOwner()
     channel = UnwritableChannel(Publication(RangeMap.even(6, 2, epoch=3)), failures=3)
     member = RangeMember(engine, channel, 0, heartbeat_seconds=0.01, poll_seconds=0.01)  # type: ignore[arg-type]
     stop = asyncio.Event()
@@ -108,7 +89,7 @@ async def run_until(member: RangeMember, condition: Callable[[], bool]) -> None:
         await asyncio.wait_for(running, 10)
 
 
-async def lose_and_acquire_again(engine: Engine, channel: CatchingUpChannel, slot: int) -> None:
+async def lose_and_acquire_again(engine: FakeSlotOwner, channel: CatchingUpChannel, slot: int) -> None:
     """Apply epoch 3 (slots 0-2 of 6 for worker 0), then let the engine lose `slot` by itself (its
     producer fenced during a broker fault: released without committing), and wait until the
     member has acquired it again."""
@@ -119,7 +100,7 @@ async def lose_and_acquire_again(engine: Engine, channel: CatchingUpChannel, slo
 
 
 async def test_a_slot_the_engine_lost_in_place_is_acquired_again_while_the_publication_still_gives_it() -> None:
-    engine = Engine()
+    engine = FakeSlotOwner()
     channel = CatchingUpChannel(Publication(RangeMap.even(6, 2, epoch=3)))
     await lose_and_acquire_again(engine, channel, 1)
     assert engine.acquired == [{0, 1, 2}, {1}]
@@ -128,7 +109,7 @@ async def test_a_slot_the_engine_lost_in_place_is_acquired_again_while_the_publi
 
 
 async def test_a_lost_slot_a_newer_epoch_gives_away_is_not_acquired_again() -> None:
-    engine = Engine()
+    engine = FakeSlotOwner()
     channel = CatchingUpChannel(Publication(RangeMap.even(6, 2, epoch=3)))
     member = RangeMember(engine, channel, 0, heartbeat_seconds=0.01, poll_seconds=0.01)  # type: ignore[arg-type]
     await run_until(member, lambda: member.applied_epoch == 3)
@@ -141,7 +122,7 @@ async def test_a_lost_slot_a_newer_epoch_gives_away_is_not_acquired_again() -> N
 
 
 async def test_an_acquire_of_lost_slots_that_fails_is_tried_again() -> None:
-    class FlakyEngine(Engine):
+    class FlakyEngine(FakeSlotOwner):
         failures = 1
 
         async def acquire(self, slots: Collection[int]) -> None:
@@ -170,7 +151,7 @@ async def test_a_catch_up_that_fails_before_acquiring_lost_slots_is_tried_again(
                 raise KafkaException(KafkaError(KafkaError._DESTROY_BROKER, "Failed to get watermark offsets"))
             super().catch_up(timeout_seconds)
 
-    engine = Engine()
+    engine = FakeSlotOwner()
     channel = FlakyCatchUp(Publication(RangeMap.even(6, 2, epoch=3)))
     await lose_and_acquire_again(engine, channel, 0)
     assert channel.catch_up_failures == 0 and engine.acquired == [{0, 1, 2}, {0}]
@@ -184,7 +165,7 @@ def test_reports_are_described_with_their_age_so_a_silent_worker_stands_out() ->
 
 
 async def test_a_final_report_that_cannot_be_written_is_logged_not_raised(caplog: pytest.LogCaptureFixture) -> None:
-    engine = Engine()
+    engine = FakeSlotOwner()
     channel = UnwritableChannel(Publication(RangeMap.even(6, 2, epoch=3)), failures=1)
     member = RangeMember(engine, channel, 0)  # type: ignore[arg-type]
     with caplog.at_level(logging.WARNING, logger="keyrange.ranges.member"):

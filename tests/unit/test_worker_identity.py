@@ -7,31 +7,13 @@ clocks."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Collection, Set
 
 import pytest
 
 from keyrange.ranges.channel import ControlState, Publication, WorkerReport
 from keyrange.ranges.member import IdentityTaken, RangeMember
 from keyrange.ranges.rangemap import RangeMap
-
-
-class Engine:
-    def __init__(self) -> None:
-        self.held: set[int] = set()
-
-    @property
-    def held_slots(self) -> Set[int]:
-        return self.held
-
-    async def acquire(self, slots: Collection[int]) -> None:
-        self.held |= set(slots)
-
-    async def release(self, slots: Collection[int]) -> None:
-        self.held -= set(slots)
-
-    async def prefetch(self, slots: Collection[int]) -> bool:
-        return True
+from tests.slot_owner import FakeSlotOwner
 
 
 class Topic:
@@ -71,7 +53,7 @@ class Channel:
 
 
 def _member(topic: Topic) -> RangeMember:
-    return RangeMember(Engine(), Channel(topic), 0, heartbeat_seconds=0.0)  # type: ignore[arg-type]
+    return RangeMember(FakeSlotOwner(), Channel(topic), 0, heartbeat_seconds=0.0)  # type: ignore[arg-type]
 
 
 async def test_the_older_of_two_processes_with_one_worker_id_stands_down_and_stays_silent() -> None:

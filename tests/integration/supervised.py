@@ -1,0 +1,105 @@
+"""A StreamConsumer run by `keyrange run`'s supervisor inside a test, with load and a ticker, and
+everything it produced read back and checked: shared by the tests that drive worker processes."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from keyrange.loadgen import LoadShape
+from keyrange.local.fleet import ProcessFleet
+from keyrange.local.load import LoadTotals, Phase, produce_phases
+from keyrange.local.supervisor import Supervisor
+from keyrange.ranges.assigner import Controller
+from keyrange.spec import load_file
+from tests.checkers import check_all
+from tests.kafkatools import read_counts, read_input_log, read_processed
+
+
+def wait_until(condition: Callable[[], bool], timeout_seconds: float, what: str) -> None:
+    """Poll `condition` every 0.1 s until it holds; AssertionError after `timeout_seconds`."""
+    deadline = time.monotonic() + timeout_seconds
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout_seconds:g} s waiting for {what}")
+        time.sleep(0.1)
+
+
+def consumer_yaml(name: str, topic: str, partitions: int, handler_config: str = "{delayMs: 1}",
+                  workers: tuple[int, int] = (1, 1), extra: str = "") -> str:
+    """A ledger StreamConsumer of `topic` (group `<topic>-g`), with a TTL long enough for handoffs."""
+    return (f"apiVersion: keyrange.dev/v1alpha1\nkind: StreamConsumer\nmetadata: {{name: {name}}}\nspec:\n"
+            f"  kafka: {{topic: {topic}, groupId: {topic}-g, partitions: {partitions}}}\n"
+            f"  handler: ledger\n  handlerConfig: {handler_config}\n  dedup: {{ttlSeconds: 120}}\n"
+            f"  workers: {{min: {workers[0]}, max: {workers[1]}}}\n{extra}")
+
+
+@dataclass
+class SupervisedRun:
+    """A started supervisor, its controller and fleet, and the load it is fed (`start_load`)."""
+
+    supervisor: Supervisor
+    load: threading.Thread
+    stop: threading.Event
+    totals: LoadTotals = field(default_factory=LoadTotals)
+
+    @property
+    def controller(self) -> Controller:
+        assert self.supervisor.controller is not None
+        return self.supervisor.controller
+
+    @property
+    def fleet(self) -> ProcessFleet:
+        assert self.supervisor.fleet is not None
+        return self.supervisor.fleet
+
+    def worker_holds_slots(self, worker: int = 0) -> Callable[[], bool]:
+        """A condition: `worker` reported holding slots."""
+        reports = self.controller.channel.state.reports
+        return lambda: worker in reports and bool(reports[worker].held)
+
+    def finish_load(self, timeout_seconds: float = 120) -> None:
+        """Wait until the load was all sent."""
+        self.load.join(timeout=timeout_seconds)
+        assert not self.load.is_alive(), "the load did not finish"
+
+
+@contextmanager
+def supervised(spec_path: Path, bootstrap: str, run_dir: Path, shape: LoadShape, phases: list[Phase],
+               spare_workers: int = 1) -> Iterator[SupervisedRun]:
+    """Start the supervisor of `spec_path` ticking every 0.5 s; `run.load.start()` sends `phases`."""
+    supervisor = Supervisor(load_file(spec_path), spec_path, bootstrap, run_dir, tick_seconds=0.5,
+                            spare_workers=spare_workers)
+    stop, totals = threading.Event(), LoadTotals()
+    load = threading.Thread(target=produce_phases, args=(bootstrap, supervisor.consumer.spec.kafka.topic, shape,
+                                                         phases, stop, totals), daemon=True)
+    supervisor.start()
+
+    def tick() -> None:
+        while not stop.wait(0.5):
+            supervisor.tick()
+
+    ticker = threading.Thread(target=tick, daemon=True)
+    ticker.start()
+    try:
+        yield SupervisedRun(supervisor, load, stop, totals)
+    finally:
+        stop.set()
+        ticker.join(timeout=10)
+        supervisor.stop()
+
+
+def check_everything(bootstrap: str, topic: str, group: str, sent: int) -> int:
+    """Read the input, the processed records and the committed totals; check_all with the ledger
+    oracle, and that every distinct event was processed; return how many that is."""
+    log = read_input_log(bootstrap, topic, sent)
+    distinct = len({e.uuid for e in log})
+    processed = read_processed(bootstrap, f"{topic}.processed", distinct, timeout_seconds=120)
+    counts = read_counts(bootstrap, topic, group, covering=len(log))
+    check_all(log, list(processed), counts, ledger=True)
+    assert len(processed) == distinct
+    return distinct
