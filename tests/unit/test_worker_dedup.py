@@ -121,3 +121,15 @@ def test_a_replay_that_starts_from_the_future_starts_the_clock_at_the_wall_clock
     seen = TtlSet(10.0, wall)
     seen.replay("ahead", WALL + 3600)
     assert seen.stream_time == WALL and "ahead" in seen
+
+
+def test_a_dropped_copy_renews_its_uuid_so_any_copy_within_the_ttl_of_another_is_dropped() -> None:
+    seen = TtlSet(10.0, wall)
+    assert seen.add_if_new("a", 1000.0)
+    assert not seen.add_if_new("a", 1008.0)  # a copy 8 s later: dropped, and "a" renewed at 1008
+    seen.add_if_new("x", 1015.0)  # 15 s past the first copy, 7 s past the second
+    assert not seen.add_if_new("a", 1015.0)  # within the TTL of the second copy
+    seen.add_if_new("y", 1025.5)  # more than a TTL and a bucket past the last copy
+    assert "a" not in seen
+    assert seen.add_if_new("a", 1025.5)
+    assert "x" not in seen and len(seen) == 2  # a (new again) and y: x expired, and a's earlier entries

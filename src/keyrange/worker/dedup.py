@@ -8,15 +8,20 @@ An event is remembered at the stream time just after it was seen, which is its o
 otherwise: an event from the future enters at the wall clock (it cannot pin its entry, and every
 entry after it, in the window forever), and one from a producer whose clock is behind enters at
 the stream time it arrived at (it gets the full TTL instead of none). An entry is forgotten once
-the stream time has moved more than `ttl_seconds` past it. Event time, not the time of handling,
+the stream time has moved more than `ttl_seconds` past it. A duplicate, dropped, renews its uuid's
+entry: a uuid is dropped when any earlier copy came within the TTL. So the window depends only on
+the uuids and times in the log, never on which copy was handled, and a restore that replays the
+log rebuilds it exactly, however many copies a uuid has. Event time, not the time of handling,
 makes dedup independent of lag, pauses, handoffs and restarts: a duplicate sent 5 s after its
 original is dropped even if the partition was stalled for a minute in between, and the window
 replayed from the log (in log order, rebuild.py) on another worker is the same window.
 
-Entries sit in one `set` for membership and in time buckets (a deque of lists) for expiry, so
-expiring is popping whole buckets from the front rather than scanning: O(1) per event, memory
-bounded by the event rate x TTL. An entry lives between `ttl_seconds` and `ttl_seconds +
-bucket width` (a small share of the TTL), which only ever errs towards dropping a duplicate.
+Entries sit in one dict (uuid -> the bucket of its latest copy) for membership and in time buckets
+(a deque of lists) for expiry, so expiring is popping whole buckets from the front rather than
+scanning: O(1) per event, memory bounded by the event rate x TTL (a renewed uuid sits in the
+bucket of each copy until that bucket expires; only the latest one removes it). An entry lives
+between `ttl_seconds` and `ttl_seconds + bucket width` (a small share of the TTL), which only ever
+errs towards dropping a duplicate.
 """
 
 from __future__ import annotations
@@ -49,7 +54,8 @@ class TtlSet:
         self._wall_read = float("-inf")
         self.stream_time = float("-inf")
         """The newest event time seen (seconds), capped at the wall clock."""
-        self._members: set[str] = set()
+        self._members: dict[str, int] = {}
+        """uuid -> the bucket index of its latest copy."""
         # (bucket index, members added in it), oldest first; a bucket index is time // width.
         self._buckets: deque[tuple[int, list[str]]] = deque()
 
@@ -60,13 +66,23 @@ class TtlSet:
         return key in self._members
 
     def add_if_new(self, key: str, event_time: float) -> bool:
-        """Add `key` seen with `event_time` (seconds) and return True, or False if it is remembered."""
+        """Remember `key` seen with `event_time` (seconds) from now on; return True if it was not
+        remembered already (a new event), False if it was (a duplicate: its entry is renewed)."""
         if event_time > self.stream_time:
             self._advance(event_time)
-        if key in self._members:
-            return False
-        self._remember(key, self.stream_time)
-        return True
+        # The stream time never goes back, so buckets are appended in order.
+        index = int(self.stream_time // self._bucket_seconds)
+        members = self._members
+        before = members.get(key)
+        if before == index:
+            return False  # renewed within its bucket: nothing to move
+        members[key] = index
+        buckets = self._buckets
+        if buckets and buckets[-1][0] == index:
+            buckets[-1][1].append(key)
+        else:
+            buckets.append((index, [key]))
+        return before is None
 
     def replay(self, key: str, event_time: float) -> None:
         """Add `key` as a restore replays the log before the committed offset (rebuild.py): as
@@ -77,10 +93,9 @@ class TtlSet:
         the clock past the whole window.)"""
         if event_time > self._wall_read:
             self._wall_read = self._wall_clock()
-        if event_time <= self._wall_read or self.stream_time == float("-inf"):
-            self.add_if_new(key, event_time)
-        elif key not in self._members:
-            self._remember(key, self.stream_time)
+        # Past the wall clock: remembered at the stream time, which it does not move.
+        self.add_if_new(key, event_time if event_time <= self._wall_read or self.stream_time == float("-inf")
+                        else self.stream_time)
 
     def expire(self) -> None:
         """Forget every bucket older than the TTL (in stream time)."""
@@ -90,8 +105,10 @@ class TtlSet:
         buckets = self._buckets
         members = self._members
         while buckets and buckets[0][0] < horizon:
-            for key in buckets.popleft()[1]:
-                members.discard(key)
+            index, keys = buckets.popleft()
+            for key in keys:
+                if members.get(key) == index:  # not renewed by a later copy
+                    del members[key]
 
     def _advance(self, event_time: float) -> None:
         # Every step is capped (small steps under a cap checked per jump would add up past the wall
@@ -103,13 +120,3 @@ class TtlSet:
         if event_time > self.stream_time:
             self.stream_time = event_time
             self.expire()
-
-    def _remember(self, key: str, at: float) -> None:
-        # The stream time never goes back, so buckets are appended in order.
-        index = int(at // self._bucket_seconds)
-        buckets = self._buckets
-        if buckets and buckets[-1][0] == index:
-            buckets[-1][1].append(key)
-        else:
-            buckets.append((index, [key]))
-        self._members.add(key)
