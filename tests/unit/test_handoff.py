@@ -16,8 +16,7 @@ from keyrange.ranges.handoff import (
     Announce,
     Handoff,
     Phase,
-    PublishGrant,
-    PublishTransit,
+    Publish,
     ScaleFleet,
     Warn,
     advance,
@@ -90,7 +89,7 @@ def test_a_publication_with_slots_in_transit_resumes_in_transit_and_grants_on_th
     assert (handoff.phase, handoff.in_flight, handoff.awaiting) == (Phase.IN_TRANSIT, True, {0})
     granted, actions = step(handoff, {0: report(0, 2, {0, 1, 2}, T0 + 10)}, T0 + 20)
     assert granted.phase is Phase.GRANTED
-    assert actions == (PublishGrant(granted.publication), ScaleFleet(2))
+    assert actions == (Publish(granted.publication), ScaleFleet(2))
 
 
 def test_begin_plans_the_moves_and_writes_nothing_yet() -> None:
@@ -175,7 +174,7 @@ def test_the_epoch_is_published_once_every_new_owner_read_the_moved_slots_ahead(
     expected = Publication(RangeMap.even(6, 2, epoch=2), frozenset({3, 4, 5}), frozenset({0}), "split 0-5: test",
                            T0 + 1_000)
     assert handoff.plan is not None
-    assert actions == (PublishTransit(expected, handoff.plan),)
+    assert actions == (Publish(expected, handoff.plan),)
     assert (transit.phase, transit.publication, transit.plan, transit.awaiting) == (
         Phase.IN_TRANSIT, expected, None, {0})
 
@@ -186,7 +185,7 @@ def test_a_new_owner_that_does_not_read_ahead_in_time_is_handed_over_anyway() ->
     assert step(handoff, {}, T0 + 500 + READ_AHEAD_MS - 1) == (handoff, ())
     transit, actions = step(handoff, {}, T0 + 500 + READ_AHEAD_MS)
     assert transit.phase is Phase.IN_TRANSIT
-    assert [type(a) for a in actions] == [Warn, PublishTransit]
+    assert [type(a) for a in actions] == [Warn, Publish]
     assert actions[0] == Warn("worker(s) [1] did not read ahead within 10 s; handing over anyway (their acquire "
                               "finishes the read-ahead, or restores in full if it failed)")
 
@@ -200,7 +199,7 @@ def test_the_grant_waits_for_every_awaited_worker_to_report_the_epoch_without_th
     assert step(handoff, older_epoch, T0 + 2_000) == (handoff, ())
     granted, actions = step(handoff, {0: report(0, 2, {0, 1, 2}, T0 + 1_800)}, T0 + 2_000)
     expected = Publication(RangeMap.even(6, 2, epoch=3), reason="handoff of epoch 2 complete", published_ms=T0 + 2_000)
-    assert actions == (PublishGrant(expected), ScaleFleet(2))
+    assert actions == (Publish(expected), ScaleFleet(2))
     assert (granted.phase, granted.publication, granted.in_flight) == (Phase.GRANTED, expected, False)
 
 
@@ -213,7 +212,7 @@ def test_a_release_that_fails_never_lets_the_grant_through() -> None:
     died = {0: report(0, 1, set(), T0 + 3_000)}
     assert step(handoff, died, T0 + 4_000) == (handoff, ())
     granted, actions = step(handoff, {0: report(0, 2, {0, 1, 2}, T0 + 9_000)}, T0 + 9_000)
-    assert granted.phase is Phase.GRANTED and isinstance(actions[0], PublishGrant)
+    assert granted.phase is Phase.GRANTED and isinstance(actions[0], Publish)
 
 
 def test_a_worker_that_reported_a_newer_epoch_has_released_too() -> None:
@@ -254,7 +253,7 @@ def test_a_merge_frees_its_top_worker_only_with_the_grant() -> None:
     reports[1] = report(1, 2, set(), T0 + 50)
     handoff, actions = step(handoff, reports, T0 + 60)
     log.extend(actions)
-    assert [type(a).__name__ for a in log] == ["Announce", "ScaleFleet", "PublishTransit", "PublishGrant",
+    assert [type(a).__name__ for a in log] == ["Announce", "ScaleFleet", "Publish", "Publish",
                                                "ScaleFleet"]
     assert log[1] == ScaleFleet(2) and log[-1] == ScaleFleet(1)
     assert handoff.publication.map.epoch == 3 and handoff.publication.map.workers == 1

@@ -32,8 +32,7 @@ from keyrange.ranges.handoff import (
     Handoff,
     Phase,
     Plan,
-    PublishGrant,
-    PublishTransit,
+    Publish,
     ScaleFleet,
     advance,
     begin,
@@ -236,12 +235,12 @@ class Controller:
         elif isinstance(action, ScaleFleet):
             if self.fleet is not None:
                 self.fleet.scale_to(action.workers)
-        elif isinstance(action, PublishTransit):
+        elif isinstance(action, Publish):
             self.channel.publish(action.publication)
-            self._record(action.publication, action.plan)
-        elif isinstance(action, PublishGrant):
-            self.channel.publish(action.publication)
-            self._settle(action.publication)
+            if action.plan is not None:
+                self._record(action.publication, action.plan)
+            else:
+                self._settle(action.publication)
         else:
             log.warning("%s", action.message)
 

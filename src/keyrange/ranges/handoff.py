@@ -12,11 +12,11 @@ The members (member.py) follow the records those actions write. The phases, in o
                    `start_timeout_ms` from the decision; then READING_AHEAD (Warn if it timed out)
     READING_AHEAD  every new owner reports the moved slots read ahead for the prepare, at most
                    `read_ahead_timeout_ms` from entering this phase (so from when a split's new
-                   worker runs, not from the decision); then -> PublishTransit(epoch E: the new
-                   map, the moved slots in transit, awaiting their old owners) (Warn if timed out)
+                   worker runs, not from the decision); then -> Publish(epoch E: the new map,
+                   the moved slots in transit, awaiting their old owners) (Warn if it timed out)
     IN_TRANSIT     every awaited old owner reports E (or newer) without the moved slots; while it
                    waits past STUCK_WARNING_MS, a Warn with every report's age each STUCK_WARNING_MS;
-                   then -> PublishGrant(E+1: the same map, nothing in transit), ScaleFleet(new)
+                   then -> Publish(E+1: the same map, nothing in transit), ScaleFleet(new)
     GRANTED
 
 Each `advance` makes at most one transition. The controller carries out its actions in order and
@@ -140,19 +140,12 @@ class ScaleFleet:
 
 
 @dataclass(frozen=True)
-class PublishTransit:
-    """Write the assignment record that puts the moved slots in transit (epoch E)."""
+class Publish:
+    """Write an assignment record: the epoch that puts a plan's moved slots in transit, or the grant."""
 
     publication: Publication
-    plan: Plan
-    """The rescale it publishes (for the controller's record of rescales)."""
-
-
-@dataclass(frozen=True)
-class PublishGrant:
-    """Write the assignment record that ends the handoff (epoch E+1, nothing in transit)."""
-
-    publication: Publication
+    plan: Plan | None = None
+    """The rescale whose moved slots it puts in transit; None for the grant that ends a handoff."""
 
 
 @dataclass(frozen=True)
@@ -162,7 +155,7 @@ class Warn:
     message: str
 
 
-Action = Announce | ScaleFleet | PublishTransit | PublishGrant | Warn
+Action = Announce | ScaleFleet | Publish | Warn
 
 
 def begin(handoff: Handoff, decision: Decision, now_ms: int, requested: str = "",
@@ -243,7 +236,7 @@ def _reading_ahead(handoff: Handoff, reports: Mapping[int, WorkerReport],
         warning = (Warn(f"worker(s) {cold} did not read ahead within {plan.read_ahead_timeout_ms / 1000:.0f} s; "
                         "handing over anyway (their acquire finishes the read-ahead, or restores in full if it "
                         "failed)"),)
-    return published, (*warning, PublishTransit(transit, plan))
+    return published, (*warning, Publish(transit, plan))
 
 
 def _in_transit(handoff: Handoff, reports: Mapping[int, WorkerReport],
@@ -254,7 +247,7 @@ def _in_transit(handoff: Handoff, reports: Mapping[int, WorkerReport],
     if all(released):
         granted = Publication(grant(pub.map), reason=f"handoff of epoch {pub.epoch} complete", published_ms=now_ms)
         return (Handoff(Phase.GRANTED, granted, entered_ms=now_ms),
-                (PublishGrant(granted), ScaleFleet(granted.map.workers)))
+                (Publish(granted), ScaleFleet(granted.map.workers)))
     waited_ms = now_ms - pub.published_ms
     if waited_ms <= STUCK_WARNING_MS or (handoff.warned_ms is not None
                                          and now_ms - handoff.warned_ms <= STUCK_WARNING_MS):
