@@ -94,7 +94,7 @@ class ControllerStatus:
     handoff_awaiting: frozenset[int]
     """Workers whose release the current handoff waits for (empty when settled)."""
     starting: bool
-    """True while a split waits for its new worker to start."""
+    """True from a decision until its epoch is published (a split's new worker starting, the read-ahead)."""
     last_decision: str
     rescales: tuple[Rescale, ...] = field(default=())
     phase: Phase = Phase.GRANTED

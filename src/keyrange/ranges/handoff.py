@@ -203,6 +203,8 @@ def _prepared(handoff: Handoff, now_ms: int) -> tuple[Handoff, tuple[Action, ...
 def _starting(handoff: Handoff, reports: Mapping[int, WorkerReport],
               now_ms: int) -> tuple[Handoff, tuple[Action, ...]]:
     plan, _ = _plan(handoff)
+    # Publishing only once the new worker runs keeps the moved slots flowing at their old owner
+    # while the new process starts.
     fresh_ms = plan.decided_ms - FRESH_REPORT_SLACK_MS
     waiting = [w for w in plan.new_workers if (r := reports.get(w)) is None or r.at_ms < fresh_ms]
     assert handoff.deadline_ms is not None
@@ -219,6 +221,8 @@ def _starting(handoff: Handoff, reports: Mapping[int, WorkerReport],
 def _reading_ahead(handoff: Handoff, reports: Mapping[int, WorkerReport],
                    now_ms: int) -> tuple[Handoff, tuple[Action, ...]]:
     plan, _ = _plan(handoff)
+    # The moved slots keep flowing at their old owners while the new ones read ahead, so the pause
+    # after the release is only the catch-up on what was appended since.
     prepare = plan.prepare
     cold = [w for w, slots in prepare.moves.items()
             if (r := reports.get(w)) is None or not has_read_ahead(r.warm_epoch, r.warm, prepare.epoch, slots)]
