@@ -214,7 +214,8 @@ class Controller:
 
     def _begin(self, decision: Decision, requested: str = "") -> Publication:
         self._handoff = begin(self.handoff, decision, self.wall_clock_ms(), requested,
-                              round(self.start_timeout_seconds * 1000), round(self.warm_timeout_seconds * 1000))
+                              start_timeout_ms=round(self.start_timeout_seconds * 1000),
+                              read_ahead_timeout_ms=round(self.warm_timeout_seconds * 1000))
         return self._drive()
 
     def _drive(self) -> Publication:

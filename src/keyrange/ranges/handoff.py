@@ -74,21 +74,26 @@ class Plan:
     prepare: Prepare
     """The moved slots per new owner, announced before the epoch."""
     decided_ms: int
+    """Wall-clock time of the decision (epoch ms)."""
     requested: str
     """The reason given to `request_scale` (an alert's name); empty when the planner decided alone."""
     start_timeout_ms: int
     """How long a split waits for its new worker to report."""
     read_ahead_timeout_ms: int
     """How long the new owners may read ahead, counted from when the new workers run."""
-
     workers_before: int
     """How many workers the map had when the rescale was decided."""
 
     @property
+    def workers_after(self) -> int:
+        """How many workers the decided map has."""
+        assert self.decision.next_map is not None
+        return self.decision.next_map.workers
+
+    @property
     def new_workers(self) -> range:
         """The ordinals a split adds (empty for a merge)."""
-        assert self.decision.next_map is not None
-        return range(self.workers_before, self.decision.next_map.workers)
+        return range(self.workers_before, self.workers_after)
 
 
 @dataclass(frozen=True)
@@ -158,8 +163,8 @@ class Warn:
 Action = Announce | ScaleFleet | Publish | Warn
 
 
-def begin(handoff: Handoff, decision: Decision, now_ms: int, requested: str = "",
-          start_timeout_ms: int = 60_000, read_ahead_timeout_ms: int = 10_000) -> Handoff:
+def begin(handoff: Handoff, decision: Decision, now_ms: int, requested: str, *, start_timeout_ms: int,
+          read_ahead_timeout_ms: int) -> Handoff:
     """The progress of a rescale the planner just decided from a GRANTED handoff (no action yet:
     the first `advance` announces it)."""
     if handoff.in_flight:
@@ -187,22 +192,21 @@ def advance(handoff: Handoff, reports: Mapping[int, WorkerReport],
     return handoff, ()
 
 
-def _plan(handoff: Handoff) -> tuple[Plan, int]:
-    plan = handoff.plan
-    assert plan is not None and plan.decision.next_map is not None, f"{handoff.phase} without a plan"
-    return plan, plan.decision.next_map.workers
+def _plan(handoff: Handoff) -> Plan:
+    assert handoff.plan is not None, f"{handoff.phase} without a plan"
+    return handoff.plan
 
 
 def _prepared(handoff: Handoff, now_ms: int) -> tuple[Handoff, tuple[Action, ...]]:
-    plan, workers_after = _plan(handoff)
+    plan = _plan(handoff)
     starting = replace(handoff, phase=Phase.STARTING, entered_ms=now_ms,
                        deadline_ms=plan.decided_ms + plan.start_timeout_ms)
-    return starting, (Announce(plan.prepare), ScaleFleet(max(handoff.publication.map.workers, workers_after)))
+    return starting, (Announce(plan.prepare), ScaleFleet(max(plan.workers_before, plan.workers_after)))
 
 
 def _starting(handoff: Handoff, reports: Mapping[int, WorkerReport],
               now_ms: int) -> tuple[Handoff, tuple[Action, ...]]:
-    plan, _ = _plan(handoff)
+    plan = _plan(handoff)
     # Publishing only once the new worker runs keeps the moved slots flowing at their old owner
     # while the new process starts.
     fresh_ms = plan.decided_ms - FRESH_REPORT_SLACK_MS
@@ -220,7 +224,7 @@ def _starting(handoff: Handoff, reports: Mapping[int, WorkerReport],
 
 def _reading_ahead(handoff: Handoff, reports: Mapping[int, WorkerReport],
                    now_ms: int) -> tuple[Handoff, tuple[Action, ...]]:
-    plan, _ = _plan(handoff)
+    plan = _plan(handoff)
     # The moved slots keep flowing at their old owners while the new ones read ahead, so the pause
     # after the release is only the catch-up on what was appended since.
     prepare = plan.prepare
