@@ -86,7 +86,7 @@ def test_a_publication_without_transit_is_a_granted_handoff() -> None:
 def test_a_publication_with_slots_in_transit_resumes_in_transit_and_grants_on_the_release() -> None:
     pub = Publication(RangeMap.even(6, 2, epoch=2), frozenset({3, 4, 5}), frozenset({0}), "split", T0)
     handoff = Handoff.from_storage(pub)
-    assert (handoff.phase, handoff.in_flight, handoff.awaiting) == (Phase.IN_TRANSIT, True, {0})
+    assert (handoff.phase, handoff.in_flight, handoff.awaiting) == (Phase.IN_TRANSIT, True, frozenset({0}))
     granted, actions = step(handoff, {0: report(0, 2, {0, 1, 2}, T0 + 10)}, T0 + 20)
     assert granted.phase is Phase.GRANTED
     assert actions == (Publish(granted.publication), ScaleFleet(2))
@@ -177,7 +177,7 @@ def test_the_epoch_is_published_once_every_new_owner_read_the_moved_slots_ahead(
     assert handoff.plan is not None
     assert actions == (Publish(expected, handoff.plan),)
     assert (transit.phase, transit.publication, transit.plan, transit.awaiting) == (
-        Phase.IN_TRANSIT, expected, None, {0})
+        Phase.IN_TRANSIT, expected, None, frozenset({0}))
 
 
 def test_a_new_owner_that_does_not_read_ahead_in_time_is_handed_over_anyway() -> None:
@@ -245,7 +245,7 @@ def test_an_old_owner_that_dies_mid_handoff_is_logged_every_30_s_and_granted_onc
 # --- whole handoffs --------------------------------------------------------------------------------
 
 def test_a_merge_frees_its_top_worker_only_with_the_grant() -> None:
-    handoff, log = decided(MERGE, TWO), []
+    handoff, log = decided(MERGE, TWO), list[Action]()
     reports: Reports = {0: report(0, 1, {0, 1, 2}, T0, warm={3, 4, 5}, warm_epoch=1)}
     for now in (T0, T0 + 1, T0 + 2):
         handoff, actions = step(handoff, reports, now)

@@ -70,6 +70,9 @@ class MemoryChannel:
     def report(self, report: WorkerReport) -> None:
         self._write(f"{WORKER_KEY_PREFIX}{report.worker}".encode(), report.encode())
 
+    def close(self) -> None:
+        pass
+
     def keys(self) -> list[bytes]:
         return [key for key, _ in self.records]
 
@@ -96,7 +99,7 @@ class WallClock:
 
 
 def controller_on(channel: MemoryChannel, fleet: Fleet, clock: WallClock) -> Controller:
-    controller = Controller(channel, 6, LIMITS, NoLag(), fleet, wall_clock_ms=clock)  # type: ignore[arg-type]
+    controller = Controller(channel, 6, LIMITS, NoLag(), fleet, wall_clock_ms=clock)
     controller.start()
     return controller
 
@@ -117,7 +120,8 @@ def test_a_split_is_announced_published_and_granted_as_the_workers_report() -> N
     channel.report(WorkerReport(1, 1, frozenset(), clock.now_ms, warm=frozenset({3, 4, 5}), warm_epoch=1))
     controller.step()
     status = controller.status()
-    assert (status.phase, status.epoch, status.handoff_awaiting, status.starting) == (Phase.IN_TRANSIT, 2, {0}, False)
+    assert (status.phase, status.epoch, status.handoff_awaiting, status.starting) == (
+        Phase.IN_TRANSIT, 2, frozenset({0}), False)
     assert controller.publication.transit == {3, 4, 5}
 
     clock.now_ms += 100

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from keyrange.errors import UserError
-from keyrange.ranges.channel import ControlChannel, ControllerFenced, Publication, now_ms
+from keyrange.ranges.channel import ControllerFenced, ControlState, Prepare, Publication, now_ms
 from keyrange.ranges.handoff import (
     Action,
     Announce,
@@ -51,6 +51,38 @@ class LagSource(Protocol):
 
     def slot_lag(self) -> Mapping[int, SlotLag]:
         """Lag of every slot that has a measurement."""
+        ...
+
+
+class ControlLog(Protocol):
+    """What the controller needs of its consumer's control topic (channel.ControlChannel provides it)."""
+
+    topic: str
+    state: ControlState
+    """The records read so far, folded (written only by reading: `poll`, `catch_up`)."""
+
+    def claim_writer(self) -> None:
+        """Become the group's one controller, fencing any other."""
+        ...
+
+    def catch_up(self) -> None:
+        """Read to the end of the topic as it is now."""
+        ...
+
+    def poll(self, timeout_seconds: float = 0.0) -> int:
+        """Read whatever is new, waiting up to `timeout_seconds` for the first record."""
+        ...
+
+    def publish(self, publication: Publication) -> None:
+        """Write an assignment record."""
+        ...
+
+    def announce(self, prepare: Prepare) -> None:
+        """Write the prepare record."""
+        ...
+
+    def close(self) -> None:
+        """Close the topic's clients."""
         ...
 
 
@@ -116,7 +148,7 @@ class ScaleResult:
 class Controller:
     """Plans and publishes range maps for one consumer (see the module docstring)."""
 
-    def __init__(self, channel: ControlChannel, slot_count: int, limits: ScalingLimits, lag_source: LagSource,
+    def __init__(self, channel: ControlLog, slot_count: int, limits: ScalingLimits, lag_source: LagSource,
                  fleet: WorkerFleet | None = None, clock: Callable[[], float] = time.monotonic,
                  start_timeout_seconds: float = 60.0, warm_timeout_seconds: float = 10.0,
                  wall_clock_ms: Callable[[], int] = now_ms) -> None:
