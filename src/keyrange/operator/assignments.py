@@ -4,10 +4,11 @@ In a cluster the operator runs one range controller per StreamConsumer. The cont
 range map and the two-phase handoff; the operator owns pods. They meet here:
 
 - a split: the controller wants one more worker -> `desired_workers()` grows -> the operator scales
-  the StatefulSet up -> `workers_available(n)` reports the ready pods -> only then does the
-  controller publish the epoch that gives the new ordinal slots;
-- a merge: the controller publishes the epoch without the last ordinal, waits for its release,
-  and only then lowers `desired_workers()` -> the operator scales down.
+  the StatefulSet up -> the new pod's worker reports on the control topic (the handoff's STARTING
+  phase, ranges/handoff.py; `workers_available(n)` tells the ready pods to controls without one)
+  -> only then does the controller publish the epoch that gives the new ordinal slots;
+- a merge: the controller publishes the epoch without the last ordinal, waits for its release
+  (IN_TRANSIT), and only then lowers `desired_workers()` -> the operator scales down.
 """
 
 from __future__ import annotations

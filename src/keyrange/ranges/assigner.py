@@ -3,18 +3,16 @@
 It runs in the local supervisor (`keyrange run`) and in the Kubernetes operator alike. It is
 given the bootstrap servers, the group, the slot count, the scaling limits, a lag source and a
 fleet (who starts and stops worker processes or pods); it measures lag, asks the pure planner,
-and drives the two-phase handoff over the control topic (see `channel.py`):
+and carries out the handoff that `handoff.py` sequences over the control topic (channel.py):
 
-    decide -> fleet.scale_to(max(old, new)) -> announce the moves (prepare record)
-           -> [split: the new worker reports it runs] -> the new owners report the moved slots
-              read ahead (or `warm_timeout_seconds` pass)
-           -> publish epoch E (moved slots in transit)
-           -> every old owner reports E without them -> publish E+1 (nothing in transit)
-           -> fleet.scale_to(new)
+    decide -> handoff.begin -> until the handoff is granted again: handoff.advance(progress, the
+    workers' reports, now) -> carry out its actions (announce, scale the fleet, publish, warn)
 
-A split adds the worker before publishing the epoch that uses it; a merge removes the freed
-(top) worker only after its handoff completed. One rescale at a time: no decision is taken while
-a handoff is in flight.
+The phases, their timeouts and what a slow or dying worker does to them are in handoff.py; this
+module only reads the control topic, writes what the handoff asks for and keeps the record of
+rescales. A split adds the worker before publishing the epoch that uses it; a merge removes the
+freed (top) worker only after its handoff completed. One rescale at a time: no decision is taken
+while a handoff is in flight.
 """
 
 from __future__ import annotations
@@ -27,9 +25,19 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from keyrange.errors import UserError
-from keyrange.ranges.channel import ControlChannel, ControllerFenced, Prepare, Publication, describe_reports, now_ms
-from keyrange.ranges.ownership import grant, plan_handoff
-from keyrange.ranges.planner import Decision, Direction, Planner, ScalingLimits, SlotLag, range_lag, with_epoch
+from keyrange.ranges.channel import ControllerFenced, ControlState, Prepare, Publication, now_ms
+from keyrange.ranges.handoff import (
+    Action,
+    Announce,
+    Handoff,
+    Phase,
+    Plan,
+    Publish,
+    ScaleFleet,
+    advance,
+    begin,
+)
+from keyrange.ranges.planner import Decision, Direction, Planner, ScalingLimits, SlotLag, range_lag
 from keyrange.ranges.rangemap import RangeMap
 
 log = logging.getLogger(__name__)
@@ -43,6 +51,38 @@ class LagSource(Protocol):
 
     def slot_lag(self) -> Mapping[int, SlotLag]:
         """Lag of every slot that has a measurement."""
+        ...
+
+
+class ControlLog(Protocol):
+    """What the controller needs of its consumer's control topic (channel.ControlChannel provides it)."""
+
+    topic: str
+    state: ControlState
+    """The records read so far, folded (written only by reading: `poll`, `catch_up`)."""
+
+    def claim_writer(self) -> None:
+        """Become the group's one controller, fencing any other."""
+        ...
+
+    def catch_up(self) -> None:
+        """Read to the end of the topic as it is now."""
+        ...
+
+    def poll(self, timeout_seconds: float = 0.0) -> int:
+        """Read whatever is new, waiting up to `timeout_seconds` for the first record."""
+        ...
+
+    def publish(self, publication: Publication) -> None:
+        """Write an assignment record."""
+        ...
+
+    def announce(self, prepare: Prepare) -> None:
+        """Write the prepare record."""
+        ...
+
+    def close(self) -> None:
+        """Close the topic's clients."""
         ...
 
 
@@ -86,9 +126,11 @@ class ControllerStatus:
     handoff_awaiting: frozenset[int]
     """Workers whose release the current handoff waits for (empty when settled)."""
     starting: bool
-    """True while a split waits for its new worker to start."""
+    """True from a decision until its epoch is published (a split's new worker starting, the read-ahead)."""
     last_decision: str
     rescales: tuple[Rescale, ...] = field(default=())
+    phase: Phase = Phase.GRANTED
+    """Where the current handoff is (handoff.py)."""
 
 
 @dataclass(frozen=True)
@@ -106,40 +148,45 @@ class ScaleResult:
 class Controller:
     """Plans and publishes range maps for one consumer (see the module docstring)."""
 
-    def __init__(self, channel: ControlChannel, slot_count: int, limits: ScalingLimits, lag_source: LagSource,
+    def __init__(self, channel: ControlLog, slot_count: int, limits: ScalingLimits, lag_source: LagSource,
                  fleet: WorkerFleet | None = None, clock: Callable[[], float] = time.monotonic,
-                 start_timeout_seconds: float = 60.0, warm_timeout_seconds: float = 10.0) -> None:
+                 start_timeout_seconds: float = 60.0, warm_timeout_seconds: float = 10.0,
+                 wall_clock_ms: Callable[[], int] = now_ms) -> None:
         self.channel = channel
         self.slot_count = slot_count
         self.planner = Planner(limits)
         self.lag_source = lag_source
         self.fleet = fleet
         self.clock = clock
+        """The planner's clock (its cooldowns)."""
+        self.wall_clock_ms = wall_clock_ms
+        """The handoff's clock: control records carry wall time, and a resumed handoff counts from them."""
         self.rescales: list[Rescale] = []
         self.last_decision = "starting"
         self.start_timeout_seconds = start_timeout_seconds
+        """How long a split waits for its new worker to report before it publishes anyway."""
         self.warm_timeout_seconds = warm_timeout_seconds
         """How long a handoff waits for its new owners to read ahead, counted from when they run (a
         split's new worker may take longer than this to start); after that it goes on, and their
         acquire finishes the read-ahead (or restores in full if it failed)."""
-        self._pending: tuple[Decision, int, str] | None = None
-        """(decision, decided_ms, the request's reason or "") until its epoch is published."""
-        self._running_ms: int | None = None
-        """When the pending rescale's new workers were first seen running (or stopped being waited
-        for): its read-ahead wait counts from then, so a worker slow to start still gets it."""
+        self._handoff: Handoff | None = None
+        """The handoff's progress (handoff.py): set by `start`, replaced only once its actions are done."""
         self._lock = threading.RLock()
         self._lag: Mapping[int, SlotLag] = {}
-        self._stuck_logged_at = 0.0
         self._wake = threading.Event()
         self.stopped_by: ControllerFenced | None = None
         """Set when another controller of the group took over and this one stopped (see `run`)."""
 
     @property
+    def handoff(self) -> Handoff:
+        """The handoff's progress (after `start`)."""
+        assert self._handoff is not None, "Controller.start() was not called"
+        return self._handoff
+
+    @property
     def publication(self) -> Publication:
         """The newest publication (after `start`)."""
-        pub = self.channel.state.publication
-        assert pub is not None, "Controller.start() was not called"
-        return pub
+        return self.handoff.publication
 
     def start(self) -> Publication:
         """Claim the group's controller role (fencing any other controller at the broker), then
@@ -155,10 +202,10 @@ class Controller:
             )
         if pub is None:
             first = RangeMap.even(self.slot_count, min(self.planner.limits.min_workers, self.slot_count))
-            pub = Publication(first, reason="initial map", published_ms=now_ms())
+            pub = Publication(first, reason="initial map", published_ms=self.wall_clock_ms())
             self.channel.publish(pub)
-            self.channel.state.publication = pub
             log.info("published %s (initial)", first.describe())
+        self._handoff = Handoff.from_storage(pub)
         if self.fleet is not None:
             self.fleet.scale_to(max(pub.map.workers, max(pub.awaiting, default=-1) + 1))
         return pub
@@ -172,14 +219,14 @@ class Controller:
             self.channel.poll(0.0)
             pub = self.publication
             before = pub.map.workers
-            if pub.transit or self._pending is not None:
+            if self.handoff.in_flight:
                 return ScaleResult(False, f"a rescale is in progress ({pub.map.describe()})", before, before)
             decision = self.planner.decide(pub.map, self._lag, self.clock(), direction)
             log.info("scale %s requested (%s): %s", direction, reason, decision.reason)
             self.last_decision = decision.reason
             if decision.next_map is None:
                 return ScaleResult(False, decision.reason, before, before)
-            self._begin(pub, decision, reason)
+            self._begin(decision, reason)
             self._wake.set()  # the run loop follows the handoff from now on, not at its next idle tick
             return ScaleResult(True, decision.reason, before, decision.next_map.workers)
 
@@ -188,99 +235,73 @@ class Controller:
         publication. Thread-safe."""
         with self._lock:
             self.channel.poll(0.0)
-            pub = self.publication
-            if pub.transit:
-                return self._advance_handoff(pub)
-            if self._pending is not None:
-                return self._publish_when_ready(pub)
+            if self.handoff.in_flight:
+                return self._drive()
             self._lag = self.lag_source.slot_lag()
-            decision = self.planner.decide(pub.map, self._lag, self.clock())
+            decision = self.planner.decide(self.publication.map, self._lag, self.clock())
             self.last_decision = decision.reason
             if decision.next_map is None:
-                return pub
-            return self._begin(pub, decision)
+                return self.publication
+            return self._begin(decision)
 
-    def _begin(self, pub: Publication, decision: Decision, requested: str = "") -> Publication:
-        assert decision.next_map is not None
-        self._pending = (decision, now_ms(), requested)
-        prepare = Prepare(pub.epoch, plan_handoff(pub.map, decision.next_map).moves, now_ms())
-        self.channel.announce(prepare)
-        self.channel.state.prepare = prepare
-        if self.fleet is not None:
-            self.fleet.scale_to(max(pub.map.workers, decision.next_map.workers))
-        return self._publish_when_ready(pub)
+    def _begin(self, decision: Decision, requested: str = "") -> Publication:
+        self._handoff = begin(self.handoff, decision, self.wall_clock_ms(), requested,
+                              start_timeout_ms=round(self.start_timeout_seconds * 1000),
+                              read_ahead_timeout_ms=round(self.warm_timeout_seconds * 1000))
+        return self._drive()
 
-    def _publish_when_ready(self, pub: Publication) -> Publication:
-        assert self._pending is not None
-        decision, decided_ms, requested = self._pending
-        assert decision.next_map is not None
-        new_workers = range(pub.map.workers, decision.next_map.workers)
-        # A split waits until the new worker runs (it reported after the decision), so the moved
-        # slots keep flowing at their old owner while the new process starts.
-        # A report from just before the decision counts too: a standby worker heartbeats every second.
-        fresh_ms = decided_ms - 2 * 1000
-        waiting = [w for w in new_workers if (r := self.channel.state.reports.get(w)) is None or r.at_ms < fresh_ms]
-        if waiting and now_ms() - decided_ms < self.start_timeout_seconds * 1000:
-            return pub
-        if waiting:
-            log.warning("worker(s) %s did not report within %.0f s; publishing anyway", waiting,
-                        self.start_timeout_seconds)
-        if self._running_ms is None:
-            self._running_ms = now_ms()
-        # The moved slots keep flowing at their old owners while the new ones read ahead, so the
-        # pause after the release is only the catch-up on what was appended since.
-        prepare = self.channel.state.prepare
-        moves = prepare.moves if prepare is not None and prepare.epoch == pub.epoch else {}
-        cold = [w for w, slots in moves.items() if not self.channel.state.warm(w, pub.epoch, slots)]
-        if cold and now_ms() - self._running_ms < self.warm_timeout_seconds * 1000:
-            return pub
-        if cold:
-            log.warning("worker(s) %s did not read ahead within %.0f s; handing over anyway (their acquire "
-                        "finishes the read-ahead, or restores in full if it failed)", cold, self.warm_timeout_seconds)
-        new_map = with_epoch(decision.next_map, pub.epoch + 1)
-        handoff = plan_handoff(pub.map, new_map)
-        moved, awaiting = handoff.moved, handoff.awaiting
-        nxt = Publication(new_map, moved, awaiting, decision.reason, now_ms())
-        self.channel.publish(nxt)
-        # The rescale stays pending until its publication is the current one, so a status read
-        # in between never sees "nothing in progress" (and a failed publish is retried).
-        self.channel.state.publication = nxt
-        self._pending = self._running_ms = None
-        self.rescales.append(Rescale(decision.action, decision.reason, new_map.epoch, pub.map.workers,
-                                     new_map.workers, moved, decided_ms, nxt.published_ms, requested=requested))
-        log.info("published %s: %s; waiting for w%s to release %d slots", new_map.describe(), decision.reason,
-                 ",w".join(map(str, sorted(awaiting))), len(moved))
-        return self._advance_handoff(nxt)
+    def _drive(self) -> Publication:
+        """Advance the handoff as far as the control state allows now, carrying out each transition's
+        actions before adopting it (a failed write raises and leaves the transition to the next step)."""
+        while True:
+            current = self.handoff
+            nxt, actions = advance(current, self.channel.state.reports, self.wall_clock_ms())
+            for action in actions:
+                self._carry_out(action)
+            self._handoff = nxt
+            if nxt == current or not nxt.in_flight:
+                return nxt.publication
 
-    def _advance_handoff(self, pub: Publication) -> Publication:
-        state = self.channel.state
-        if not all(state.released(w, pub.epoch, pub.transit) for w in pub.awaiting):
-            waited = (now_ms() - pub.published_ms) / 1000
-            if waited > 30 and self.clock() - self._stuck_logged_at > 30:
-                self._stuck_logged_at = self.clock()
-                log.warning("handoff of epoch %d waits for %.0f s; reports: %s", pub.epoch, waited,
-                            describe_reports(state.reports, now_ms()))
-            return pub
-        granted = Publication(grant(pub.map), reason=f"handoff of epoch {pub.epoch} complete", published_ms=now_ms())
-        self.channel.publish(granted)
-        state.publication = granted
+    def _carry_out(self, action: Action) -> None:
+        if isinstance(action, Announce):
+            self.channel.announce(action.prepare)
+        elif isinstance(action, ScaleFleet):
+            if self.fleet is not None:
+                self.fleet.scale_to(action.workers)
+        elif isinstance(action, Publish):
+            self.channel.publish(action.publication)
+            if action.plan is not None:
+                self._record(action.publication, action.plan)
+            else:
+                self._settle(action.publication)
+        else:
+            log.warning("%s", action.message)
+
+    def _record(self, pub: Publication, plan: Plan) -> None:
+        decision = plan.decision
+        self.rescales.append(Rescale(decision.action, decision.reason, pub.epoch, plan.workers_before,
+                                     pub.map.workers, pub.transit, plan.decided_ms, pub.published_ms,
+                                     requested=plan.requested))
+        log.info("published %s: %s; waiting for w%s to release %d slots", pub.map.describe(), decision.reason,
+                 ",w".join(map(str, sorted(pub.awaiting))), len(pub.transit))
+
+    def _settle(self, granted: Publication) -> None:
         for r in reversed(self.rescales):
-            if r.epoch == pub.epoch:
+            if r.epoch == granted.epoch - 1:
                 r.settled_ms = granted.published_ms
                 break
-        if self.fleet is not None:
-            self.fleet.scale_to(granted.map.workers)
         log.info("published %s (handoff complete)", granted.map.describe())
-        return granted
 
     def status(self) -> ControllerStatus:
         """A consistent snapshot for tables, the operator's status, reports and tests (taken
         between steps: never half of a publication)."""
         with self._lock:
-            pub = self.publication
+            handoff = self.handoff
+            pub = handoff.publication
             lags = tuple(range_lag(a, self._lag) for a in pub.map.assignments)
-            return ControllerStatus(pub.epoch, pub.map, lags, pub.awaiting if pub.transit else frozenset(),
-                                    self._pending is not None, self.last_decision, tuple(self.rescales))
+            starting = handoff.phase in (Phase.PREPARING, Phase.STARTING, Phase.READING_AHEAD)
+            return ControllerStatus(pub.epoch, pub.map, lags, handoff.awaiting, starting, self.last_decision,
+                                    tuple(self.rescales), handoff.phase)
 
     def run(self, stop: threading.Event, interval_seconds: float = 0.2, busy_interval_seconds: float = 0.02) -> None:
         """Step until `stop` is set (run it in a thread); see `step_and_wait`."""
@@ -301,8 +322,8 @@ class Controller:
         `request_scale` or `stop`), and while a rescale is in flight only until a control record
         arrives (at most `busy_interval_seconds`), since the moved slots pause until a step sees the
         release."""
-        pub = self.step()
-        if pub.transit or self._pending is not None:
+        self.step()
+        if self.handoff.in_flight:
             with self._lock:
                 self.channel.poll(busy_interval_seconds)
             return

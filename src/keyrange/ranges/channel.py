@@ -15,11 +15,12 @@ with and without Kubernetes. Three kinds of records, all JSON, keyed so compacti
   the slots it holds, the slots it has read ahead, a timestamp, the newest handoff pause it
   measured). Written after every acquire/release/read-ahead and as a heartbeat.
 
-Two-phase handoff, after a read-ahead: the controller announces the moves, waits (boundedly)
-until every new owner reports them read ahead, then publishes epoch E with the moved slots in
-transit; each old owner releases them (commits in its transaction) and reports epoch E; when every awaited worker
-has reported E without the slots, the controller publishes E+1 with the same map and nothing in
-transit, and only then do the new owners acquire. Slots that do not move are never in transit.
+Two-phase handoff, after a read-ahead (its phases are in handoff.py): the controller announces the
+moves, waits (boundedly) until every new owner reports them read ahead, then publishes epoch E with
+the moved slots in transit; each old owner releases them (commits in its transaction) and reports
+epoch E; when every awaited worker has reported E without the slots, the controller publishes E+1
+with the same map and nothing in transit, and only then do the new owners acquire. Slots that do
+not move are never in transit.
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ from keyrange.errors import UserError
 from keyrange.kafkaclients import KafkaClients
 from keyrange.kafkaio import TopicSpec, ensure_topics
 from keyrange.kafkaquirks import Failure, classify, kafka_error, read_past_listed_end
-from keyrange.ranges.ownership import allowed_slots, has_read_ahead, has_released, supersedes
+from keyrange.ranges.ownership import allowed_slots, supersedes
 from keyrange.ranges.pauses import HandoffPause
 from keyrange.ranges.rangemap import RangeMap
 from keyrange.ranges.slots import format_slot_list, parse_slot_list
@@ -234,16 +235,6 @@ class ControlState:
         newest = self.claims.get(report.worker)
         if newest is None or claim > newest.claim:
             self.claims[report.worker] = IdentityClaim(claim, report.instance, report.pid)
-
-    def released(self, worker: int, epoch: int, slots: frozenset[int]) -> bool:
-        """True once `worker` reported applying `epoch` (or newer) without holding any of `slots`."""
-        r = self.reports.get(worker)
-        return r is not None and has_released(r.epoch, r.held, epoch, slots)
-
-    def warm(self, worker: int, epoch: int, slots: frozenset[int]) -> bool:
-        """True once `worker` reported having read `slots` ahead for the prepare of `epoch`."""
-        r = self.reports.get(worker)
-        return r is not None and has_read_ahead(r.warm_epoch, r.warm, epoch, slots)
 
 
 class ControllerFenced(UserError):

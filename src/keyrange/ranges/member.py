@@ -3,10 +3,21 @@
 A worker in controlled mode runs one `RangeMember` next to its engine. On every newer epoch it
 first releases what the epoch does not allow it (fencing: a slot it does not hold in the newest
 epoch it has seen is never handled again), reports, then acquires what the epoch newly allows,
-and reports again. When a handoff that will grant it slots is announced, it reads their logs
-ahead in the background and reports them warm. Between epochs it sends a heartbeat report every
-`heartbeat_seconds`. It notes since when a slot was in transit towards it, so the pause of each
-slot it then acquires is measured at its first event (pauses.py) and reported.
+and reports again. Between epochs it sends a heartbeat report every `heartbeat_seconds`.
+
+Its steps in the phases of a handoff (the controller's side is handoff.py; it waits on these reports):
+- STARTING (a split's new worker): its first report, a heartbeat, is what the controller waits for.
+- READING_AHEAD: when a prepare record from the newest epoch names slots for it, a new owner reads
+  their logs ahead in the background (`SlotOwner.prefetch`, while the old owner still handles
+  them) and reports them warm (`warm`, `warm_epoch`); a read-ahead that fails reports nothing.
+- IN_TRANSIT (epoch E): an old owner releases the moved slots (`SlotOwner.release`: stop fetching,
+  finish in-flight, commit) and reports E without them. A release that raises ends the member: the
+  worker stops, its last report is of the older epoch, and once restarted it reports E holding
+  nothing. A new owner acquires nothing of them yet, and notes since when each has been in transit
+  towards it.
+- GRANTED (epoch E+1): a new owner acquires the moved slots (`SlotOwner.acquire`: restore, then
+  consume from the committed offsets; after a read-ahead only what was appended since is read),
+  reports E+1, and the pause of each slot is measured at its first event (pauses.py).
 
 One process per worker id: each member is an instance whose claim is the offset of its first
 report. A member that reads a newer claim on its own worker id from another process (a pod

@@ -1,7 +1,8 @@
 """Who may hold which slot: the rules of the two-phase handoff, stated once (pure).
 
-The controller (assigner.py) writes publications, each worker's member (member.py) follows them,
-and the control state (channel.py) folds what both read. All three decide with these functions:
+The controller (assigner.py) writes publications as handoff.py sequences them, each worker's
+member (member.py) follows them, and the control state (channel.py) folds what both read. All
+three decide with these functions:
 
 - **The newest epoch rules.** A publication replaces the one held only if its epoch is not older
   (`supersedes`); re-reading the same epoch is harmless, an older one is ignored.
