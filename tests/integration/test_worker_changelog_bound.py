@@ -14,8 +14,7 @@ import pytest
 from confluent_kafka import Message
 
 from keyrange.logend import Span
-from keyrange.worker import WorkerSettings
-from keyrange.worker import snapshots
+from keyrange.worker import WorkerSettings, snapshots
 from keyrange.worker.logreader import LogReader
 from keyrange.worker.rebuild import RestoredPartition, restore_with
 from tests.checkers import Counts, check_counts, first_occurrences, ledger_oracle

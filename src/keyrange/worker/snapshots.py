@@ -45,6 +45,10 @@ and snapshots add at most 1/SNAPSHOT_EVERY to what the changelog is written."""
 SNAPSHOT_FLOOR = 1000
 """Added to the live clients in the rule above, so that few clients do not mean a snapshot every
 few commits."""
+CHANGELOG_TOPIC_CONFIG = {"cleanup.policy": "compact", "segment.ms": str(60 * 60 * 1000)}
+"""Configs `<group>.state` is created with. Kafka compacts only closed segments, and by default a
+segment closes after 7 days: an hour lets compaction drop what snapshots superseded. Restores do
+not depend on it (tansu never compacts)."""
 SEARCH_FIRST_RECORDS = 1000
 """Records the search for the newest totals record reads first (back from the end of the log);
 each further step back reads twice as many."""
