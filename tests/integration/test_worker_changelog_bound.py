@@ -12,11 +12,14 @@ from collections.abc import Callable
 
 import pytest
 from confluent_kafka import Message
+from confluent_kafka.admin import ConfigResource
 
+from keyrange.kafkaio import admin_client
 from keyrange.logend import Span
 from keyrange.worker import WorkerSettings, snapshots
 from keyrange.worker.logreader import LogReader
 from keyrange.worker.rebuild import RestoredPartition, restore_with
+from keyrange.worker.snapshots import CHANGELOG_TOPIC_CONFIG
 from tests.checkers import Counts, check_counts, first_occurrences, ledger_oracle
 from tests.integration.worker_helpers import produce_stream, run_worker_until, settings_for
 from tests.kafkatools import offsets_committed_so_far, read_input_log, read_topic
@@ -24,12 +27,6 @@ from tests.kafkatools import offsets_committed_so_far, read_input_log, read_topi
 CLIENTS = 20
 FLOOR = 10
 SEARCH = 50
-
-
-@pytest.fixture
-def bootstrap(any_bootstrap: str) -> str:
-    """Every test of this module runs on tansu and on Apache Kafka (tests/conftest.py's `broker_engine`)."""
-    return any_bootstrap
 
 
 class CountingReader(LogReader):
@@ -68,7 +65,8 @@ def restore_counting(settings: WorkerSettings) -> tuple[RestoredPartition, Count
 
 
 async def test_a_restore_reads_a_bounded_stretch_of_a_long_changelog_and_restores_it_exactly(
-        bootstrap: str, topic_name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+        any_bootstrap: str, topic_name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    bootstrap = any_bootstrap  # on tansu and on Apache Kafka
     monkeypatch.setattr(snapshots, "SNAPSHOT_FLOOR", FLOOR)
     monkeypatch.setattr(snapshots, "SEARCH_FIRST_RECORDS", SEARCH)
     sent = produce_stream(bootstrap, topic_name, 3000, partitions=1, clients=CLIENTS, duplicate_ratio=0.05,
@@ -100,3 +98,8 @@ async def test_a_restore_reads_a_bounded_stretch_of_a_long_changelog_and_restore
     assert restored.state == last
     totals = restored.totals
     check_counts(log, Counts(totals.handled, totals.dead_lettered, totals.duplicates_dropped))
+
+    # The worker created the changelog so that Kafka's compaction can run (not that the bound needs it).
+    resource = ConfigResource("topic", settings.state)
+    configs = admin_client(bootstrap).describe_configs([resource])[resource].result(30)
+    assert configs["segment.ms"].value == CHANGELOG_TOPIC_CONFIG["segment.ms"]

@@ -54,15 +54,18 @@ class LogReader:
         """Why a read stopped moving, as far as can be told: a missing topic (nobody created it, e.g.
         no worker of the group ever started) would otherwise read like a stuck transaction."""
         what = f"reading {spans} (topic, partition) to the end made no progress for {timeout:g} s"
-        try:
-            existing = self._consumer.list_topics(timeout=timeout).topics
-        except KafkaException:
-            existing = None
-        missing = sorted({t for t, _ in spans} - set(existing)) if existing is not None else []
+        missing = self._missing_topics(spans, timeout)
         if missing:
             return f"{what}: the broker has no topic {' or '.join(missing)}"
         return (f"{what} (an open transaction holds it back, or the broker does not answer); retry, or raise the "
                 "Kafka timeout")
+
+    def _missing_topics(self, spans: Iterable[Span], timeout: float) -> list[str]:
+        try:
+            existing = self._consumer.list_topics(timeout=timeout).topics
+        except KafkaException:
+            return []
+        return sorted({t for t, _ in spans} - set(existing))
 
     def start_offsets(self, topic: str, partitions: Iterable[int]) -> dict[int, int]:
         """Where each partition resumes: the group's committed offset, or the first offset when none."""
@@ -84,7 +87,12 @@ class LogReader:
         timeout = self._settings.kafka_timeout_seconds
         out = {}
         for span in spans:
-            low, high = self._consumer.get_watermark_offsets(TopicPartition(*span), timeout=timeout)
+            try:
+                low, high = self._consumer.get_watermark_offsets(TopicPartition(*span), timeout=timeout)
+            except KafkaException as exc:
+                missing = self._missing_topics([span], timeout)
+                why = f"the broker has no topic {missing[0]}" if missing else str(exc.args[0])
+                raise RestoreError(f"cannot look up where {span} (topic, partition) begins and ends: {why}") from None
             out[span] = (int(low), int(high))
         return out
 

@@ -40,6 +40,7 @@ transaction and carries the offset of the last one, whose processed record holds
 and compaction can drop an entry < C only in favour of a newer one of the same client, which
 is either < C itself or >= C, whose processed record then carries the state.
 Changelog records written before the offset header existed are treated as < C.
+Reading the changelog from a snapshot instead of its start changes none of this (snapshots.py).
 """
 
 from __future__ import annotations

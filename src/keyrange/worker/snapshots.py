@@ -11,7 +11,8 @@ snapshot the committed offset can vouch for.
   offset of its first record comes back in its delivery report; once that transaction committed,
   every later totals record names it (header `keyrange.snapshot`), and the next transaction writes
   one even if the committed offset did not move. A snapshot is named only after its transaction
-  committed, so a torn (tansu) or aborted one is never named.
+  committed, so a torn (tansu) or aborted one is never named; read from an older snapshot, the
+  records of a torn one are changelog records like the others (rebuild.py's rules hold for them).
 - **Reading (`changelog_starts`).** The newest totals record counting up to at most the committed
   offset C names the snapshot to read from: found by reading the changelog partition backwards
   from its end, in steps that double, so the read is bounded by what was written since that

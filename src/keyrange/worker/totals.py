@@ -1,7 +1,8 @@
 """How a consumer group's input finished, counted exactly once per offset, read back from Kafka.
 
-Every transaction that moves a partition's committed offset also writes a totals record to the
-group's changelog (key `keyrange.totals`): how many offsets below the new committed offset were
+Every transaction that moves a partition's committed offset (and the few that write or name a
+changelog snapshot: snapshots.py) also writes a totals record to the group's changelog (key
+`keyrange.totals`): how many offsets below the new committed offset were
 handled, dead-lettered and dropped as duplicates. A new owner restores the totals with the rest
 of the partition (rebuild.py) and counts on from there, so the totals survive handoffs, crashes
 and restarts, which per-process Prometheus counters do not (a SIGKILLed worker's counts since its
