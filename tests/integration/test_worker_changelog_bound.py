@@ -101,5 +101,6 @@ async def test_a_restore_reads_a_bounded_stretch_of_a_long_changelog_and_restore
 
     # The worker created the changelog so that Kafka's compaction can run (not that the bound needs it).
     resource = ConfigResource("topic", settings.state)
-    configs = admin_client(bootstrap).describe_configs([resource])[resource].result(30)
+    admin = admin_client(bootstrap)  # kept: a future of a collected client fails
+    configs = admin.describe_configs([resource])[resource].result(30)
     assert configs["segment.ms"].value == CHANGELOG_TOPIC_CONFIG["segment.ms"]
