@@ -111,9 +111,11 @@ def restore(settings: WorkerSettings, start_offsets: dict[int, int], partition_c
             now_s: float | None = None) -> dict[int, RestoredPartition]:
     """Restore every partition in `start_offsets` (partition -> committed or first offset).
 
-    Three round trips on one consumer: the record at each committed offset; the offsets at the
-    window's and the outputs' start times; then the input window, the sink, the dead letters and
-    the changelog, all in one assignment.
+    Five round trips on one consumer: the record at each committed offset; the offsets at the
+    window's and the outputs' start times; the changelog's bounds and its last records (where its
+    snapshot starts: snapshots.py; more steps back only when those hold no totals record the
+    committed offset covers); then the input window, the sink, the dead letters and the changelog
+    from its snapshot, all in one assignment.
     """
     reader = LogReader(settings)
     try:
@@ -147,7 +149,8 @@ def plan_reads(reader: LogReader, settings: WorkerSettings, start_offsets: dict[
                partition_counts: dict[str, int], now_s: float | None, skip_ended: bool = True) -> ReadPlan:
     """Two round trips: the record at each committed offset, then the offsets at the window's and
     the outputs' start times. With `skip_ended`, partitions that end at their committed offset get
-    no output spans (nothing past the offset has run)."""
+    no output spans (nothing past the offset has run).
+    Then the changelog's snapshot (snapshots.py `changelog_starts`)."""
     now_s = time.time() if now_s is None else now_s
     slack_ms = int(settings.restore_clock_slack_seconds * 1000)
     parts = list(start_offsets)
