@@ -4,7 +4,7 @@ Apache Kafka or tansu would, and the live dedup window to compare a restore with
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
 from keyrange.events import encode_input
@@ -82,6 +82,10 @@ class ModelReader:
     def start_offsets(self, topic: str, partitions: list[int]) -> dict[int, int]:
         """The committed offset of each partition, or 0."""
         return {p: self.committed.get(p, 0) for p in partitions}
+
+    def bounds(self, spans: Iterable[Span]) -> dict[Span, tuple[int, int]]:
+        """(first offset, end) of each modelled log."""
+        return {span: (0, len(self.logs.get(span, []))) for span in spans}
 
     def read(self, starts: dict[Span, int], stops: dict[Span, int] | None = None,
              each: Callable[[Span, list[FakeMessage]], None] | None = None

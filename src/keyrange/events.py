@@ -49,6 +49,10 @@ name as a dead letter's source offset: both say which input offset a record stem
 TOTALS_KEY = b"keyrange.totals"
 """Changelog key (never a clientId, which is decimal) of a partition's totals record: how the
 input offsets below its source offset finished, written in the transaction that commits them."""
+SNAPSHOT_HEADER = "keyrange.snapshot"
+"""On a totals record: the changelog offset (decimal) where the newest snapshot of the partition's
+keyed state that had committed when the record was written starts; a restore reads the changelog
+from there (worker/snapshots.py). Absent: read it from its start."""
 
 
 class BadEvent(ValueError):

@@ -11,6 +11,7 @@ from confluent_kafka import Producer
 
 from keyrange.kafkaio import TopicSpec, ensure_topics
 from keyrange.worker.logreader import LogReader, RestoreError
+from keyrange.worker.totals import committed_totals
 from tests.integration.worker_helpers import settings_for
 
 BATCHES = 100
@@ -74,3 +75,13 @@ def test_a_read_of_a_topic_that_does_not_exist_fails_saying_so(any_bootstrap: st
             reader.read({(topic_name, 0): 0, (missing, 0): 0})
     finally:
         reader.close()
+
+
+def test_the_totals_of_a_group_without_a_changelog_fail_saying_the_topic_is_missing(any_bootstrap: str,
+                                                                                     topic_name: str) -> None:
+    """Finding where the changelog's snapshot starts looks up its bounds first: a missing topic is
+    named there too, not a librdkafka "Unknown partition"."""
+    ensure_topics(any_bootstrap, [TopicSpec(topic_name, 1)])
+    settings = settings_for(any_bootstrap, topic_name, kafka_timeout_seconds=1.0)
+    with pytest.raises(RestoreError, match=f"the broker has no topic {settings.state}$"):
+        committed_totals(settings, [0])

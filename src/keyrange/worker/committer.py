@@ -2,7 +2,9 @@
 
 A slot's transaction carries its staged outputs (processed records, dead letters, state changes),
 its committable offset (the lowest unfinished one: commits.py) and, with it, the slot's totals
-over the offsets below it; each slot commits through its own producer (transactions.py).
+over the offsets below it; each slot commits through its own producer (transactions.py). Now and
+then it also carries a snapshot of the slot's keyed state, which the totals records of the later
+transactions name (snapshots.py): that keeps what a restore reads bounded.
 
 Slots commit independently: at most one transaction of a slot is in flight, and the next starts
 an interval after the last one started, or as soon as it ended if it took longer (what the slot
@@ -21,7 +23,7 @@ import math
 from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass
 
-from confluent_kafka import TopicPartition
+from confluent_kafka import KafkaError, Message, TopicPartition
 
 from keyrange import metrics as metric_defs
 from keyrange.worker.commits import Totals
@@ -42,6 +44,24 @@ class _Batch:
     processed: int
     dead_letters: list[str]
     totals: Totals | None
+    changelog_records: int
+    snapshot: _SnapshotStart | None
+    """Where the snapshot this transaction writes starts, if it writes one."""
+    names_snapshot: int | None
+    """The snapshot start its totals record names (None: no totals record, or none named)."""
+
+
+class _SnapshotStart:
+    """The offset of a snapshot's first record, from its delivery report (producer thread)."""
+
+    __slots__ = ("offset",)
+
+    def __init__(self) -> None:
+        self.offset: int | None = None
+
+    def __call__(self, error: KafkaError | None, message: Message) -> None:
+        if error is None:
+            self.offset = message.offset()
 
 
 class Committer:
@@ -156,17 +176,31 @@ class Committer:
         if ps.lost:
             return None  # its producer failed: what it staged is discarded with it
         s = self._settings
+        changelog_records = len(ps.dirty_state)
         records, processed, dead_letters = ps.take_outputs(s.state)
         committable = ps.window.committable
         offsets: list[TopicPartition] = []
         totals = None
-        if committable > ps.committed_offset:
-            offsets.append(TopicPartition(s.topic, ps.partition, committable))
+        snapshot = None
+        names = None
+        take_snapshot = ps.snapshots.due(len(ps.store))
+        if committable > ps.committed_offset or take_snapshot or not ps.snapshots.named:
+            if committable > ps.committed_offset:
+                offsets.append(TopicPartition(s.topic, ps.partition, committable))
+            # A snapshot is every live client's state, then the totals record; it starts at its
+            # first record (the totals record when no client has a state).
+            written = ps.snapshot_records(s.state) if take_snapshot else []
             record, totals = ps.totals_record(s.state, committable)
-            records.append(record)
+            written.append(record)
+            if take_snapshot:
+                snapshot = written[0].delivered = _SnapshotStart()
+            records.extend(written)
+            changelog_records += len(written)
+            names = ps.snapshots.start
         if not records:
             return None
-        return _Batch(ps, records, offsets, committable, processed, dead_letters, totals)
+        return _Batch(ps, records, offsets, committable, processed, dead_letters, totals, changelog_records,
+                      snapshot, names)
 
     async def _commit(self, batch: _Batch) -> None:
         ps = batch.ps
@@ -180,6 +214,8 @@ class Committer:
         self._count(ps, batch.processed, batch.dead_letters, batch.totals)
         if batch.totals is not None:
             ps.committed_offset, ps.committed_totals = batch.committable, batch.totals
+        snapshot_at = None if batch.snapshot is None else batch.snapshot.offset
+        ps.snapshots.committed(batch.changelog_records, snapshot_at, batch.snapshot is not None, batch.names_snapshot)
 
     def _count(self, ps: PartitionState, processed: int, dead_letters: list[str], totals: Totals | None) -> None:
         stats = self._stats

@@ -40,6 +40,7 @@ from keyrange.worker.partition import PartitionMetrics, PartitionState
 from keyrange.worker.readahead import Prefetched, Restorer
 from keyrange.worker.scheduler import ClientScheduler
 from keyrange.worker.settings import WorkerSettings
+from keyrange.worker.snapshots import CHANGELOG_TOPIC_CONFIG
 from keyrange.worker.stats import WorkerStats
 from keyrange.worker.transactions import SlotTransactions, TransactionFailed
 
@@ -137,7 +138,7 @@ class Worker:
         specs = [
             TopicSpec(s.sink, count),
             TopicSpec(s.dlq, count),
-            TopicSpec(s.state, count, {"cleanup.policy": "compact"}, exact_partitions=True),
+            TopicSpec(s.state, count, dict(CHANGELOG_TOPIC_CONFIG), exact_partitions=True),
         ]
         outputs = await until_reachable(lambda timeout: ensure_topics(
             s.bootstrap, specs, timeout, s.client_properties, s.replication_factor), stop, longest)

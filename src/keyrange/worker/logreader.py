@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 from confluent_kafka import Consumer, KafkaException, Message, TopicPartition
 
@@ -54,15 +54,18 @@ class LogReader:
         """Why a read stopped moving, as far as can be told: a missing topic (nobody created it, e.g.
         no worker of the group ever started) would otherwise read like a stuck transaction."""
         what = f"reading {spans} (topic, partition) to the end made no progress for {timeout:g} s"
-        try:
-            existing = self._consumer.list_topics(timeout=timeout).topics
-        except KafkaException:
-            existing = None
-        missing = sorted({t for t, _ in spans} - set(existing)) if existing is not None else []
+        missing = self._missing_topics(spans, timeout)
         if missing:
             return f"{what}: the broker has no topic {' or '.join(missing)}"
         return (f"{what} (an open transaction holds it back, or the broker does not answer); retry, or raise the "
                 "Kafka timeout")
+
+    def _missing_topics(self, spans: Iterable[Span], timeout: float) -> list[str]:
+        try:
+            existing = self._consumer.list_topics(timeout=timeout).topics
+        except KafkaException:
+            return []
+        return sorted({t for t, _ in spans} - set(existing))
 
     def start_offsets(self, topic: str, partitions: Iterable[int]) -> dict[int, int]:
         """Where each partition resumes: the group's committed offset, or the first offset when none."""
@@ -78,10 +81,28 @@ class LogReader:
         """Close the consumer (it never joined a group)."""
         self._consumer.close()
 
-    def read(self, starts: dict[Span, int], stops: dict[Span, int] | None = None
+    def bounds(self, spans: Iterable[Span]) -> dict[Span, tuple[int, int]]:
+        """(first offset, end) of each span as ListOffsets answers now. tansu workaround: tansu's
+        end can be too low right after a write (logend.py): only a hint of where to start reading."""
+        timeout = self._settings.kafka_timeout_seconds
+        out = {}
+        for span in spans:
+            try:
+                low, high = self._consumer.get_watermark_offsets(TopicPartition(*span), timeout=timeout)
+            except KafkaException as exc:
+                missing = self._missing_topics([span], timeout)
+                why = f"the broker has no topic {missing[0]}" if missing else str(exc.args[0])
+                raise RestoreError(f"cannot look up where {span} (topic, partition) begins and ends: {why}") from None
+            out[span] = (int(low), int(high))
+        return out
+
+    def read(self, starts: dict[Span, int], stops: dict[Span, int] | None = None,
+             each: Callable[[Span, list[Message]], None] | None = None
              ) -> tuple[dict[Span, list[Message]], dict[Span, int]]:
         """Records from `starts` up to `stops` (exclusive; a span without a stop: to the end), per
-        span in log order; and the offset each span was read to.
+        span in log order; and the offset each span was read to. With `each`, the records are
+        handed to it as they come (per span, in log order) instead, and the lists stay empty: a long
+        read then holds one batch at a time.
 
         "The end" follows logend.py: the high watermark of the fetch responses, reached when the
         position (which moves past transaction markers) is there. The consumer keeps a partition's
@@ -118,6 +139,7 @@ class LogReader:
                 # Take what is buffered; wait briefly only when nothing is (a batch consume waits
                 # for a full batch or the timeout, which would add the timeout to every read).
                 messages = consumer.consume(READ_BATCH, 0) or consumer.consume(1, POLL_SECONDS)
+                taken = out if each is None else {span: [] for span in wanted}
                 for m in messages:
                     if m.error() is not None:
                         continue
@@ -127,7 +149,11 @@ class LogReader:
                     if span not in wanted or offset >= stops.get(span, offset + 1):
                         continue
                     last[span] = offset
-                    out[span].append(m)
+                    taken[span].append(m)
+                if each is not None:
+                    for span, batch in taken.items():
+                        if batch:
+                            each(span, batch)
                 done = []
                 for span in wanted:
                     high = fetched_end(consumer, span)

@@ -95,12 +95,10 @@ class OutputStage:
         (rebuild.py); the store keeps the encoded value, what the changelog restores."""
         headers = [self._group_header]
         if state_deleted:
-            ps.store.pop(client_id, None)
-            ps.dirty_state[client_id] = (None, offset)
+            ps.change_state(client_id, None, offset)
             headers.append((STATE_HEADER, b"null"))
         elif state_json is not None:
-            ps.store[client_id] = state_json
-            ps.dirty_state[client_id] = (state_json, offset)
+            ps.change_state(client_id, state_json, offset)
             headers.append((STATE_HEADER, state_json))
         ps.outputs.append(OutputRecord(self._sink, ps.output_partition, key, value, headers))
         ps.processed_uncommitted += 1

@@ -7,10 +7,11 @@ import contextlib
 from collections.abc import Callable
 
 from keyrange import metrics
-from keyrange.events import SOURCE_OFFSET_HEADER, TOTALS_KEY, encode_totals, json_bytes
+from keyrange.events import SNAPSHOT_HEADER, SOURCE_OFFSET_HEADER, TOTALS_KEY, encode_totals, json_bytes
 from keyrange.worker.commits import CommitWindow, Totals
 from keyrange.worker.dedup import TtlSet
 from keyrange.worker.rebuild import RestoredPartition
+from keyrange.worker.snapshots import SnapshotSchedule
 from keyrange.worker.transactions import OutputRecord, SlotTransactions
 
 
@@ -73,6 +74,10 @@ class PartitionState:
         self.store: dict[int, bytes] = {client: json_bytes(value) for client, value in restored.state.items()}
         """clientId -> committed keyed state as JSON (as applied by finished events; as the changelog
         holds it, so memory always matches what a restore would rebuild)."""
+        self.store_offsets: dict[int, int] = dict(restored.state_offsets)
+        """clientId -> input offset of the event that set its state in `store` (when known)."""
+        self.snapshots = SnapshotSchedule(restored.snapshot_start, restored.changelog_records)
+        """When the slot writes its next changelog snapshot, and which one its totals records name."""
         self.outputs: list[OutputRecord] = []
         """Processed records and dead letters finished since the last transaction."""
         self.dirty_state: dict[int, tuple[bytes | None, int]] = {}
@@ -111,6 +116,17 @@ class PartitionState:
         window = self.window
         return self.paused and window.pending <= max_pending // 2 and window.pending_bytes <= max_pending_bytes // 2
 
+    def change_state(self, client: int, state_json: bytes | None, offset: int) -> None:
+        """A finished event at `offset` set its client's state (None: deleted): into the store, and
+        into the changelog with the next transaction."""
+        if state_json is None:
+            self.store.pop(client, None)
+            self.store_offsets.pop(client, None)
+        else:
+            self.store[client] = state_json
+            self.store_offsets[client] = offset
+        self.dirty_state[client] = (state_json, offset)
+
     def take_outputs(self, state_topic: str) -> tuple[list[OutputRecord], int, list[str]]:
         """Hand over the outputs and state changes for a transaction; return them, the processed
         count and the dead letters' reasons."""
@@ -128,9 +144,20 @@ class PartitionState:
 
     def totals_record(self, state_topic: str, committable: int) -> tuple[OutputRecord, Totals]:
         """The totals of the offsets below `committable`, and the changelog record that commits
-        them with that offset (rebuild.py reads it back, so the counts survive handoffs and crashes)."""
+        them with that offset (rebuild.py reads it back, so the counts survive handoffs and crashes);
+        it names the newest committed snapshot (snapshots.py)."""
         totals = self.restored_totals.plus(self.window.passed)
         value = encode_totals(totals.handled, totals.dead_lettered, totals.duplicates_dropped)
-        record = OutputRecord(state_topic, self.partition, TOTALS_KEY, value,
-                              [(SOURCE_OFFSET_HEADER, str(committable).encode())])
-        return record, totals
+        headers = [(SOURCE_OFFSET_HEADER, str(committable).encode())]
+        if self.snapshots.start is not None:
+            headers.append((SNAPSHOT_HEADER, str(self.snapshots.start).encode()))
+        return OutputRecord(state_topic, self.partition, TOTALS_KEY, value, headers), totals
+
+    def snapshot_records(self, state_topic: str) -> list[OutputRecord]:
+        """Every live client's state as changelog records (snapshots.py), each with the offset of the
+        event that set it when known (a record without one counts as older than any committed offset,
+        as the changelog's oldest records do)."""
+        offsets = self.store_offsets
+        return [OutputRecord(state_topic, self.partition, str(client).encode(), value,
+                             [(SOURCE_OFFSET_HEADER, str(offsets[client]).encode())] if client in offsets else None)
+                for client, value in self.store.items()]

@@ -27,7 +27,7 @@ from collections.abc import Iterable
 from concurrent.futures import Future
 from dataclasses import dataclass
 
-from confluent_kafka import KafkaException
+from confluent_kafka import KafkaException, Message
 
 from keyrange.logend import Span
 from keyrange.worker.logreader import LogReader
@@ -104,11 +104,17 @@ class Restorer:
             starts = dict(plan.starts)
             for p, offset in committed.items():
                 starts.setdefault((self._settings.topic, p), offset)  # C0 = 0: no window before it, but C may be later
-            logs, ends = reader.read(starts)
+            logs = ParsedLogs()
+            after_last: dict[Span, int] = {}
+
+            def take(span: Span, messages: list[Message]) -> None:
+                logs.add(self._settings, span, messages)
+                after_last[span] = messages[-1].offset() + 1  # type: ignore[operator]
+
+            _, ends = reader.read(starts, each=take)
             # A read can return records past the end it stopped at (they came in the same fetch).
-            reached = {span: max([ends[span]] + [m.offset() + 1 for m in logs[span][-1:]])  # type: ignore[operator]
-                       for span in starts}
-            return Prefetched(committed, ParsedLogs.of(self._settings, logs), reached)
+            reached = {span: max(ends[span], after_last.get(span, 0)) for span in starts}
+            return Prefetched(committed, logs, reached)
         finally:
             self._done_with(reader)
 

@@ -11,12 +11,14 @@ committed offset:
   commit (outputs commit in the same transaction as offsets, and events finish out of order):
   they are skipped, not run again, and their uuids join the window when the new owner's fetch
   reaches them, so every event, finished or not, is judged at its own place in the log;
-- keyed state: the changelog entries (`<group>.state`) whose source offset (header
+- keyed state: the changelog (`<group>.state`) is read from the snapshot that the newest totals
+  record counting up to at most C names, or from its start when none does (snapshots.py: this
+  bounds the read whatever the uptime); its entries whose source offset (header
   `keyrange.source.offset`) is < C are folded in log order, entries >= C are ignored; then the
   state headers (`keyrange.state`) of the processed records of offsets >= C (exactly the events
   marked finished above) are applied in offset order;
 - the partition's totals (how the offsets below C finished): the newest totals record of the
-  changelog that counts up to at most C (worker/totals.py).
+  changelog that counts up to at most C (worker/totals.py); it follows the snapshot it names.
 Only outputs this consumer group wrote count (header `keyrange.group`): other consumers of the
 same input may share the sink and the DLQ. The window is replayed in log order, as the engine saw
 the events, because an event is remembered at the stream time it arrived at (dedup.py).
@@ -40,6 +42,7 @@ transaction and carries the offset of the last one, whose processed record holds
 and compaction can drop an entry < C only in favour of a newer one of the same client, which
 is either < C itself or >= C, whose processed record then carries the state.
 Changelog records written before the offset header existed are treated as < C.
+Reading the changelog from a snapshot instead of its start changes none of this (snapshots.py).
 """
 
 from __future__ import annotations
@@ -68,6 +71,7 @@ from keyrange.worker.commits import Outcome, Totals
 from keyrange.worker.dedup import window_seconds
 from keyrange.worker.logreader import LogReader
 from keyrange.worker.settings import WorkerSettings
+from keyrange.worker.snapshots import changelog_starts, snapshot_named
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,17 +99,26 @@ class RestoredPartition:
     at: dedup.py)."""
     state: dict[int, Any] = field(default_factory=dict)
     """Keyed state per clientId."""
+    state_offsets: dict[int, int] = field(default_factory=dict)
+    """Per clientId in `state`, the input offset of the event that set it (unless written before
+    the changelog said so); a snapshot writes it with the state."""
     totals: Totals = field(default_factory=Totals)
     """How the offsets below start_offset finished (the newest totals record the commit covers)."""
+    snapshot_start: int | None = None
+    """The changelog snapshot that totals record names (snapshots.py; None: none)."""
+    changelog_records: int = 0
+    """Changelog records the restore read: the records since that snapshot, for when the next is due."""
 
 
 def restore(settings: WorkerSettings, start_offsets: dict[int, int], partition_counts: dict[str, int],
             now_s: float | None = None) -> dict[int, RestoredPartition]:
     """Restore every partition in `start_offsets` (partition -> committed or first offset).
 
-    Three round trips on one consumer: the last records before each committed offset and the one
-    at it; the offsets at the window's and the outputs' start times; then the input window, the
-    sink, the dead letters and the changelog, all in one assignment.
+    Five round trips on one consumer: the last records before each committed offset and the one
+    at it; the offsets at the window's and the outputs' start times; the changelog's bounds and its
+    last records (where its snapshot starts: snapshots.py; more steps back only when those hold no
+    totals record the committed offset covers); then the input window, the sink, the dead letters
+    and the changelog from its snapshot, all in one assignment.
     """
     reader = LogReader(settings)
     try:
@@ -118,8 +131,10 @@ def restore_with(reader: LogReader, settings: WorkerSettings, start_offsets: dic
                  partition_counts: dict[str, int], now_s: float | None) -> dict[int, RestoredPartition]:
     """`restore` on a given reader."""
     plan = plan_reads(reader, settings, start_offsets, partition_counts, now_s)
-    logs, _ = reader.read(plan.starts, {(settings.topic, p): start_offsets[p] for p in start_offsets})
-    return fold_logs(start_offsets, ParsedLogs.of(settings, logs))
+    parsed = ParsedLogs()
+    reader.read(plan.starts, {(settings.topic, p): start_offsets[p] for p in start_offsets},
+                each=lambda span, messages: parsed.add(settings, span, messages))
+    return fold_logs(start_offsets, parsed)
 
 
 TAIL_RECORDS = 64
@@ -133,7 +148,7 @@ class ReadPlan:
 
     starts: dict[Span, int]
     """Input (the dedup window before the committed offset), sink and DLQ (outputs of offsets at or
-    after it) and changelog (from its start) spans, with their first offsets."""
+    after it) and changelog (from its newest snapshot: snapshots.py) spans, with their first offsets."""
     stream_ms: dict[int, int]
     """Per partition, the dedup window's stream time at the committed offset as the records before it
     tell (never later than it was, within the clock slack): the input is read from TTL before."""
@@ -147,7 +162,8 @@ def plan_reads(reader: LogReader, settings: WorkerSettings, start_offsets: dict[
                partition_counts: dict[str, int], now_s: float | None, skip_ended: bool = True) -> ReadPlan:
     """Two round trips: the last records before each committed offset and the record at it, then the
     offsets at the window's and the outputs' start times. With `skip_ended`, partitions that end at
-    their committed offset get no output spans (nothing past the offset has run)."""
+    their committed offset get no output spans (nothing past the offset has run).
+    Then the changelog's snapshot (snapshots.py `changelog_starts`)."""
     now_ms = int((time.time() if now_s is None else now_s) * 1000)
     slack_ms = int(settings.restore_clock_slack_seconds * 1000)
     parts = list(start_offsets)
@@ -193,9 +209,9 @@ def plan_reads(reader: LogReader, settings: WorkerSettings, start_offsets: dict[
     offsets = reader.offsets_at(times)
 
     # Input just before the committed offsets (the uuids the dedup window holds there), the outputs
-    # of offsets >= C, and the changelog from its start.
+    # of offsets >= C, and the changelog from the snapshot the committed offsets vouch for.
     starts = dict(offsets)
-    starts.update({(settings.state, p): 0 for p in parts})
+    starts.update(changelog_starts(reader, settings.state, start_offsets))
     return ReadPlan(starts, stream_ms, written_ms)
 
 
@@ -234,6 +250,17 @@ class StateEntry:
     """None = deleted."""
 
 
+@dataclass(frozen=True, slots=True)
+class TotalsEntry:
+    """A totals record."""
+
+    counted_to: int
+    """The input offset it counts up to (exclusive)."""
+    totals: Totals
+    snapshot_start: int | None
+    """The changelog snapshot it names (snapshots.py), if any."""
+
+
 @dataclass
 class ParsedLogs:
     """The records a restore read, parsed once (a read-ahead parses its part before the grant)."""
@@ -244,8 +271,8 @@ class ParsedLogs:
     """This consumer group's processed records and dead letters (other groups' are left out)."""
     states: dict[int, list[StateEntry]] = field(default_factory=dict)
     """Per changelog partition, in log order."""
-    totals: dict[int, list[tuple[int, Totals]]] = field(default_factory=dict)
-    """Per changelog partition, in log order: (the offset a totals record counts up to, totals)."""
+    totals: dict[int, list[TotalsEntry]] = field(default_factory=dict)
+    """Per changelog partition, in log order."""
 
     def add(self, settings: WorkerSettings, span: Span, messages: list[Message]) -> None:
         """Parse `messages` of `span` (records after those added for it before)."""
@@ -266,14 +293,6 @@ class ParsedLogs:
                         self.totals.setdefault(partition, []).append(totals)
                 elif (change := _state_entry(m)) is not None:
                     self.states.setdefault(partition, []).append(change)
-
-    @classmethod
-    def of(cls, settings: WorkerSettings, logs: dict[Span, list[Message]]) -> ParsedLogs:
-        """All of `logs`, parsed."""
-        parsed = cls()
-        for span, messages in logs.items():
-            parsed.add(settings, span, messages)
-        return parsed
 
 
 def fold_logs(start_offsets: dict[int, int], parsed: ParsedLogs) -> dict[int, RestoredPartition]:
@@ -308,15 +327,17 @@ def fold_logs(start_offsets: dict[int, int], parsed: ParsedLogs) -> dict[int, Re
         # The newest totals the committed offset covers; a newer record counting past it was
         # written by a transaction whose offsets did not commit (tansu workaround: torn on tansu;
         # Kafka never shows one): its offsets run again and are counted again.
-        for counted_to, totals in parsed.totals.get(p, []):
-            if counted_to <= restored.start_offset:
-                restored.totals = totals
-        for change in parsed.states.get(p, []):
+        for record in parsed.totals.get(p, []):
+            if record.counted_to <= restored.start_offset:
+                restored.totals, restored.snapshot_start = record.totals, record.snapshot_start
+        changes = parsed.states.get(p, [])
+        restored.changelog_records = len(changes) + len(parsed.totals.get(p, []))
+        for change in changes:
             if change.source_offset is not None and change.source_offset >= restored.start_offset:
                 continue  # possibly ahead of its processed record: that record carries the state
-            _set_state(restored.state, change.client, change.state)
-        for _, client, state in sorted(states_after[p], key=lambda entry: entry[0]):
-            _set_state(restored.state, client, state)
+            _set_state(restored, change.client, change.state, change.source_offset)
+        for offset, client, state in sorted(states_after[p], key=lambda entry: entry[0]):
+            _set_state(restored, client, state, offset)
     return result
 
 
@@ -367,19 +388,24 @@ def _state_entry(m: Message) -> StateEntry | None:
     return StateEntry(int(key), None if source is None else int(source), None if value is None else orjson.loads(value))
 
 
-def _totals_entry(m: Message) -> tuple[int, Totals] | None:
-    source = _header(m, SOURCE_OFFSET_HEADER)
+def _totals_entry(m: Message) -> TotalsEntry | None:
+    named = snapshot_named(m)
     value = m.value()
-    if source is None or value is None:
+    if named is None or value is None:
         return None
-    return int(source), Totals(*decode_totals(value))
+    return TotalsEntry(named[0], Totals(*decode_totals(value)), named[1])
 
 
-def _set_state(states: dict[int, Any], client: int, state: Any) -> None:
+def _set_state(restored: RestoredPartition, client: int, state: Any, offset: int | None) -> None:
     if state is None:
-        states.pop(client, None)
+        restored.state.pop(client, None)
+        restored.state_offsets.pop(client, None)
+        return
+    restored.state[client] = state
+    if offset is None:
+        restored.state_offsets.pop(client, None)
     else:
-        states[client] = state
+        restored.state_offsets[client] = offset
 
 
 def _header(m: Message, name: str) -> bytes | None:

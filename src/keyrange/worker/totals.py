@@ -1,12 +1,14 @@
 """How a consumer group's input finished, counted exactly once per offset, read back from Kafka.
 
-Every transaction that moves a partition's committed offset also writes a totals record to the
-group's changelog (key `keyrange.totals`): how many offsets below the new committed offset were
+Every transaction that moves a partition's committed offset (and the few that write or name a
+changelog snapshot: snapshots.py) also writes a totals record to the group's changelog (key
+`keyrange.totals`): how many offsets below the new committed offset were
 handled, dead-lettered and dropped as duplicates. A new owner restores the totals with the rest
 of the partition (rebuild.py) and counts on from there, so the totals survive handoffs, crashes
 and restarts, which per-process Prometheus counters do not (a SIGKILLed worker's counts since its
 last scrape are gone). `keyrange run` reports them when it stops; tests check them against the
-input log.
+input log. Like a restore, reading them reads the changelog from the newest snapshot the committed
+offset vouches for (snapshots.py), not from its start.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from keyrange.worker.commits import Totals
 from keyrange.worker.logreader import LogReader
 from keyrange.worker.rebuild import ParsedLogs
 from keyrange.worker.settings import WorkerSettings
+from keyrange.worker.snapshots import changelog_starts
 
 
 def committed_totals(settings: WorkerSettings, partitions: Iterable[int]) -> dict[int, Totals]:
@@ -25,17 +28,16 @@ def committed_totals(settings: WorkerSettings, partitions: Iterable[int]) -> dic
     reader = LogReader(settings)
     try:
         committed = reader.start_offsets(settings.topic, parts)
-        logs, _ = reader.read({(settings.state, p): 0 for p in parts})
+        parsed = ParsedLogs()
+        reader.read(changelog_starts(reader, settings.state, committed),
+                    each=lambda span, messages: parsed.add(settings, span, messages))
     finally:
         reader.close()
-    parsed = ParsedLogs()
-    for span, messages in logs.items():
-        parsed.add(settings, span, messages)
     out = {}
     for p in parts:
         # The newest record counting up to at most the committed offset (a newer one belongs to a
-        # transaction whose offsets did not commit: see restore.fold_logs).
-        covered = [totals for counted_to, totals in parsed.totals.get(p, []) if counted_to <= committed[p]]
+        # transaction whose offsets did not commit: see rebuild.fold_logs).
+        covered = [e.totals for e in parsed.totals.get(p, []) if e.counted_to <= committed[p]]
         out[p] = covered[-1] if covered else Totals()
     return out
 

@@ -30,7 +30,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from confluent_kafka import KafkaError, KafkaException, Producer, TopicPartition
+from confluent_kafka import KafkaError, KafkaException, Message, Producer, TopicPartition
 
 from keyrange.events import MAX_EVENT_BYTES
 from keyrange.kafkaquirks import Backoff, Failure, classify, kafka_error, outputs_acknowledged_before_offsets
@@ -143,6 +143,9 @@ class OutputRecord:
     key: bytes | None
     value: bytes | None
     headers: list[tuple[str, bytes]] | None = None
+    delivered: Callable[[KafkaError | None, Message], None] | None = None
+    """Told of the record's delivery (librdkafka's on_delivery), before its transaction's commit
+    returns: e.g. where a changelog snapshot starts (snapshots.py)."""
 
 
 class SlotTransactions:
@@ -361,6 +364,8 @@ class SlotTransactions:
             kwargs["partition"] = r.partition
         if r.headers:
             kwargs["headers"] = r.headers
+        if r.delivered is not None:
+            kwargs["on_delivery"] = r.delivered
         while True:
             try:
                 producer.produce(r.topic, **kwargs)

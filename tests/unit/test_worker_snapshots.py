@@ -1,0 +1,212 @@
+"""Changelog snapshots (worker/snapshots.py): when a slot writes one, which one its totals records
+name, where a restore starts reading, and that reading from there restores what reading the whole
+changelog does. No Kafka: a slot's transactions append to an in-memory log."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+
+import pytest
+from confluent_kafka import TopicPartition
+
+from keyrange.events import SNAPSHOT_HEADER, SOURCE_OFFSET_HEADER, TOTALS_KEY, encode_totals
+from keyrange.logend import Span
+from keyrange.worker import snapshots
+from keyrange.worker.commits import Outcome
+from keyrange.worker.committer import Committer
+from keyrange.worker.partition import PartitionMetrics, PartitionState
+from keyrange.worker.rebuild import OutputEntry, ParsedLogs, RestoredPartition, fold_logs
+from keyrange.worker.settings import WorkerSettings
+from keyrange.worker.snapshots import SnapshotSchedule, changelog_starts
+from keyrange.worker.stats import WorkerStats
+from keyrange.worker.transactions import OutputRecord
+
+SETTINGS = WorkerSettings(bootstrap="127.0.0.1:1", topic="events", group_id="g", worker_id="w0")
+STATE = (SETTINGS.state, 0)
+
+
+class Record:
+    """A changelog record as a restore sees it (the Message methods rebuild.py and snapshots.py use)."""
+
+    def __init__(self, offset: int, key: bytes | None, value: bytes | None,
+                 headers: list[tuple[str, bytes]] | None) -> None:
+        self._offset, self._key, self._value, self._headers = offset, key, value, headers
+
+    def offset(self) -> int:
+        return self._offset
+
+    def key(self) -> bytes | None:
+        return self._key
+
+    def value(self) -> bytes | None:
+        return self._value
+
+    def headers(self) -> list[tuple[str, bytes]] | None:
+        return self._headers
+
+
+class ChangelogTransactions:
+    """A slot's transactions that append its changelog records to one in-memory log, with an offset
+    for each commit marker as Kafka writes it, and tell each delivery."""
+
+    def __init__(self) -> None:
+        self.log: list[Record] = []
+        self.end = 0
+
+    async def commit(self, records: list[OutputRecord], offsets: list[TopicPartition]) -> None:
+        for r in records:
+            if r.topic != SETTINGS.state:
+                continue
+            record = Record(self.end, r.key, r.value, r.headers)
+            self.log.append(record)
+            self.end += 1
+            if r.delivered is not None:
+                r.delivered(None, record)  # type: ignore[arg-type]
+        self.end += 1  # the commit marker
+
+
+class LogOnlyReader:
+    """Reads an in-memory changelog as LogReader does; counts the records it hands back."""
+
+    def __init__(self, log: list[Record], first: int = 0) -> None:
+        self.log = [r for r in log if r.offset() >= first]
+        self.first = first
+        self.end = log[-1].offset() + 2 if log else first
+        self.records_read = 0
+
+    def bounds(self, spans: list[Span]) -> dict[Span, tuple[int, int]]:
+        return {span: (self.first, self.end) for span in spans}
+
+    def read(self, starts: dict[Span, int], stops: dict[Span, int] | None = None,
+             each: Callable[[Span, list[Record]], None] | None = None
+             ) -> tuple[dict[Span, list[Record]], dict[Span, int]]:
+        stops = stops or {}
+        ends = {}
+        for span, start in starts.items():
+            stop = stops.get(span, self.end)
+            batch = [r for r in self.log if start <= r.offset() < stop]
+            self.records_read += len(batch)
+            if batch and each is not None:
+                each(span, batch)
+            ends[span] = stop
+        return {span: [] for span in starts}, ends
+
+
+def totals_record(offset: int, counted_to: int, snapshot_start: int | None) -> Record:
+    headers = [(SOURCE_OFFSET_HEADER, str(counted_to).encode())]
+    if snapshot_start is not None:
+        headers.append((SNAPSHOT_HEADER, str(snapshot_start).encode()))
+    return Record(offset, TOTALS_KEY, encode_totals(counted_to, 0, 0), headers)
+
+
+def test_a_snapshot_is_due_after_a_multiple_of_the_live_clients_plus_a_floor() -> None:
+    schedule = SnapshotSchedule(None, 0)
+    threshold = snapshots.SNAPSHOT_EVERY * (3 + snapshots.SNAPSHOT_FLOOR)
+    schedule.committed(threshold - 1, None, False, None)
+    assert not schedule.due(3)
+    schedule.committed(1, None, False, None)
+    assert schedule.due(3)
+    assert not schedule.due(4)
+
+
+def test_a_snapshot_is_named_once_its_transaction_committed_until_a_newer_one() -> None:
+    schedule = SnapshotSchedule(100, 5000)
+    schedule.committed(31, 7000, True, 100)  # its own totals record still names the one before
+    assert (schedule.start, schedule.named, schedule.since) == (7000, False, 31)
+    schedule.committed(1, None, False, 7000)
+    assert schedule.named
+    # A snapshot whose delivery report said nothing is not named; the next is due as late anyway.
+    schedule.committed(40, None, True, 7000)
+    assert (schedule.start, schedule.named, schedule.since) == (7000, True, 40)
+
+
+def test_the_search_reads_back_only_to_the_newest_totals_record_the_committed_offset_covers() -> None:
+    log = [Record(o, b"7", b"1", [(SOURCE_OFFSET_HEADER, str(o).encode())]) for o in range(100_000)]
+    log += [totals_record(100_000, 500, 90_000), totals_record(100_001, 520, 95_000),
+            totals_record(100_002, 530, 99_000)]  # the last counts past C = 520: its offsets did not commit
+    reader = LogOnlyReader(log)
+    assert changelog_starts(reader, SETTINGS.state, {0: 520}) == {STATE: 95_000}  # type: ignore[arg-type]
+    assert reader.records_read <= snapshots.SEARCH_FIRST_RECORDS
+
+
+def test_the_search_steps_back_in_doubling_steps_past_a_long_stretch_without_totals_records() -> None:
+    log = [totals_record(0, 10, 0)] + [Record(o, b"7", b"1", None) for o in range(1, 50_000)]
+    reader = LogOnlyReader(log)
+    assert changelog_starts(reader, SETTINGS.state, {0: 10}) == {STATE: 0}  # type: ignore[arg-type]
+    assert reader.records_read <= 2 * len(log)
+
+
+def test_without_a_named_snapshot_the_changelog_is_read_from_its_start() -> None:
+    log = [Record(o, b"7", b"1", None) for o in range(300, 400)] + [totals_record(400, 10, None)]
+    assert changelog_starts(LogOnlyReader(log, first=300), SETTINGS.state, {0: 10}) == {STATE: 300}  # type: ignore[arg-type]
+    assert changelog_starts(LogOnlyReader([]), SETTINGS.state, {0: 0}) == {STATE: 0}  # type: ignore[arg-type]
+
+
+CLIENTS = 30
+EVENTS = 3000
+SLOW_AT = 2600
+"""The event that is still running at the end: the committed offset stays there, later events finish."""
+
+
+def run_slot(transactions: ChangelogTransactions) -> tuple[PartitionState, list[OutputEntry]]:
+    """A slot handles EVENTS events of CLIENTS counters (every 9th deletes its client's state),
+    committing every 7 events; the event at SLOW_AT and its client's later ones never finish."""
+    ps = PartitionState(0, RestoredPartition(0), 10.0, time.time, PartitionMetrics("c", "w0", 0),
+                        transactions)  # type: ignore[arg-type]
+    committer = Committer(SETTINGS, lambda: [ps], WorkerStats())
+    counters: dict[int, int] = {}
+    after_committed: list[OutputEntry] = []
+    slow = SLOW_AT % CLIENTS
+
+    async def scenario() -> None:
+        for offset in range(EVENTS):
+            ps.window.add(offset)
+            client = offset % CLIENTS
+            if offset >= SLOW_AT and client == slow:
+                continue
+            if offset % 9 == 0:
+                counters.pop(client, None)
+                state = None
+                ps.change_state(client, None, offset)
+            else:
+                counters[client] = state = counters.get(client, 0) + 1
+                ps.change_state(client, str(state).encode(), offset)
+            ps.window.finish(offset, Outcome.HANDLED)
+            if offset >= SLOW_AT:  # finished past the committed offset: its processed record carries the state
+                after_committed.append(OutputEntry(0, offset, f"u{offset}", 0.0, (client, state), Outcome.HANDLED))
+            if offset % 7 == 0:
+                await committer.commit_now()
+        await committer.commit_now()
+
+    asyncio.run(scenario())
+    assert ps.committed_offset == SLOW_AT
+    return ps, after_committed
+
+
+def restored_from(log: list[Record], first: int, outputs: list[OutputEntry]) -> RestoredPartition:
+    parsed = ParsedLogs()
+    parsed.add(SETTINGS, STATE, [r for r in log if r.offset() >= first])  # type: ignore[misc]
+    parsed.outputs = outputs
+    return fold_logs({0: SLOW_AT}, parsed)[0]
+
+
+def test_a_restore_from_the_named_snapshot_restores_what_the_whole_changelog_does(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(snapshots, "SNAPSHOT_FLOOR", 10)
+    transactions = ChangelogTransactions()
+    ps, outputs = run_slot(transactions)
+    log = transactions.log
+    start = changelog_starts(LogOnlyReader(log), SETTINGS.state, {0: SLOW_AT})[STATE]  # type: ignore[arg-type]
+    assert start > 0, "no snapshot was named"
+    bound = snapshots.SNAPSHOT_EVERY * (CLIENTS + 10) + 2 * (CLIENTS + 1)
+    assert len([r for r in log if r.offset() >= start]) <= bound < len(log) // 5
+
+    whole, from_snapshot = restored_from(log, 0, outputs), restored_from(log, start, outputs)
+    assert from_snapshot.state == whole.state == {c: int(v) for c, v in ps.store.items()}
+    assert from_snapshot.totals == whole.totals == ps.committed_totals
+    assert from_snapshot.totals.handled == SLOW_AT
+    # The next owner names the same snapshot, and counts the records since it towards the next.
+    assert from_snapshot.snapshot_start == ps.snapshots.start
+    assert from_snapshot.state_offsets == ps.store_offsets
