@@ -31,6 +31,7 @@ from keyrange.ranges.channel import ControlChannel, ControllerFenced, Prepare, P
 from keyrange.ranges.ownership import grant, plan_handoff
 from keyrange.ranges.planner import Decision, Direction, Planner, ScalingLimits, SlotLag, range_lag, with_epoch
 from keyrange.ranges.rangemap import RangeMap
+from keyrange.ranges.sizing import LoadSource
 
 log = logging.getLogger(__name__)
 
@@ -194,7 +195,8 @@ class Controller:
             if self._pending is not None:
                 return self._publish_when_ready(pub)
             self._lag = self.lag_source.slot_lag()
-            decision = self.planner.decide(pub.map, self._lag, self.clock())
+            load = self.lag_source.load() if isinstance(self.lag_source, LoadSource) else None
+            decision = self.planner.decide(pub.map, self._lag, self.clock(), load=load)
             self.last_decision = decision.reason
             if decision.next_map is None:
                 return pub

@@ -19,6 +19,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from itertools import pairwise
+from typing import Protocol, runtime_checkable
 
 from keyrange.ranges.rangemap import Assignment, RangeMap, SlotRange
 
@@ -55,6 +56,15 @@ class Load:
     """Input events per second of each slot (handled rate plus the growth of its lag)."""
     workers: Mapping[int, WorkerLoad]
     """Per worker ordinal."""
+
+
+@runtime_checkable
+class LoadSource(Protocol):
+    """A lag source that also measures the load (the controller passes it to the planner)."""
+
+    def load(self) -> Load | None:
+        """The load over the trailing window, or None before there is one."""
+        ...
 
 
 def falling_behind(load: WorkerLoad, lag_seconds: float, input_per_second: float) -> bool:
