@@ -49,7 +49,7 @@ def _spec(path: Path, topic: str) -> Path:
             "workers": {"min": 1, "max": 2},
             # Only the records threshold can fire: the seconds one is out of reach here.
             "scaling": {"lagHighRecords": LAG_HIGH_RECORDS, "lagHighSeconds": 3600, "lagLowRecords": 10,
-                        "cooldownSeconds": 300},
+                        "cooldownSeconds": 300, "policy": "step"},
         },
     }))
     return path

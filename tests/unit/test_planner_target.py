@@ -151,6 +151,23 @@ def test_a_split_soon_after_a_merge_needs_the_rate_short_of_capacity() -> None:
     assert short.action == "split"
 
 
+def test_an_idle_worker_whose_events_wait_after_a_merge_does_not_split_it_again() -> None:
+    """Seen on tansu: right after a merge to one worker, its events waited (91 records, 3 s) while it
+    handled 20 ev/s with its permits 10 % busy; taking that for its capacity split to 4 workers."""
+    planner = Planner(LIMITS)
+    current = RangeMap.even(12, 2)
+    planner.decide(current, {}, now=0, load=load(current, 5, capacity=200))
+    down = planner.decide(current, {}, now=20, load=load(current, 5, capacity=200))
+    assert down.next_map is not None and down.next_map.workers == 1
+    current = down.next_map
+    waiting = {s: SlotLag(8, 3.0) for s in range(12)}
+    idle = Load({s: 40 / 12 for s in range(12)}, {0: WorkerLoad(20, permits_busy=0.1)})
+    for now in (35, 40, 45):
+        d = planner.decide(current, waiting, now=now, load=idle)
+        assert d.next_map is None, d.reason
+    assert planner.capacity == 200
+
+
 def test_without_a_measurement_the_target_policy_steps() -> None:
     current = RangeMap.even(12, 1)
     d = Planner(LIMITS).decide(current, {s: SlotLag(1000) for s in range(12)}, now=0)

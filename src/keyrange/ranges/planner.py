@@ -108,7 +108,7 @@ class Decision:
     """The map to publish, or None to keep the current one."""
     reason: str
     """One human line: why this map, or why no change."""
-    action: Literal["split", "merge", "rebalance", "none"] = "none"
+    action: Literal["split", "merge", "none"] = "none"
     moved_slots: frozenset[int] = field(default_factory=frozenset)
     """Slots whose owner changes (they pause briefly during the handoff; the others never do)."""
 
@@ -277,15 +277,13 @@ class Planner:
             if self.last_rescale_at is not None and now - self.last_rescale_at < SETTLE_SECONDS:
                 return Decision(None, f"settling after the last rescale ({summary})")
             target = fewest_workers(demand, capacity, TARGET_UTILIZATION, low, high)
-            if target < current.workers:
-                target = current.workers
+            if current.workers >= high:
+                return Decision(None, f"over capacity but already at the maximum of {high} workers ({summary})")
+            if target <= current.workers:
+                # Moving slots between as many workers pauses them for a gain the noise of the rates may undo.
+                return Decision(None, f"over capacity, but {current.workers} balanced ranges would do ({summary})")
             nxt = balanced_map(current, demand, target)
-            if max(sum(demand[s] for s in a.range.slots) for a in nxt.assignments) >= max(need):
-                at_max = f"already at the maximum of {high} workers" if current.workers >= high else \
-                    "a single slot needs more than a worker"
-                return Decision(None, f"over capacity but {at_max} ({summary})")
-            action: Literal["split", "rebalance"] = "split" if target > current.workers else "rebalance"
-            return Decision(nxt, f"{action} to {target} workers: {summary}", action, current.moved_slots(nxt))
+            return Decision(nxt, f"split to {target} workers: {summary}", "split", current.moved_slots(nxt))
         smaller = fewest_workers(demand, capacity, MERGE_UTILIZATION, low, high)
         if smaller >= current.workers:
             self._headroom = None

@@ -5,10 +5,12 @@ handled divided by how busy it was (`rate / busy`), and the load to carry is the
 the backlog to drain within `lagHighSeconds`. Busy is the larger of two fractions, both measured
 over the same window: the handler permits in use (handler seconds per second / concurrency) and
 the worker process's CPU (seconds per second; one Python process runs on about one core). A
-worker falling behind (its oldest unfinished event older than `BEHIND_SECONDS` and its slots'
-input outgrowing what it handles) already runs as fast as it can, so its capacity is what it
-handled, whatever its busy fractions say (a machine whose cores other processes share). Old lag
-that does not grow says nothing about capacity: a handoff's pause leaves such lag behind.
+worker falling behind (its oldest unfinished event older than `BEHIND_SECONDS`, its slots' input
+outgrowing what it handles, and at least `BEHIND_BUSY` busy) already runs as fast as it can, so
+its capacity is what it handled, whatever its busy fractions say (a machine whose cores other
+processes share). Lag says nothing about capacity otherwise: old lag that does not grow is what a
+handoff's pause left behind, and a mostly idle worker whose events wait is waiting on something
+more workers would not speed up (a restore, a slow broker).
 
 Slots are the unit of placement, so a size is only enough when the contiguous ranges of that many
 workers each carry at most a worker's capacity (`fewest_workers`), not merely when the total fits.
@@ -28,7 +30,9 @@ MIN_BUSY = 0.05
 BEHIND_SECONDS = 1.0
 """A worker whose oldest unfinished event is older than this may be falling behind ..."""
 BEHIND_GROWTH = 1.05
-"""... when its slots' input exceeds what it handles by this factor (its lag grows)."""
+"""... when its slots' input exceeds what it handles by this factor (its lag grows) ..."""
+BEHIND_BUSY = 0.5
+"""... and it is at least this busy."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,8 +72,9 @@ class LoadSource(Protocol):
 
 
 def falling_behind(load: WorkerLoad, lag_seconds: float, input_per_second: float) -> bool:
-    """Whether a worker runs at its limit: old unfinished events and an input that outgrows it."""
-    return lag_seconds > BEHIND_SECONDS and input_per_second > load.processed_per_second * BEHIND_GROWTH
+    """Whether a worker runs at its limit: old unfinished events, an input that outgrows it, and busy."""
+    return (lag_seconds > BEHIND_SECONDS and input_per_second > load.processed_per_second * BEHIND_GROWTH
+            and load.busy >= BEHIND_BUSY)
 
 
 def worker_capacity(load: WorkerLoad, behind: bool) -> float | None:
@@ -84,9 +89,11 @@ def worker_capacity(load: WorkerLoad, behind: bool) -> float | None:
 
 
 def fleet_capacity(estimates: Sequence[float | None]) -> float | None:
-    """One worker's capacity: the mean of the workers' estimates (they run the same code), or None."""
+    """One worker's capacity: the largest of the workers' estimates, or None. They run the same code
+    on the same kind of machine: one that shows less is held back by something that passes (a
+    restore, a process start, a core another process took), and sizing on it would overshoot."""
     known = [e for e in estimates if e is not None]
-    return sum(known) / len(known) if known else None
+    return max(known) if known else None
 
 
 def slot_demand(rate: float, backlog_records: int, drain_seconds: float) -> float:
