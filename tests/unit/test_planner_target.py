@@ -5,7 +5,7 @@ from collections.abc import Mapping
 import pytest
 
 from keyrange.ranges.planner import SETTLE_SECONDS, Planner, ScalingLimits, SlotLag
-from keyrange.ranges.rangemap import RangeMap
+from keyrange.ranges.rangemap import RangeMap, SlotRange
 from keyrange.ranges.sizing import Load, WorkerLoad
 from keyrange.spec import parse_spec
 
@@ -44,6 +44,20 @@ def test_the_size_counts_whole_slots_and_the_backlog() -> None:
     behind = {s: SlotLag(500, 3.0) for s in range(12)}
     more = Planner(LIMITS).decide(current, behind, now=0, load=load(current, 100, handled={0: 800}))
     assert more.next_map is not None and more.next_map.workers == 4
+
+
+def test_a_single_hot_slot_gets_a_range_of_its_own_not_the_maximum() -> None:
+    current = RangeMap.even(12, 1)
+    rates = {0: 1500.0, **{s: 20.0 for s in range(1, 12)}}
+    behind = {0: SlotLag(2000, 3.0)}
+    d = Planner(LIMITS).decide(current, behind, now=0,
+                               load=Load(rates, {0: WorkerLoad(800, permits_busy=1.0)}))
+    assert d.next_map is not None and d.next_map.workers == 2
+    assert d.next_map.range_of(d.next_map.owner_of(0)) == SlotRange(0, 0)
+    alone = Planner(LIMITS).decide(d.next_map, behind, now=0,
+                                   load=Load(rates, {0: WorkerLoad(800, permits_busy=1.0),
+                                                     1: WorkerLoad(220, permits_busy=0.3)}))
+    assert alone.next_map is None and "single slot" in alone.reason
 
 
 def test_no_rescale_while_the_workers_have_capacity() -> None:

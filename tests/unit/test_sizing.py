@@ -60,6 +60,11 @@ def test_fewest_workers_counts_whole_slots_not_the_total() -> None:
     assert fewest_workers([0] * 12, 400, 1.0, low=2, high=6) == 2  # bounded by min
 
 
+def test_a_slot_hotter_than_a_worker_gets_a_range_not_the_maximum() -> None:
+    # slot 0 alone needs 1,500 ev/s of 800: its own range, the other 11 slots of 50 fit in one more
+    assert fewest_workers([1500] + [50] * 11, 800, 0.8, low=1, high=6) == 2
+
+
 def test_balanced_cuts_minimize_the_largest_range() -> None:
     assert balanced_cuts([1] * 12, 6) == [2, 4, 6, 8, 10]
     assert balanced_cuts([10, 0, 0, 0, 10, 0], 2) == [3]  # 10 each, 3 slots each

@@ -280,6 +280,8 @@ class Planner:
             if current.workers >= high:
                 return Decision(None, f"over capacity but already at the maximum of {high} workers ({summary})")
             if target <= current.workers:
+                if max(demand) > capacity:
+                    return Decision(None, f"a single slot needs more than a worker; more would not help ({summary})")
                 # Moving slots between as many workers pauses them for a gain the noise of the rates may undo.
                 return Decision(None, f"over capacity, but {current.workers} balanced ranges would do ({summary})")
             nxt = balanced_map(current, demand, target)

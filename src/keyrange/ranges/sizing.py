@@ -145,10 +145,11 @@ def runs_needed(demand: Sequence[float], limit: float) -> int | None:
 
 
 def fewest_workers(demand: Sequence[float], capacity: float, utilization: float, low: int, high: int) -> int:
-    """The fewest workers in low..high whose ranges can each need at most `utilization` of `capacity`
-    (`high` when no size in the bounds does)."""
-    runs = runs_needed(demand, capacity * utilization)
-    return high if runs is None else max(low, min(high, runs))
+    """The fewest workers in low..high whose ranges can each need at most `utilization` of `capacity`,
+    or, where one slot alone needs more, at most that slot's demand (more workers would not help it:
+    it gets a range of its own, the rest are packed as usual)."""
+    runs = runs_needed(demand, max(capacity * utilization, max(demand, default=0.0)))
+    return max(low, min(high, runs or high))
 
 
 def balanced_map(current: RangeMap, demand: Sequence[float], workers: int) -> RangeMap:
