@@ -16,7 +16,6 @@ from __future__ import annotations
 import math
 import sys
 import tempfile
-import threading
 import time
 from itertools import pairwise
 from pathlib import Path
@@ -24,7 +23,7 @@ from typing import Any
 
 import yaml
 
-from benchmarks.harness import load_average, row, running_broker
+from benchmarks.harness import load_average, row, running_broker, ticking
 from keyrange.loadgen import LoadShape
 from keyrange.local.load import Phase, produce_phases
 from keyrange.local.supervisor import Supervisor
@@ -62,23 +61,10 @@ def measure(policy: str, setup: dict[str, Any], workdir: Path, engine: str) -> d
         topic = f"step-{policy}-{time.time_ns()}"
         spec_file = _spec(workdir / "consumer.yaml", topic, policy, setup["concurrency"], setup["max"])
         sup = Supervisor(load_file(spec_file), spec_file, bootstrap, workdir / "run")
-        stop = threading.Event()
-        sup.start()
-
-        def ticking() -> None:  # what `keyrange run`'s main loop does
-            while not stop.wait(sup.tick_seconds):
-                sup.tick()
-
-        ticker = threading.Thread(target=ticking, daemon=True)
-        ticker.start()
-        try:
+        with ticking(sup) as stop:
             phases = [Phase(quiet_s, quiet), Phase(burst_s, burst), Phase(after_s, after)]
             started = time.time()
             produce_phases(bootstrap, topic, LoadShape(rate=quiet, duplicate_ratio=0.0, seed=3), phases, stop)
-        finally:
-            stop.set()
-            ticker.join(10)
-            sup.stop()
     assert sup.controller is not None
     burst_ms, after_ms = (started + quiet_s) * 1000, (started + quiet_s + burst_s) * 1000
     reached = [p.at_ms for p in sup.history if p.at_ms >= burst_ms and p.workers >= needed]
