@@ -50,7 +50,8 @@ spec:
   handlerConfig: {{meanMs: {mean_ms}, stddevMs: 0.5}}
   concurrency: {concurrency}
   workers: {{min: 1, max: {max_workers}}}
-  scaling: {{lagHighRecords: {high}, lagHighSeconds: 1000, lagLowRecords: {low}, cooldownSeconds: {cooldown}}}
+  scaling: {{lagHighRecords: {high}, lagHighSeconds: 1000, lagLowRecords: {low}, cooldownSeconds: {cooldown},
+            policy: step}}
 """
 
 

@@ -27,7 +27,7 @@ from typing import Any
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
-from benchmarks.harness import load_average, row, running_broker
+from benchmarks.harness import load_average, row, running_broker, ticking
 from keyrange.loadgen import LoadShape
 from keyrange.local.load import Phase, produce_phases
 from keyrange.local.monitoring import AlertingOptions
@@ -49,7 +49,7 @@ def _spec(path: Path, topic: str) -> Path:
             "workers": {"min": 1, "max": 2},
             # Only the records threshold can fire: the seconds one is out of reach here.
             "scaling": {"lagHighRecords": LAG_HIGH_RECORDS, "lagHighSeconds": 3600, "lagLowRecords": 10,
-                        "cooldownSeconds": 300},
+                        "cooldownSeconds": 300, "policy": "step"},
         },
     }))
     return path
@@ -90,49 +90,38 @@ def measure(alerts: bool, workdir: Path, engine: str = "tansu") -> dict[str, flo
         spec_file = _spec(workdir / "consumer.yaml", topic)
         options = AlertingOptions(0, TOKEN) if alerts else None
         sup = Supervisor(load_file(spec_file), spec_file, bootstrap, workdir / "run", alerting=options)
-        stop = threading.Event()
-        sup.start()
-
-        def ticking() -> None:  # what `keyrange run`'s main loop does
-            while not stop.wait(sup.tick_seconds):
-                sup.tick()
-
-        ticker = threading.Thread(target=ticking, daemon=True)
-        ticker.start()
-        stack = None
-        try:
-            assert sup.fleet is not None and sup.controller is not None
-            if sup.alerts is not None:
-                rules = yaml.safe_load(sup.alerts.rules_file.read_text())
-                stack = PrometheusStack(workdir / "prom", rules, sup.alerts.webhook_url, TOKEN,
-                                        targets_file=sup.alerts.targets_file).start()
-                # Worker 1 is the standby process: it may or may not be scraped yet.
-                _wait(lambda: len(stack.query('up{consumer="reaction",worker="0"} == 1')) == 1, 60)
-            else:
-                _wait(lambda: _worker_lag(sup.fleet.urls()[0]) is not None, 60)  # type: ignore[union-attr]
-            load = threading.Thread(target=produce_phases, daemon=True, args=(
-                bootstrap, topic, LoadShape(rate=1000, duplicate_ratio=0.0, seed=1), [Phase(90, 1000)], stop))
-            load.start()
-            url = sup.fleet.urls()[0]
-            crossed_ms = 0
-            deadline = time.monotonic() + 60
-            while time.monotonic() < deadline:
-                lag = _worker_lag(url)
-                if lag is not None and lag > LAG_HIGH_RECORDS:
-                    crossed_ms = int(time.time() * 1000)
-                    break
-                time.sleep(0.1)
-            assert crossed_ms, "lag never crossed the threshold"
-            _wait(lambda: bool(sup.controller.rescales), 90)  # type: ignore[union-attr]
-            decided_ms = sup.controller.rescales[0].decided_ms
-            first_ms = _first_event_of(bootstrap, sup.consumer.spec.sink_topic, "1", time.monotonic() + 90)
-            return {"decision_s": (decided_ms - crossed_ms) / 1000, "reaction_s": (first_ms - crossed_ms) / 1000}
-        finally:
-            stop.set()
-            if stack is not None:
-                stack.stop()
-            ticker.join(10)
-            sup.stop()
+        with ticking(sup) as stop:
+            stack = None
+            try:
+                assert sup.fleet is not None and sup.controller is not None
+                if sup.alerts is not None:
+                    rules = yaml.safe_load(sup.alerts.rules_file.read_text())
+                    stack = PrometheusStack(workdir / "prom", rules, sup.alerts.webhook_url, TOKEN,
+                                            targets_file=sup.alerts.targets_file).start()
+                    # Worker 1 is the standby process: it may or may not be scraped yet.
+                    _wait(lambda: len(stack.query('up{consumer="reaction",worker="0"} == 1')) == 1, 60)
+                else:
+                    _wait(lambda: _worker_lag(sup.fleet.urls()[0]) is not None, 60)  # type: ignore[union-attr]
+                load = threading.Thread(target=produce_phases, daemon=True, args=(
+                    bootstrap, topic, LoadShape(rate=1000, duplicate_ratio=0.0, seed=1), [Phase(90, 1000)], stop))
+                load.start()
+                url = sup.fleet.urls()[0]
+                crossed_ms = 0
+                deadline = time.monotonic() + 60
+                while time.monotonic() < deadline:
+                    lag = _worker_lag(url)
+                    if lag is not None and lag > LAG_HIGH_RECORDS:
+                        crossed_ms = int(time.time() * 1000)
+                        break
+                    time.sleep(0.1)
+                assert crossed_ms, "lag never crossed the threshold"
+                _wait(lambda: bool(sup.controller.rescales), 90)  # type: ignore[union-attr]
+                decided_ms = sup.controller.rescales[0].decided_ms
+                first_ms = _first_event_of(bootstrap, sup.consumer.spec.sink_topic, "1", time.monotonic() + 90)
+                return {"decision_s": (decided_ms - crossed_ms) / 1000, "reaction_s": (first_ms - crossed_ms) / 1000}
+            finally:
+                if stack is not None:
+                    stack.stop()
 
 
 def _wait(condition: Any, timeout_seconds: float) -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import os
 import subprocess
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,6 +19,7 @@ from confluent_kafka import Consumer, TopicPartition
 
 from keyrange.local.broker import EmbeddedBroker
 from keyrange.local.kafka import KafkaCluster
+from keyrange.local.supervisor import Supervisor
 from keyrange.worker.stats import percentile
 
 __all__ = ["BROKERS", "can_place_apart", "cores_apart", "load_average", "percentile", "process_cpu_seconds",
@@ -34,6 +36,27 @@ def running_broker(engine: str) -> Iterator[str]:
     embedded broker)."""
     with running_broker_processes(engine) as (bootstrap, _):
         yield bootstrap
+
+
+@contextlib.contextmanager
+def ticking(supervisor: Supervisor) -> Iterator[threading.Event]:
+    """Start `supervisor` and tick it as `keyrange run`'s main loop does; yield the event that stops
+    the ticks (a load fed alongside can share it); on exit set it and stop the supervisor."""
+    stop = threading.Event()
+    supervisor.start()
+
+    def tick() -> None:
+        while not stop.wait(supervisor.tick_seconds):
+            supervisor.tick()
+
+    ticker = threading.Thread(target=tick, daemon=True)
+    ticker.start()
+    try:
+        yield stop
+    finally:
+        stop.set()
+        ticker.join(10)
+        supervisor.stop()
 
 
 @contextlib.contextmanager

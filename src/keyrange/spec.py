@@ -159,7 +159,11 @@ class ScalingSpec(_Model):
     lag_low_records: int = Field(default=100, ge=0, alias="lagLowRecords")
     """Merge adjacent ranges whose lag stays below this ..."""
     cooldown_seconds: float = Field(default=60.0, ge=0, alias="cooldownSeconds")
-    """... for this long; also the minimum time between two rescales of one consumer."""
+    """... for this long; also the minimum time between two rescales of one consumer (`target`: the
+    stabilization window a smaller size must keep headroom for before a merge)."""
+    policy: Literal["target", "step"] = "target"
+    """`target`: size to the measured rate and backlog in one decision; `step`: one split or merge per
+    cooldown, on lag thresholds alone (the earlier planner, kept for comparison)."""
 
     @model_validator(mode="after")
     def _low_below_high(self) -> ScalingSpec:

@@ -46,8 +46,9 @@ NAME = "ledger"
 WEBHOOK_PORT, METRICS_PORT = 8081, 9100
 ALERT_SCALING = {"lagHighRecords": 800, "lagHighSeconds": 4, "lagLowRecords": 50, "cooldownSeconds": 8}
 """The alerts' thresholds (as the chart's static PrometheusRule values set them)."""
-SPEC_SCALING = {**ALERT_SCALING, "lagHighRecords": 10_000_000, "lagHighSeconds": 3600}
-"""The consumer's own: its planner never splits by itself, so the split is the alert's doing."""
+SPEC_SCALING = {**ALERT_SCALING, "lagHighRecords": 10_000_000, "lagHighSeconds": 3600, "policy": "step"}
+"""The consumer's own: its planner never splits by itself (the step policy, on lag thresholds out of
+reach), so the split is the alert's doing."""
 
 
 @dataclass

@@ -37,6 +37,25 @@ def test_lag_is_scraped_from_every_pod_the_fleet_runs_and_merged() -> None:
     assert len(asked) == 2
 
 
+def test_the_pod_scraper_measures_the_load_for_the_target_planner() -> None:
+    fleet = StatefulSetFleet(1)
+    times = iter([0.0, 2.0])
+
+    def fetch(url: str, at: float) -> WorkerSample | None:
+        sample = WorkerSample(at, processed=400 * at, handler_seconds=4 * at)
+        sample.slot_processed = {0: 400 * at}
+        return sample
+
+    pods = PodMetricsLag(lambda i: f"http://pod/{i}", fleet, every_seconds=1, fetch=fetch, concurrency=8,
+                         clock=lambda: next(times))
+    pods.slot_lag()
+    assert pods.load() is None  # one scrape: no rate yet
+    pods.slot_lag()
+    load = pods.load()
+    assert load is not None
+    assert load.workers[0].processed_per_second == 400 and load.workers[0].permits_busy == 0.5
+
+
 def test_the_newest_handoff_is_the_newest_grant_and_its_largest_pause() -> None:
     from keyrange.operator.clusterassigner import newest_handoff
     from keyrange.ranges.channel import WorkerReport

@@ -30,6 +30,12 @@ class WorkerSample:
     slot_lag: dict[int, SlotLag] = field(default_factory=dict)
     latency_buckets: dict[float, float] = field(default_factory=dict)
     """Cumulative `keyrange_event_latency_seconds` bucket counts by upper bound (`le`)."""
+    slot_processed: dict[int, float] = field(default_factory=dict)
+    """`keyrange_events_processed_total` per partition (slot)."""
+    handler_seconds: float = 0.0
+    """`keyrange_handler_seconds_sum`: seconds spent in handler calls."""
+    cpu_seconds: float = 0.0
+    """`process_cpu_seconds_total` of the worker process."""
 
 
 def parse_metrics(text: str, at: float) -> WorkerSample:
@@ -42,6 +48,13 @@ def parse_metrics(text: str, at: float) -> WorkerSample:
             name, labels, value = s.name, s.labels, float(s.value)
             if name == "keyrange_events_processed_total":
                 sample.processed += value
+                if "partition" in labels:
+                    slot = int(labels["partition"])
+                    sample.slot_processed[slot] = sample.slot_processed.get(slot, 0.0) + value
+            elif name == "keyrange_handler_seconds_sum":
+                sample.handler_seconds += value
+            elif name == "process_cpu_seconds_total":
+                sample.cpu_seconds += value
             elif name == "keyrange_events_consumed_total":
                 sample.consumed += value
             elif name == "keyrange_duplicates_dropped_total":

@@ -60,7 +60,8 @@ class AlertingOptions:
 def without_lag_thresholds(limits: ScalingLimits) -> ScalingLimits:
     """The planner's limits with its own lag triggers off: alerts decide, forced requests still
     respect workers.min/max and the cooldown."""
-    return dataclasses.replace(limits, lag_high_records=2**62, lag_high_seconds=math.inf, lag_low_records=0)
+    return dataclasses.replace(limits, lag_high_records=2**62, lag_high_seconds=math.inf, lag_low_records=0,
+                               policy="step")
 
 
 def prometheus_config(rules_file: Path, targets_file: Path, alertmanager: str,

@@ -17,6 +17,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from keyrange.autoscale.load import LoadTracker
 from keyrange.autoscale.scrape import WorkerSample, bucket_delta, histogram_quantile, merged_lag, scrape
 from keyrange.kafkaio import TopicSpec, ensure_topics
 from keyrange.local.broker import EmbeddedBroker
@@ -26,6 +27,7 @@ from keyrange.local.table import Totals, WorkerRow, render
 from keyrange.ranges.assigner import Controller, ControllerStatus, ScaleResult
 from keyrange.ranges.channel import ControlChannel, now_ms
 from keyrange.ranges.planner import Direction, ScalingLimits, SlotLag
+from keyrange.ranges.sizing import Load
 from keyrange.ranges.slots import format_slot_list
 from keyrange.spec import StreamConsumer
 
@@ -89,6 +91,7 @@ class Supervisor:
         self.history: list[HistoryPoint] = []
         self.started = time.monotonic()
         self._samples: dict[int, WorkerSample] = {}
+        self._load = LoadTracker(consumer.spec.concurrency)
         self._window: list[tuple[float, float, dict[int, dict[float, float]]]] = []
         """(time, processed total, latency buckets per worker) over the trailing window."""
         self._counters = _Counters()
@@ -150,6 +153,10 @@ class Supervisor:
         """LagSource for the controller: the newest scrape of every worker."""
         return merged_lag(self._samples.values())
 
+    def load(self) -> Load | None:
+        """LoadSource for the controller: rates and busy fractions over the last scrapes."""
+        return self._load.load()
+
     def request_scale(self, direction: Direction, reason: str) -> ScaleResult:
         """One split or merge now (the alert webhook's entry point), within limits and cooldown."""
         assert self.controller is not None, "supervisor not started"
@@ -175,6 +182,7 @@ class Supervisor:
                 while len(points) > 2 and now - points[0][0] > RATE_WINDOW_SECONDS:
                     points.pop(0)
         self._samples = samples
+        self._load.observe(now, samples)
         if self.alerts is not None:
             self.alerts.update_targets(self.fleet.urls())
         buckets = {o: dict(sample.latency_buckets) for o, sample in samples.items()}

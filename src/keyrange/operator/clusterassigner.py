@@ -28,6 +28,7 @@ from collections.abc import Callable, Mapping
 
 from confluent_kafka import KafkaException
 
+from keyrange.autoscale.load import WINDOW_SECONDS, LoadTracker
 from keyrange.autoscale.scrape import WorkerSample, merged_lag, scrape
 from keyrange.errors import UserError
 from keyrange.kafkaio import TopicSpec, ensure_topics
@@ -37,6 +38,7 @@ from keyrange.operator.kafkasecrets import SecretReader, operator_client_propert
 from keyrange.ranges.assigner import Controller
 from keyrange.ranges.channel import ControlChannel, ControllerFenced, WorkerReport
 from keyrange.ranges.planner import ScalingLimits, SlotLag
+from keyrange.ranges.sizing import Load
 from keyrange.spec import StreamConsumerSpec
 
 log = logging.getLogger(__name__)
@@ -66,22 +68,30 @@ class StatefulSetFleet:
 
 
 class PodMetricsLag:
-    """LagSource: per-slot lag scraped from each worker pod's /metrics (at most every `every_seconds`)."""
+    """LagSource and LoadSource: per-slot lag and the load scraped from each worker pod's /metrics
+    (at most every `every_seconds`)."""
 
     def __init__(self, url_of: Callable[[int], str], fleet: StatefulSetFleet, every_seconds: float = 2.0,
-                 fetch: Callable[[str, float], WorkerSample | None] = scrape) -> None:
-        self._url_of, self._fleet, self._every, self._fetch = url_of, fleet, every_seconds, fetch
+                 fetch: Callable[[str, float], WorkerSample | None] = scrape, concurrency: int = 64,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self._url_of, self._fleet, self._every, self._fetch, self._clock = url_of, fleet, every_seconds, fetch, clock
         self._at = float("-inf")
         self._lag: Mapping[int, SlotLag] = {}
+        self._load = LoadTracker(concurrency, window_seconds=max(WINDOW_SECONDS, 2 * every_seconds))
 
     def slot_lag(self) -> Mapping[int, SlotLag]:
         """The newest per-slot lag (pods that do not answer are skipped)."""
-        now = time.monotonic()
+        now = self._clock()
         if now - self._at >= self._every:
             self._at = now
-            samples = [s for i in range(self._fleet.workers) if (s := self._fetch(self._url_of(i), now))]
-            self._lag = merged_lag(samples)
+            samples = {i: s for i in range(self._fleet.workers) if (s := self._fetch(self._url_of(i), now))}
+            self._lag = merged_lag(samples.values())
+            self._load.observe(now, samples)
         return self._lag
+
+    def load(self) -> Load | None:
+        """The load over the last scrapes (read right after `slot_lag`)."""
+        return self._load.load()
 
 
 def newest_handoff(reports: list[WorkerReport]) -> HandoffSummary | None:
@@ -104,7 +114,7 @@ class KafkaRangeControl:
         self._fleet = StatefulSetFleet(spec.workers.replicas or spec.workers.min)
         service = f"{name}-worker.{namespace}.svc"
         self._lag = PodMetricsLag(lambda i: f"http://{name}-worker-{i}.{service}:{metrics_port}/metrics",
-                                  self._fleet)
+                                  self._fleet, concurrency=spec.concurrency)
         self._step_seconds, self._retry_seconds = step_seconds, retry_seconds
         self._connecting = Backoff(retry_seconds, max(retry_seconds, LONGEST_RETRY_SECONDS))
         """Waits between tries to connect while Kafka is away or the spec is wrong."""

@@ -39,6 +39,7 @@ from keyrange.ranges.handoff import (
 )
 from keyrange.ranges.planner import Decision, Direction, Planner, ScalingLimits, SlotLag, range_lag
 from keyrange.ranges.rangemap import RangeMap
+from keyrange.ranges.sizing import LoadSource
 
 log = logging.getLogger(__name__)
 
@@ -238,7 +239,8 @@ class Controller:
             if self.handoff.in_flight:
                 return self._drive()
             self._lag = self.lag_source.slot_lag()
-            decision = self.planner.decide(self.publication.map, self._lag, self.clock())
+            load = self.lag_source.load() if isinstance(self.lag_source, LoadSource) else None
+            decision = self.planner.decide(self.publication.map, self._lag, self.clock(), load=load)
             self.last_decision = decision.reason
             if decision.next_map is None:
                 return self.publication

@@ -15,6 +15,19 @@ Rules, in order:
    highest ordinal is the one freed (a StatefulSet scales down from the top).
 A forced request ("up"/"down", from the alert webhook) skips the lag thresholds of rules 3-4 but
 keeps limits and cooldown.
+
+Those are the `step` policy's rules (one split or merge per decision), kept for comparison. The
+default `target` policy replaces rules 2-4 once the controller measured the load (`sizing.py`):
+5. Size to the load: when a range needs more than a worker's capacity (its input rate plus its
+   backlog drained within `lag_high_seconds`), go in one decision to the fewest workers whose
+   balanced ranges each need at most `TARGET_UTILIZATION` of a worker; a next split may follow
+   after `SETTLE_SECONDS`, not after the cooldown.
+6. No split from a handoff's own pause: the backlog of the slots the last rescale moved is left
+   out until `settle_seconds` after the handoff (the first decision after it), and within
+   `cooldown_seconds` of a merge only the measured input rate, not lag, can undo it.
+7. Merge only with headroom: to the largest smaller size whose ranges stayed within
+   `MERGE_UTILIZATION` of a worker's capacity for the whole stabilization window (`cooldown_seconds`).
+Forced requests and the workers.min/max limits keep the step rules in both policies.
 """
 
 from __future__ import annotations
@@ -24,9 +37,26 @@ from dataclasses import dataclass, field, replace
 from typing import Literal
 
 from keyrange.ranges.rangemap import Assignment, RangeMap, SlotRange
+from keyrange.ranges.sizing import (
+    Load,
+    balanced_map,
+    falling_behind,
+    fewest_workers,
+    fleet_capacity,
+    slot_demand,
+    worker_capacity,
+)
 from keyrange.spec import StreamConsumerSpec
 
 Direction = Literal["up", "down"]
+Policy = Literal["target", "step"]
+
+TARGET_UTILIZATION = 0.8
+"""A split sizes so that each range needs at most this fraction of a worker's capacity."""
+MERGE_UTILIZATION = 0.7
+"""A merge needs the smaller size to stay within this fraction for the stabilization window."""
+SETTLE_SECONDS = 5.0
+"""Least time between two target splits: the rates measured after the first must show its effect."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,14 +82,22 @@ class ScalingLimits:
     lag_low_records: int = 100
     """Merge when every range stays below this ..."""
     cooldown_seconds: float = 60.0
-    """... for this long; also the minimum time between two rescales."""
+    """... for this long; also the minimum time between two rescales (the `target` policy: between a
+    rescale and a merge, its stabilization window)."""
+    policy: Policy = "target"
+    """`target`: size to the measured load in one decision; `step`: one split or merge per cooldown."""
+
+    @property
+    def settle_seconds(self) -> float:
+        """How long after a handoff the moved slots' backlog is taken for its own pause."""
+        return max(SETTLE_SECONDS, self.lag_high_seconds)
 
     @classmethod
     def from_spec(cls, spec: StreamConsumerSpec) -> ScalingLimits:
         """Limits from a StreamConsumer spec."""
         s = spec.scaling
         return cls(spec.workers.min, spec.workers.max, s.lag_high_records, s.lag_high_seconds,
-                   s.lag_low_records, s.cooldown_seconds)
+                   s.lag_low_records, s.cooldown_seconds, s.policy)
 
 
 @dataclass(frozen=True)
@@ -125,29 +163,41 @@ def merge(current: RangeMap, index: int) -> RangeMap:
 
 
 class Planner:
-    """Decides rescales for one consumer; remembers only when it last rescaled and since when
-    lag has been low (both in the caller's clock)."""
+    """Decides rescales for one consumer; remembers when it last rescaled, what that moved, since when
+    lag has been low or a smaller size has had headroom, and the last capacity estimate (all in the
+    caller's clock)."""
 
     def __init__(self, limits: ScalingLimits, last_rescale_at: float | None = None) -> None:
         self.limits = limits
         self.last_rescale_at = last_rescale_at
         self.low_since: float | None = None
+        self.capacity: float | None = None
+        """Events per second one worker handles (the newest estimate; None until one was measured)."""
+        self._last: Decision | None = None
+        self._resumed_at: float | None = None
+        """The first decision after the last rescale: its handoff had completed by then."""
+        self._headroom: tuple[float, int] | None = None
+        """(since when, the largest smaller size seen since) while a smaller size keeps headroom."""
 
     def max_workers(self, current: RangeMap) -> int:
         """The effective maximum: the spec's, capped by the slot count."""
         return min(self.limits.max_workers, current.slot_count)
 
     def decide(self, current: RangeMap, lag: Mapping[int, SlotLag], now: float,
-               force: Direction | None = None) -> Decision:
-        """The next map (or None) and the reason. A returned change counts as a rescale at `now`."""
-        decision = self._decide(current, lag, now, force)
+               force: Direction | None = None, load: Load | None = None) -> Decision:
+        """The next map (or None) and the reason. A returned change counts as a rescale at `now`.
+        `load` (rates and busy fractions) lets the `target` policy size; without it, it steps."""
+        if self.last_rescale_at is not None and self._resumed_at is None:
+            self._resumed_at = now
+        decision = self._decide(current, lag, now, force, load)
         if decision.next_map is not None:
             self.last_rescale_at = now
             self.low_since = None
+            self._last, self._resumed_at, self._headroom = decision, None, None
         return decision
 
     def _decide(self, current: RangeMap, lag: Mapping[int, SlotLag], now: float,
-                force: Direction | None) -> Decision:
+                force: Direction | None, load: Load | None) -> Decision:
         lim = self.limits
         lags = [range_lag(a, lag) for a in current.assignments]
         all_low = all(x.records < lim.lag_low_records and x.seconds < lim.lag_high_seconds for x in lags)
@@ -160,6 +210,10 @@ class Planner:
             return self._split(current, index, lag, f"below workers.min={lim.min_workers}")
         if current.workers > self.max_workers(current):
             return self._merge(current, lags, f"above workers.max={lim.max_workers}")
+        if lim.policy == "target" and force is None and load is not None:
+            decision = self._target(current, lag, now, load)
+            if decision is not None:
+                return decision
         if self.last_rescale_at is not None and now - self.last_rescale_at < lim.cooldown_seconds:
             left = lim.cooldown_seconds - (now - self.last_rescale_at)
             return Decision(None, f"cooling down ({left:.0f} s left)")
@@ -184,6 +238,68 @@ class Planner:
             held = now - self.low_since
             return self._merge(current, lags, f"lag below {lim.lag_low_records} records for {held:.0f} s")
         return Decision(None, "lag is fine")
+
+    def paused_slots(self, now: float) -> frozenset[int]:
+        """The slots the last rescale moved, while their backlog is still its handoff's pause."""
+        if self._last is None or self._resumed_at is None:
+            return frozenset()
+        if now - self._resumed_at >= self.limits.settle_seconds:
+            return frozenset()
+        return self._last.moved_slots
+
+    def _target(self, current: RangeMap, lag: Mapping[int, SlotLag], now: float, load: Load) -> Decision | None:
+        """The `target` policy's decision, or None when no capacity was ever measured (then it steps)."""
+        lim = self.limits
+        paused = self.paused_slots(now)
+        rates = [max(0.0, load.slot_rates.get(s, 0.0)) for s in range(current.slot_count)]
+        into = [sum(rates[s] for s in a.range.slots) for a in current.assignments]
+        # The paused slots' owners are left out: their rate over the window is not their own yet.
+        estimates = [worker_capacity(w, falling_behind(w, range_lag(a, lag).seconds, into[i]))
+                     for i, a in enumerate(current.assignments)
+                     if (w := load.workers.get(a.worker)) is not None and not paused & set(a.range.slots)]
+        self.capacity = fleet_capacity(estimates) or self.capacity
+        if self.capacity is None:
+            return None
+        capacity = self.capacity
+        backlog = [0 if s in paused else lag.get(s, SlotLag()).records for s in range(current.slot_count)]
+        demand = [slot_demand(r, b, lim.lag_high_seconds) for r, b in zip(rates, backlog, strict=True)]
+        high = self.max_workers(current)
+        low = min(lim.min_workers, high)
+        need = [sum(demand[s] for s in a.range.slots) for a in current.assignments]
+        summary = (f"{sum(rates):.0f} ev/s in, {sum(backlog)} records behind, "
+                   f"{capacity:.0f} ev/s per worker")
+        if max(need) > capacity:
+            self._headroom = None
+            merged = self._last is not None and self._last.action == "merge"
+            since_merge = now - (self.last_rescale_at or 0.0)
+            if merged and since_merge < lim.cooldown_seconds and max(into) <= capacity:
+                return Decision(None, f"lag after a merge {since_merge:.0f} s ago, but the rate fits ({summary})")
+            if self.last_rescale_at is not None and now - self.last_rescale_at < SETTLE_SECONDS:
+                return Decision(None, f"settling after the last rescale ({summary})")
+            target = fewest_workers(demand, capacity, TARGET_UTILIZATION, low, high)
+            if current.workers >= high:
+                return Decision(None, f"over capacity but already at the maximum of {high} workers ({summary})")
+            if target <= current.workers:
+                if max(demand) > capacity:
+                    return Decision(None, f"a single slot needs more than a worker; more would not help ({summary})")
+                # Moving slots between as many workers pauses them for a gain the noise of the rates may undo.
+                return Decision(None, f"over capacity, but {current.workers} balanced ranges would do ({summary})")
+            nxt = balanced_map(current, demand, target)
+            return Decision(nxt, f"split to {target} workers: {summary}", "split", current.moved_slots(nxt))
+        smaller = fewest_workers(demand, capacity, MERGE_UTILIZATION, low, high)
+        if smaller >= current.workers:
+            self._headroom = None
+            return Decision(None, f"capacity is fine ({summary})")
+        since, workers = self._headroom or (now, smaller)
+        self._headroom = since, max(workers, smaller)
+        wait = max(lim.cooldown_seconds - (now - since),
+                   lim.cooldown_seconds - (now - self.last_rescale_at) if self.last_rescale_at is not None else 0)
+        if wait > 0:
+            return Decision(None, f"{self._headroom[1]} workers would keep headroom; merging in {wait:.0f} s "
+                                  f"({summary})")
+        nxt = balanced_map(current, demand, self._headroom[1])
+        return Decision(nxt, f"merge to {nxt.workers} workers: headroom for {now - since:.0f} s ({summary})",
+                        "merge", current.moved_slots(nxt))
 
     def _split(self, current: RangeMap, index: int, lag: Mapping[int, SlotLag], why: str) -> Decision:
         nxt = split(current, index, lag)

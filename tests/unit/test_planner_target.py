@@ -1,0 +1,204 @@
+"""The `target` policy with an injected clock: size in one decision, merge with headroom, no flapping."""
+
+from collections.abc import Mapping
+
+import pytest
+
+from keyrange.ranges.planner import SETTLE_SECONDS, Planner, ScalingLimits, SlotLag
+from keyrange.ranges.rangemap import RangeMap, SlotRange
+from keyrange.ranges.sizing import Load, WorkerLoad
+from keyrange.spec import parse_spec
+
+LIMITS = ScalingLimits(min_workers=1, max_workers=6, lag_high_records=5000, lag_high_seconds=5.0,
+                       lag_low_records=100, cooldown_seconds=20.0)
+
+
+def load(current: RangeMap, per_slot: float, capacity: float = 800.0,
+         handled: Mapping[int, float] | None = None) -> Load:
+    """`per_slot` ev/s into every slot; each worker handles its slots' input (or `handled`), its
+    permits busy in proportion to a true capacity of `capacity`."""
+    workers = {}
+    for a in current.assignments:
+        rate = handled.get(a.worker, 0.0) if handled else per_slot * a.range.size
+        workers[a.worker] = WorkerLoad(rate, permits_busy=min(1.0, rate / capacity))
+    return Load({s: per_slot for s in range(current.slot_count)}, workers)
+
+
+def test_a_burst_splits_to_the_size_it_needs_in_one_decision() -> None:
+    current = RangeMap.even(12, 1)
+    # 3,000 ev/s arrive, the one worker handles 800 (all permits busy) and falls behind
+    lag = {s: SlotLag(400, 3.0) for s in range(12)}
+    d = Planner(LIMITS).decide(current, lag, now=0, load=load(current, 250, handled={0: 800}))
+    assert d.action == "split" and d.next_map is not None
+    assert d.next_map.workers == 6
+    assert {a.range.size for a in d.next_map.assignments} == {2}
+    assert "to 6 workers" in d.reason and "800 ev/s per worker" in d.reason
+
+
+def test_the_size_counts_whole_slots_and_the_backlog() -> None:
+    current = RangeMap.even(12, 1)
+    # 1,200 ev/s: 2 workers would do at 75 % ...
+    fits = Planner(LIMITS).decide(current, {}, now=0, load=load(current, 100, handled={0: 800}))
+    assert fits.next_map is not None and fits.next_map.workers == 2
+    # ... but 6,000 records behind must drain within lagHighSeconds: 2,400 ev/s, 4 workers
+    behind = {s: SlotLag(500, 3.0) for s in range(12)}
+    more = Planner(LIMITS).decide(current, behind, now=0, load=load(current, 100, handled={0: 800}))
+    assert more.next_map is not None and more.next_map.workers == 4
+
+
+def test_a_single_hot_slot_gets_a_range_of_its_own_not_the_maximum() -> None:
+    current = RangeMap.even(12, 1)
+    rates = {0: 1500.0, **{s: 20.0 for s in range(1, 12)}}
+    behind = {0: SlotLag(2000, 3.0)}
+    d = Planner(LIMITS).decide(current, behind, now=0,
+                               load=Load(rates, {0: WorkerLoad(800, permits_busy=1.0)}))
+    assert d.next_map is not None and d.next_map.workers == 2
+    assert d.next_map.range_of(d.next_map.owner_of(0)) == SlotRange(0, 0)
+    alone = Planner(LIMITS).decide(d.next_map, behind, now=0,
+                                   load=Load(rates, {0: WorkerLoad(800, permits_busy=1.0),
+                                                     1: WorkerLoad(220, permits_busy=0.3)}))
+    assert alone.next_map is None and "single slot" in alone.reason
+
+
+def test_no_rescale_while_the_workers_have_capacity() -> None:
+    current = RangeMap.even(12, 2)
+    d = Planner(LIMITS).decide(current, {}, now=0, load=load(current, 60))  # 360 of 800 ev/s per worker
+    assert d.next_map is None and "capacity is fine" in d.reason
+
+
+def test_a_second_split_follows_after_the_settle_time_not_the_cooldown() -> None:
+    planner = Planner(LIMITS)
+    current = RangeMap.even(12, 1)
+    first = planner.decide(current, {}, now=0, load=load(current, 100, handled={0: 800}))
+    assert first.next_map is not None and first.next_map.workers == 2
+    current = first.next_map
+    # the input grew again: each worker handles 500 but 1,200 each arrive
+    heavier = load(current, 200, handled={0: 500, 1: 500})
+    behind = {s: SlotLag(200, 2.0) for s in range(12)}
+    early = planner.decide(current, behind, now=1, load=heavier)
+    assert early.next_map is None and early.reason.startswith("settling")
+    later = planner.decide(current, behind, now=1 + SETTLE_SECONDS, load=heavier)
+    assert later.action == "split" and later.next_map is not None and later.next_map.workers == 6
+
+
+def test_merge_needs_headroom_for_the_whole_window_and_goes_there_at_once() -> None:
+    planner = Planner(LIMITS)
+    current = RangeMap.even(12, 6)
+    quiet = load(current, 25)  # 300 ev/s: one worker stays at 37 %
+    assert planner.decide(current, {}, now=0, load=quiet).next_map is None
+    # a blip that 1 worker could not keep within 70 % (600 of 800 ev/s), 2 could
+    blip = planner.decide(current, {}, now=10, load=load(current, 50))
+    assert blip.next_map is None
+    waiting = planner.decide(current, {}, now=19, load=quiet)
+    assert waiting.next_map is None and "merging in 1 s" in waiting.reason
+    d = planner.decide(current, {}, now=20, load=quiet)
+    assert d.action == "merge" and d.next_map is not None
+    assert d.next_map.workers == 2  # the largest size the window needed, not one step
+    assert sorted(a.worker for a in d.next_map.assignments) == [0, 1]
+
+
+def test_load_above_the_headroom_restarts_the_merge_window() -> None:
+    planner = Planner(LIMITS)
+    current = RangeMap.even(12, 2)
+    quiet = load(current, 25)
+    planner.decide(current, {}, now=0, load=quiet)
+    # 600 ev/s: one worker would be at 75 %, above the 70 % headroom
+    planner.decide(current, {}, now=15, load=load(current, 50))
+    assert planner.decide(current, {}, now=25, load=quiet).next_map is None
+    assert planner.decide(current, {}, now=44, load=quiet).next_map is None
+    d = planner.decide(current, {}, now=45, load=quiet)
+    assert d.action == "merge" and d.next_map is not None and d.next_map.workers == 1
+
+
+def test_no_split_from_a_handoffs_own_pause() -> None:
+    planner = Planner(LIMITS)
+    current = RangeMap.even(12, 1)
+    up = planner.decide(current, {}, now=0, load=load(current, 100, handled={0: 800}))
+    assert up.next_map is not None
+    current, moved = up.next_map, up.moved_slots
+    # after the handoff the moved slots carry its pause: old events, thousands of records, and their
+    # new owner's rate is not yet its own
+    paused = {s: SlotLag(2000, 8.0) for s in moved}
+    handled = {a.worker: (0.0 if set(a.range.slots) & moved else 600.0) for a in current.assignments}
+    after = planner.decide(current, paused, now=SETTLE_SECONDS + 10, load=load(current, 100, handled=handled))
+    assert after.next_map is None and "capacity is fine" in after.reason
+    assert planner.paused_slots(SETTLE_SECONDS + 10) == moved
+    assert planner.capacity == 800  # the moved slots' owner did not change the estimate
+    # the same lag once the settle time passed is real backlog
+    assert planner.paused_slots(SETTLE_SECONDS + 10 + LIMITS.settle_seconds) == frozenset()
+
+
+def test_the_demos_flap_does_not_happen() -> None:
+    """The demo's quiet phase: 2 workers at 300 ev/s merge to 1; the merge's slow handoff (11 s)
+    leaves 1,450 records 11.2 s old on the moved slots, which the workers keep reporting; the
+    step planner split on that lag 25 s later and merged again 21 s after (2 -> 1 -> 2 -> 1)."""
+    planner = Planner(LIMITS)
+    current = RangeMap.even(12, 2)
+    sizes, now, handoff_until = [current.workers], 0.0, None
+    moved: frozenset[int] = frozenset()
+    while now < 120:
+        if handoff_until is not None and now < handoff_until:
+            now += 1  # the controller decides nothing while a handoff is in flight
+            continue
+        lag = {s: SlotLag(1450 // max(1, len(moved)), 11.2) for s in moved}
+        d = planner.decide(current, lag, now, load=load(current, 25))
+        if d.next_map is not None:
+            current, moved, handoff_until = d.next_map, d.moved_slots, now + 11
+            sizes.append(current.workers)
+        now += 1
+    assert sizes == [2, 1]
+
+
+def test_a_split_soon_after_a_merge_needs_the_rate_short_of_capacity() -> None:
+    planner = Planner(LIMITS)
+    current = RangeMap.even(12, 2)
+    planner.decide(current, {}, now=0, load=load(current, 25))
+    down = planner.decide(current, {}, now=20, load=load(current, 25))
+    assert down.next_map is not None and down.next_map.workers == 1
+    current = down.next_map
+    # lag alone (backlog over budget, rate fits: 600 of 800 ev/s) does not undo the merge ...
+    backlog = {s: SlotLag(1000, 4.0) for s in range(12)}
+    lagging = planner.decide(current, backlog, now=30, load=load(current, 50))
+    assert lagging.next_map is None and "rate fits" in lagging.reason
+    # ... a rate the merged size cannot handle does
+    short = planner.decide(current, backlog, now=31, load=load(current, 100, handled={0: 800}))
+    assert short.action == "split"
+
+
+def test_an_idle_worker_whose_events_wait_after_a_merge_does_not_split_it_again() -> None:
+    """Seen on tansu: right after a merge to one worker, its events waited (91 records, 3 s) while it
+    handled 20 ev/s with its permits 10 % busy; taking that for its capacity split to 4 workers."""
+    planner = Planner(LIMITS)
+    current = RangeMap.even(12, 2)
+    planner.decide(current, {}, now=0, load=load(current, 5, capacity=200))
+    down = planner.decide(current, {}, now=20, load=load(current, 5, capacity=200))
+    assert down.next_map is not None and down.next_map.workers == 1
+    current = down.next_map
+    waiting = {s: SlotLag(8, 3.0) for s in range(12)}
+    idle = Load({s: 40 / 12 for s in range(12)}, {0: WorkerLoad(20, permits_busy=0.1)})
+    for now in (35, 40, 45):
+        d = planner.decide(current, waiting, now=now, load=idle)
+        assert d.next_map is None, d.reason
+    assert planner.capacity == 200
+
+
+def test_without_a_measurement_the_target_policy_steps() -> None:
+    current = RangeMap.even(12, 1)
+    d = Planner(LIMITS).decide(current, {s: SlotLag(1000) for s in range(12)}, now=0)
+    assert d.action == "split" and d.next_map is not None and d.next_map.workers == 2
+
+
+def test_the_step_policy_ignores_the_load() -> None:
+    step = ScalingLimits(min_workers=1, max_workers=6, cooldown_seconds=20.0, policy="step")
+    current = RangeMap.even(12, 1)
+    d = Planner(step).decide(current, {s: SlotLag(1000) for s in range(12)}, now=0,
+                             load=load(current, 250, handled={0: 800}))
+    assert d.action == "split" and d.next_map is not None and d.next_map.workers == 2
+
+
+def test_the_policy_comes_from_the_spec_and_defaults_to_target() -> None:
+    assert ScalingLimits.from_spec(parse_spec({"kafka": {"topic": "t"}})).policy == "target"
+    step = parse_spec({"kafka": {"topic": "t"}, "scaling": {"policy": "step"}})
+    assert ScalingLimits.from_spec(step).policy == "step"
+    with pytest.raises(ValueError, match="policy"):
+        parse_spec({"kafka": {"topic": "t"}, "scaling": {"policy": "fast"}})
