@@ -20,13 +20,13 @@ from tests.checkers import check_all
 from tests.kafkatools import read_counts, read_input_log, read_processed
 
 
-def wait_until(condition: Callable[[], bool], timeout_seconds: float, what: str) -> None:
-    """Poll `condition` every 0.1 s until it holds; AssertionError after `timeout_seconds`."""
+def wait_for(condition: Callable[[], bool], timeout_seconds: float, what: str, interval: float = 0.01) -> None:
+    """Poll `condition` every `interval` until it holds; AssertionError naming `what` after `timeout_seconds`."""
     deadline = time.monotonic() + timeout_seconds
     while not condition():
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout_seconds:g} s waiting for {what}")
-        time.sleep(0.1)
+        time.sleep(interval)
 
 
 def consumer_yaml(name: str, topic: str, partitions: int, handler_config: str = "{delayMs: 1}",

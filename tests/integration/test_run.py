@@ -32,7 +32,7 @@ from keyrange.local.load import Phase
 from keyrange.spec import load_file
 from tests.conftest import BrokerUnderTest
 from tests.integration.fault_run import INLINE, QUEUED
-from tests.integration.supervised import check_everything, supervised
+from tests.integration.supervised import check_everything, supervised, wait_for
 from tests.kafkatools import read_processed
 
 SPEC = """apiVersion: keyrange.dev/v1alpha1
@@ -47,15 +47,6 @@ spec:
   workers: {{min: 1, max: 4}}
   scaling: {{lagHighRecords: 1000000000, lagHighSeconds: 100000, lagLowRecords: 0, cooldownSeconds: 0, policy: step}}
 """
-
-
-def wait_for(condition, timeout_seconds: float, what: str, interval: float = 0.01) -> None:  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout_seconds
-    while time.monotonic() < deadline:
-        if condition():
-            return
-        time.sleep(interval)
-    raise AssertionError(f"timed out after {timeout_seconds:g} s waiting for {what}")
 
 
 @pytest.mark.slow

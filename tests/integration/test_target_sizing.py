@@ -22,7 +22,7 @@ from keyrange.ranges.assigner import Rescale
 from keyrange.spec import load_file
 from tests.checkers import check_all
 from tests.conftest import BrokerUnderTest
-from tests.integration.supervisor_helpers import wait_for
+from tests.integration.supervised import wait_for
 from tests.kafkatools import read_counts, read_input_log, read_processed
 
 SPEC = """apiVersion: keyrange.dev/v1alpha1

@@ -18,7 +18,7 @@ import pytest
 from keyrange.loadgen import LoadShape
 from keyrange.local.load import Phase
 from tests.conftest import BrokerUnderTest
-from tests.integration.supervised import check_everything, consumer_yaml, supervised, wait_until
+from tests.integration.supervised import check_everything, consumer_yaml, supervised, wait_for
 
 REACQUIRED = "again: their producer failed"
 
@@ -34,7 +34,7 @@ def test_a_second_process_with_the_same_worker_id_stands_down_with_a_clear_error
     rogue = None
     with supervised(path, bootstrap, tmp_path / "run", shape, [Phase(20, 300)], spare_workers=0) as run:
         try:
-            wait_until(run.worker_holds_slots(0), 60, "worker 0 to hold its slots")
+            wait_for(run.worker_holds_slots(0), 60, "worker 0 to hold its slots")
             run.load.start()
             time.sleep(2)  # the load flows through worker 0 first
             with rogue_log.open("wb") as out:

@@ -29,7 +29,7 @@ from keyrange.local.load import LoadTotals, Phase, produce_phases
 from keyrange.ranges.assigner import Controller
 from keyrange.ranges.channel import ControlChannel
 from keyrange.ranges.planner import ScalingLimits, SlotLag
-from tests.integration.supervised import check_everything, consumer_yaml, wait_until
+from tests.integration.supervised import check_everything, consumer_yaml, wait_for
 from tests.netfaults import BlackholeRelay
 
 RELAYED = "RELAYED"
@@ -96,13 +96,13 @@ def test_a_worker_partitioned_silently_and_replaced_commits_nothing_and_stands_d
     old = _worker(spec, through_relay, tmp_path / "old.log")
     new = None
     try:
-        wait_until(lambda: 0 in state.reports and len(state.reports[0].held) == PARTITIONS, 90,
+        wait_for(lambda: 0 in state.reports and len(state.reports[0].held) == PARTITIONS, 90,
                   "the old worker to hold every slot")
         load.start()
         time.sleep(4)  # the old worker handles and commits through the relay
         relay.blackhole()
         new = _worker(spec, direct, tmp_path / "new.log")
-        wait_until(lambda: 0 in state.claims and state.claims[0].pid == new.pid
+        wait_for(lambda: 0 in state.claims and state.claims[0].pid == new.pid
                   and state.reports[0].pid == new.pid and len(state.reports[0].held) == PARTITIONS, 90,
                   "the replacement to claim worker 0 and hold every slot")
         time.sleep(6)  # the replacement handles what the old one had in flight, and more
