@@ -103,7 +103,7 @@ class AttemptRunner:
                     return  # the slot moved: the new owner runs it again
                 if attempt > s.max_retries:
                     self._outputs.dead_letter(ps, job.offset, job.key, job.value, "handler-error",
-                                              job.failure, attempt)
+                                              job.failure, attempt, job.record)
                     ps.window.finish(job.offset, Outcome.DEAD_LETTERED)
                     return
                 await asyncio.sleep(min(s.retry_backoff_ms / 1000 * 2 ** (attempt - 1), MAX_RETRY_BACKOFF_SECONDS))
@@ -155,7 +155,8 @@ class AttemptRunner:
         too_large = self._outputs.too_large(key, value, state_json)
         if too_large is not None:
             # Deterministic: a retry would produce the same output. The state change is dropped.
-            self._outputs.dead_letter(ps, job.offset, job.key, job.value, "output-too-large", too_large, attempt)
+            self._outputs.dead_letter(ps, job.offset, job.key, job.value, "output-too-large", too_large, attempt,
+                                      job.record)
             ps.window.finish(job.offset, Outcome.DEAD_LETTERED)
             return
         deleted = state.changed and state.staged is None

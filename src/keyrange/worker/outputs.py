@@ -8,7 +8,8 @@ live in one partition and a restore reads only that one.
 
 from __future__ import annotations
 
-from keyrange.events import GROUP_HEADER, STATE_HEADER, dead_letter_headers
+from keyrange.events import GROUP_HEADER, STATE_HEADER, ClientId, dead_letter_headers
+from keyrange.inputmapping import Headers, record_headers
 from keyrange.worker.partition import PartitionState
 from keyrange.worker.settings import WorkerSettings
 from keyrange.worker.transactions import OutputRecord
@@ -63,7 +64,7 @@ class OutputStage:
         """Where `partition`'s records go in `topic` (None: the producer picks by key)."""
         return partition if self._same_layout[topic] else None
 
-    def processed(self, ps: PartitionState, offset: int, client_id: int, key: bytes, value: bytes,
+    def processed(self, ps: PartitionState, offset: int, client_id: ClientId, key: bytes, value: bytes,
                   state_json: bytes | None, state_deleted: bool) -> None:
         """Stage a handled event's processed record, and its client's new state if the handler
         changed it (`state_json`, or `state_deleted`). The state rides on the processed record too,
@@ -82,9 +83,11 @@ class OutputStage:
         ps.processed_uncommitted += 1
 
     def dead_letter(self, ps: PartitionState, offset: int, key: bytes | None, value: bytes | None,
-                    reason: str, detail: str, attempts: int) -> None:
-        """Stage a dead letter: the original key and value, and headers saying why and from where."""
+                    reason: str, detail: str, attempts: int, record: tuple[Headers, int] | None = None) -> None:
+        """Stage a dead letter: the original key and value (and `record`'s headers and timestamp,
+        under an input mapping), and headers saying why and from where."""
         s = self._settings
-        headers = [*dead_letter_headers(reason, detail, s.topic, ps.partition, offset, attempts), self._group_header]
+        headers = [*(record_headers(*record) if record is not None else ()),
+                   *dead_letter_headers(reason, detail, s.topic, ps.partition, offset, attempts), self._group_header]
         ps.outputs.append(OutputRecord(s.dlq, self.output_partition(s.dlq, ps.partition), key, value, headers))
         ps.dead_letters_uncommitted.append(reason)

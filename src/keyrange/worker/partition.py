@@ -7,7 +7,7 @@ import contextlib
 from collections.abc import Callable
 
 from keyrange import metrics
-from keyrange.events import SOURCE_OFFSET_HEADER, TOTALS_KEY, encode_totals, json_bytes
+from keyrange.events import SOURCE_OFFSET_HEADER, TOTALS_KEY, ClientId, encode_totals, json_bytes
 from keyrange.worker.commits import CommitWindow, Totals
 from keyrange.worker.dedup import TtlSet
 from keyrange.worker.rebuild import RestoredPartition
@@ -70,12 +70,12 @@ class PartitionState:
         self.dedup = TtlSet(ttl_seconds, wall_clock)
         for uuid, event_time_s in restored.seen:
             self.dedup.add_if_new(uuid, event_time_s)
-        self.store: dict[int, bytes] = {client: json_bytes(value) for client, value in restored.state.items()}
+        self.store: dict[ClientId, bytes] = {client: json_bytes(value) for client, value in restored.state.items()}
         """clientId -> committed keyed state as JSON (as applied by finished events; as the changelog
         holds it, so memory always matches what a restore would rebuild)."""
         self.outputs: list[OutputRecord] = []
         """Processed records and dead letters finished since the last transaction."""
-        self.dirty_state: dict[int, tuple[bytes | None, int]] = {}
+        self.dirty_state: dict[ClientId, tuple[bytes | None, int]] = {}
         """clientId -> (encoded state, None for a tombstone; input offset of the event that set it),
         to changelog in the next transaction."""
         self.processed_uncommitted = 0
@@ -88,7 +88,7 @@ class PartitionState:
         is released without committing (engine.py `SlotFailure`)."""
         self.paused = False
         """Paused in the consumer for backpressure (see `wants_pause`)."""
-        self.placed_clients: set[int] = set()
+        self.placed_clients: set[ClientId] = set()
         """Clients seen on this partition whose murmur2 partition it is (intake.py)."""
         self.warned_misplaced = False
         self.running = 0
