@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 import orjson
-from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
+from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 
 from benchmarks.harness import (
     can_place_apart,
@@ -44,11 +44,14 @@ from benchmarks.harness import (
     running_broker_processes,
 )
 from keyrange.kafkaio import TopicSpec, ensure_topics
-from keyrange.loadgen import LoadShape, generate, produce_all
+from keyrange.loadgen import LoadShape, Scheduled, generate, produce_all
 
 PARTITIONS = 12
 REPO = Path(__file__).resolve().parents[1]
 MODES = ("keyrange", "raw transactional", "raw plain")
+MAPPED = "keyrange mapped"
+"""A keyrange worker reading the ledger topic as another team's topic (issue 31, docs/input.md)."""
+MAPPED_FLAGS = ["--input-client-id", "key", "--input-uuid", "header:event-id", "--input-created", "timestamp"]
 HOT_COMMIT_INTERVAL_MS = 20
 """The hot counter's commit interval: a command is done when its transaction commits, so the
 default 100 ms alone would exceed the 50 ms latency goal."""
@@ -77,22 +80,24 @@ def run(quick: bool, brokers: tuple[str, ...] = ("tansu",)) -> list[dict[str, An
                                      modes=("keyrange", "raw transactional"))
             rows += bench_hot_counter(bootstrap, engine, rate=HOT_COUNTER_RATE, seconds=10 if quick else 20,
                                       rounds=1 if quick else 3)
+            rows += bench_mapping(bootstrap, engine, events=50_000 if quick else 200_000, rounds=3)
     return rows
 
 
 def _env() -> dict[str, str]:
-    return {**os.environ, "PYTHONPATH": str(REPO)}
+    # This checkout's src first: the venv's editable install may be another checkout's.
+    return {**os.environ, "PYTHONPATH": f"{REPO / 'src'}{os.pathsep}{REPO}"}
 
 
 def _command(mode: str, bootstrap: str, topic: str, group: str, commit_interval_ms: int,
              max_pending: int | None = None) -> list[str]:
     """The process of `mode`; a keyrange worker with the default `maxPending` unless one is given."""
-    if mode == "keyrange":
+    if mode in ("keyrange", MAPPED):
         pending = [] if max_pending is None else ["--max-pending", str(max_pending)]
         return [sys.executable, "-m", "keyrange.cli", "worker", "--bootstrap", bootstrap, "--topic", topic,
                 "--group", group, "--partitions", f"0-{PARTITIONS - 1}", "--handler", "ledger",
                 "--sink-topic", f"{topic}.{group}", "--commit-interval-ms", str(commit_interval_ms),
-                *pending, "--summary-seconds", "0"]
+                *pending, "--summary-seconds", "0", *(MAPPED_FLAGS if mode == MAPPED else [])]
     cmd = [sys.executable, "-m", "benchmarks.rawloop", "--bootstrap", bootstrap, "--topic", topic,
            "--output", f"{topic}.{group}", "--group", group, "--partitions", str(PARTITIONS),
            "--commit-interval-ms", str(commit_interval_ms)]
@@ -203,6 +208,52 @@ def bench_throughput(bootstrap: str, engine: str, events: int, clients: int, rou
                         notes=f"highest of {len(results['keyrange'])} drains, {PARTITIONS} slots held; "
                               "baseline: the transactional raw loop's"))
     return rows
+
+
+def produce_as_existing_topic(bootstrap: str, topic: str, records: list[Scheduled]) -> None:
+    """`records` as another team's service would write them: the key `user-<clientId>`, the uuid in
+    the `event-id` header, `created` as the record timestamp. The value stays byte for byte the
+    same, so a drain of each topic differs only in where the mapping finds the three."""
+    producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 20, "log_level": 3})
+    for r in records:
+        body = orjson.loads(r.value)
+        while True:
+            try:
+                producer.produce(topic, r.value, f"user-{body['clientId']}".encode(), timestamp=r.created_ms,
+                                 headers=[("event-id", body["uuid"].encode())])
+                break
+            except BufferError:
+                producer.poll(0.05)
+    if producer.flush(60):
+        raise KafkaException("records not delivered to the mapped topic")
+
+
+def bench_mapping(bootstrap: str, engine: str, events: int, rounds: int) -> list[dict[str, Any]]:
+    """The ledger's throughput under `clientId: key, uuid: header:event-id, created: timestamp`
+    against the default mapping, the same commands on two topics, drained alternately (issue 31:
+    the mapping must not cost more than 5 %)."""
+    topic = f"ledger-mapping-{time.monotonic_ns()}"
+    ensure_topics(bootstrap, [TopicSpec(topic, PARTITIONS), TopicSpec(f"{topic}-mapped", PARTITIONS)],
+                  timeout_seconds=60)
+    records = list(generate(LoadShape(clients=1000, duplicate_ratio=0.01, ledger=True, seed=21), count=events))
+    produce_all(bootstrap, topic, records)
+    produce_as_existing_topic(bootstrap, f"{topic}-mapped", records)
+    rates: dict[str, list[float]] = {"keyrange": [], MAPPED: []}
+    cpu: dict[str, list[float]] = {"keyrange": [], MAPPED: []}
+    for r in range(rounds):
+        for mode, source in (("keyrange", topic), (MAPPED, f"{topic}-mapped")):
+            d = drain(bootstrap, source, mode, f"{mode.replace(' ', '-')}-{r}", len(records))
+            rates[mode].append(d.rate)
+            cpu[mode].append(d.cpu_us)
+            print(f"   {engine} mapping round {r} {mode}: {d.rate:,.0f}/s, {d.cpu_us:.1f} us CPU/record "
+                  f"({load_average()})", file=sys.stderr, flush=True)
+    default, mapped = statistics.median(rates["keyrange"]), statistics.median(rates[MAPPED])
+    return [row("ledger, mapped input: keyrange records/s (one process)", mapped, "records/s",
+                "<= 5 % below the default mapping", baseline=default, broker=engine,
+                notes=f"median of {rounds}: mapped {[round(x) for x in rates[MAPPED]]}, default "
+                      f"{[round(x) for x in rates['keyrange']]}; CPU/record mapped "
+                      f"{statistics.median(cpu[MAPPED]):.1f} us, default {statistics.median(cpu['keyrange']):.1f} us; "
+                      f"{' '.join(MAPPED_FLAGS)}; baseline: the default mapping, same commands")]
 
 
 class _Receipts:

@@ -20,7 +20,8 @@ class LoggedEvent:
 
     partition: int
     offset: int
-    client_id: int
+    client_id: int | str
+    """As the input mapping finds it: an integer by default, text (a record key, say) otherwise."""
     uuid: str
     body: Mapping[str, Any]
 
@@ -62,14 +63,14 @@ def check_order_per_client(log: Iterable[LoggedEvent], processed: Iterable[Mappi
     than the previous call of that client finished (startedAt/finishedAt, epoch ms).
     """
     position = {e.uuid: (e.partition, e.offset) for e in first_occurrences(log)}
-    by_client: dict[int, list[Mapping[str, Any]]] = defaultdict(list)
+    by_client: dict[int | str, list[Mapping[str, Any]]] = defaultdict(list)
     for r in processed:
         by_client[r["clientId"]].append(r)
     for client, records in by_client.items():
         in_log_order = sorted(records, key=lambda r: position[r["uuid"]])
         for a, b in itertools.pairwise(in_log_order):
             assert b["startedAt"] >= a["finishedAt"], (
-                f"client {client}: {b['uuid']} (log position {position[b['uuid']]}) started at "
+                f"client {client!r}: {b['uuid']} (log position {position[b['uuid']]}) started at "
                 f"{b['startedAt']}, before {a['uuid']} (log position {position[a['uuid']]}) finished at "
                 f"{a['finishedAt']}: calls overlapped or ran out of log order"
             )
@@ -77,7 +78,7 @@ def check_order_per_client(log: Iterable[LoggedEvent], processed: Iterable[Mappi
 
 def ledger_oracle(log: Iterable[LoggedEvent]) -> dict[str, dict[str, int]]:
     """The result each ledger command must have, computed sequentially from the input log."""
-    counters: dict[int, int] = defaultdict(int)
+    counters: dict[int | str, int] = defaultdict(int)
     results: dict[str, dict[str, int]] = {}
     for e in first_occurrences(log):
         op = e.body.get("op")

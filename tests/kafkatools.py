@@ -9,6 +9,7 @@ from typing import Any
 from confluent_kafka import Consumer, TopicPartition
 
 from keyrange.events import decode_processed
+from keyrange.inputmapping import InputMapping
 from keyrange.kafkaclients import KafkaClients
 from keyrange.logend import spans_behind
 from tests.checkers import Counts, LoggedEvent
@@ -53,14 +54,21 @@ def read_topic(bootstrap: str, topic: str, expect: int | None = None,
         consumer.close()
 
 
-def read_input_log(bootstrap: str, topic: str, expect: int | None = None) -> list[LoggedEvent]:
-    """The input topic as LoggedEvents (partition, offset, clientId, uuid, body)."""
+def read_input_log(bootstrap: str, topic: str, expect: int | None = None,
+                   mapping: InputMapping | None = None) -> list[LoggedEvent]:
+    """The input topic as LoggedEvents (partition, offset, clientId, uuid, body); with `mapping`,
+    each record as that input mapping (spec.input) reads it."""
     import orjson
 
     events = []
     for m in read_topic(bootstrap, topic, expect):
-        body = orjson.loads(m.value())
-        events.append(LoggedEvent(m.partition(), m.offset(), body["clientId"], body["uuid"], body))
+        if mapping is None:
+            body = orjson.loads(m.value())
+            events.append(LoggedEvent(m.partition(), m.offset(), body["clientId"], body["uuid"], body))
+            continue
+        event = mapping.parser.parse(m.key(), m.value(), m.headers(), m.timestamp()[1])
+        assert event.uuid is not None, "the checkers need event ids: a mapping with uuid: none has none"
+        events.append(LoggedEvent(m.partition(), m.offset(), event.client_id, event.uuid, event.body))
     return events
 
 

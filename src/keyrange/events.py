@@ -1,8 +1,9 @@
 """Wire formats (docs/design.md, "Wire contracts"): input events, processed records, dead
 letters, and the records of the keyed-state changelog.
 
-Input: key = clientId as decimal UTF-8, value = JSON with at least `clientId` (int), `uuid`
-(string) and `created` (epoch ms). Processed: key = clientId, value = JSON with the input's
+Input (the default mapping): key = clientId as decimal UTF-8, value = JSON with at least
+`clientId` (int), `uuid` (string) and `created` (epoch ms); `spec.input` maps other topics
+(inputmapping.py), where a clientId may be text. Processed: key = clientId, value = JSON with the input's
 identity, where and when it was handled, and the handler's result. Dead letters keep the
 original key and value and say why in headers. Processed records and dead letters carry the
 consumer group that wrote them (header `keyrange.group`): several consumers may share one sink,
@@ -11,9 +12,12 @@ and a restore trusts only its own group's outputs.
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, TypeAlias
 
 import orjson
+
+ClientId: TypeAlias = int | str
+"""A client's id as found: an integer (the default mapping, or a JSON integer field) or non-empty text."""
 
 MAX_EVENT_BYTES = 1_000_000
 """Input values larger than this are dead-lettered as oversized rather than parsed."""
@@ -37,6 +41,8 @@ DLQ_ATTEMPTS = "keyrange.attempts"
 DLQ_TRUNCATED = "keyrange.truncated"
 """On a dead letter too large for its topic only: the original value's size in bytes (the value is
 then the event's identity, or empty; the original stays at its source offset)."""
+DLQ_SOURCE_TIMESTAMP = "keyrange.source.timestamp"
+"""On a dead letter under an input mapping other than the default: its record's timestamp (epoch ms)."""
 
 GROUP_HEADER = "keyrange.group"
 """On every processed record and dead letter: the consumer group whose worker wrote it."""
@@ -47,7 +53,7 @@ SOURCE_OFFSET_HEADER = DLQ_OFFSET
 """On a changelog record: the input offset of the event whose handler wrote the state (the same
 name as a dead letter's source offset: both say which input offset a record stems from)."""
 TOTALS_KEY = b"keyrange.totals"
-"""Changelog key (never a clientId, which is decimal) of a partition's totals record: how the
+"""Changelog key (never a clientId: the input mapping refuses this one) of a partition's totals record: how the
 input offsets below its source offset finished, written in the transaction that commits them."""
 SNAPSHOT_HEADER = "keyrange.snapshot"
 """On a totals record: the changelog offset (decimal) where the newest snapshot of the partition's
@@ -68,11 +74,12 @@ class InputEvent(NamedTuple):
     """One input event, parsed and checked. A NamedTuple rather than a frozen dataclass: one is made
     per event, and a frozen dataclass's __init__ (object.__setattr__ per field) took twice as long."""
 
-    client_id: int
-    uuid: str
+    client_id: ClientId
+    uuid: str | None
+    """None when the input mapping has `uuid: none` (no deduplication)."""
     created_ms: int
-    body: dict[str, Any]
-    """The whole JSON object, handed to the handler."""
+    body: Any
+    """What the handler gets: the whole JSON object (or the decoder's dict; the bytes with `format: raw`)."""
 
 
 def parse_input(value: bytes | None) -> InputEvent:

@@ -18,6 +18,17 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from keyrange.aggregation.retention import DEFAULT_MINUTES as DEFAULT_RETENTION_MINUTES
 from keyrange.aggregation.sources import DEFAULT_TRIGGER_SECONDS
 from keyrange.errors import UserError
+from keyrange.inputmapping import (
+    CLIENT_ID_PATTERN,
+    CREATED_PATTERN,
+    DEFAULT_CLIENT_ID,
+    DEFAULT_CREATED,
+    DEFAULT_FORMAT,
+    DEFAULT_UUID,
+    FORMAT_PATTERN,
+    UUID_PATTERN,
+    InputMapping,
+)
 from keyrange.kafkaclients import RESERVED_PROPERTIES
 from keyrange.podfields import (
     DNS_SUBDOMAIN_PATTERN,
@@ -127,6 +138,29 @@ class DedupSpec(_Model):
     """A uuid seen within this many seconds is dropped and counted."""
 
 
+class InputSpec(_Model):
+    """Where each record's clientId, uuid and event time are, and how its value is decoded
+    (docs/input.md); the defaults are the wire contract of docs/design.md."""
+
+    client_id: str = Field(default=DEFAULT_CLIENT_ID, alias="clientId", pattern=CLIENT_ID_PATTERN)
+    """`key` (the record key), `field:<name>` (of the JSON value, dotted for nested) or `header:<name>`."""
+    uuid: str = Field(default=DEFAULT_UUID, pattern=UUID_PATTERN)
+    """`field:<name>`, `header:<name>`, or `none` (no deduplication)."""
+    created: str = Field(default=DEFAULT_CREATED, pattern=CREATED_PATTERN)
+    """`field:<name>` (epoch ms) or `timestamp` (the record's)."""
+    format: str = Field(default=DEFAULT_FORMAT, pattern=FORMAT_PATTERN)
+    """`json`, `raw` (the handler gets the value's bytes) or `module:function` (a decoder from bytes to a dict)."""
+
+    @model_validator(mode="after")
+    def _consistent(self) -> InputSpec:
+        self.mapping()
+        return self
+
+    def mapping(self) -> InputMapping:
+        """The worker's InputMapping (ValueError when the mappings do not fit the format)."""
+        return InputMapping(self.client_id, self.uuid, self.created, self.format)
+
+
 class WorkersSpec(_Model):
     """Bounds on the number of worker processes (pods)."""
 
@@ -231,6 +265,7 @@ class StreamConsumerSpec(_Model):
     """`sleep`, `ledger`, `noop`, or `module:function` of a user handler."""
     handler_config: dict[str, Any] = Field(default_factory=dict, alias="handlerConfig")
     """Passed to the handler factory (`sleep`: meanMs, stddevMs; `ledger`: delayMs)."""
+    input: InputSpec = Field(default_factory=InputSpec)
     dedup: DedupSpec = Field(default_factory=DedupSpec)
     concurrency: int = Field(default=64, ge=1, le=100_000)
     """Handler calls in flight per worker."""

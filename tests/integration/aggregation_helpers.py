@@ -15,6 +15,7 @@ from confluent_kafka import Producer
 
 from keyrange.events import InputEvent, encode_processed
 from keyrange.kafkaio import TopicSpec, ensure_topics
+from keyrange.ranges.slots import partition_for_key
 
 
 def require_pyspark() -> None:
@@ -77,6 +78,21 @@ def processed_records(count: int, clients: int, seed: int, start_ms: int = 1_790
     return out
 
 
+def with_text_ids(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The records with text clientIds, as under `spec.input` (docs/input.md): an even id becomes
+    `user-<hex>` (or `kunde-ü<n>`), and an id divisible by 3 alternates between the integer and its
+    decimal text, which the aggregation counts as one client, as their record keys are one."""
+    out = []
+    for i, record in enumerate(records):
+        client = record["clientId"]
+        if client % 2 == 0:
+            client = f"user-{client:x}" if client % 4 else f"kunde-ü{client}"
+        elif client % 3 == 0 and i % 2:
+            client = str(client)
+        out.append({**record, "clientId": client})
+    return out
+
+
 def produce_processed(bootstrap: str, topic: str, records: Sequence[dict[str, Any]], partitions: int,
                       per_transaction: int = 200, abort_every: int = 0) -> list[Delivered]:
     """Produce records keyed by clientId (partition = clientId mod partitions) in transactions.
@@ -94,9 +110,10 @@ def produce_processed(bootstrap: str, topic: str, records: Sequence[dict[str, An
             producer.abort_transaction(30)
             producer.begin_transaction()
         for record in records[first:first + per_transaction]:
-            partition = record["clientId"] % partitions
-            producer.produce(topic, key=str(record["clientId"]).encode(), value=orjson.dumps(record),
-                             partition=partition)
+            key = str(record["clientId"]).encode()
+            partition = (record["clientId"] % partitions if isinstance(record["clientId"], int)
+                         else partition_for_key(key, partitions))
+            producer.produce(topic, key=key, value=orjson.dumps(record), partition=partition)
             delivered.append(Delivered(partition, record))
         producer.commit_transaction(30)
     return delivered

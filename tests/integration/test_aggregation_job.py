@@ -22,6 +22,7 @@ from tests.integration.aggregation_helpers import (
     processed_records,
     produce_processed,
     transactional_producer,
+    with_text_ids,
 )
 from tests.kafkatools import read_topic
 
@@ -78,6 +79,28 @@ def test_every_aggregate_matches_plain_python_and_duplicates_count_once(spark, b
     assert summary.duplicates == len(delivered) - len(records)
     assert sum(w["events"] for w in expected["windows"]) == len(records)
     assert any(c["ledger_value"] not in (None, 0) for c in expected["clients"])
+
+
+def test_text_client_ids_group_as_text_across_batches(spark, bootstrap, topic_name, tmp_path):
+    """Processed records of consumers with text ids (spec.input): the job groups by the id as text,
+    across a stored batch and a new one, as the reference does; 1005 and "1005" are one client."""
+    make_topic(bootstrap, topic_name, 4)
+    first = with_text_ids(processed_records(900, clients=30, seed=21))
+    second = with_text_ids(processed_records(700, clients=30, seed=22, start_ms=1_790_000_030_000, first_offset=5_000))
+    n = len(produce_processed(bootstrap, topic_name, first, 4))
+    run_once(bootstrap, topic_name, str(tmp_path / "out"), spark=spark)
+    n += len(produce_processed(bootstrap, topic_name, second, 4))
+    summary = run_once(bootstrap, topic_name, str(tmp_path / "out"), spark=spark)
+
+    assert summary.invalid == 0
+    expected = _assert_matches(str(tmp_path / "out"), _deliveries(bootstrap, topic_name, n))
+    ids = [c["client_id"] for c in expected["clients"]]
+    assert all(isinstance(c, str) for c in ids) and len(ids) == len(set(ids))
+    assert any(c.startswith("kunde-ü") for c in ids) and any(c.startswith("user-") for c in ids)
+    both = {r["clientId"] for r in first + second} & {str(r["clientId"]) for r in first + second if
+                                                      isinstance(r["clientId"], int)}
+    assert both, "no client appears both as an integer and as its text"
+    assert sum(c["events"] for c in expected["clients"]) == len(first) + len(second)
 
 
 def test_results_of_other_shapes_have_no_ledger_value_and_do_not_fail_the_job(spark, bootstrap, topic_name,

@@ -24,6 +24,10 @@ CASES = {
     "bad-bounds": (GOOD + "  workers: {min: 5, max: 2}\n", "workers.min (5) must not exceed workers.max (2)"),
     "dlq-is-input": (GOOD + "  deadLetterTopic: payments\n", "deadLetterTopic is 'payments', the input topic"),
     "sink-is-input": (GOOD + "  sink: {topic: payments}\n", "sink.topic is 'payments', the input topic"),
+    "bad-input-mapping": (GOOD + "  input: {uuid: key}\n", "spec.input.uuid: String should match pattern"),
+    "raw-with-fields": (GOOD + "  input: {format: raw}\n", "input.format raw hands the value's bytes to the handler"),
+    "missing-decoder": (GOOD + "  input: {format: 'no_such_decoders:decode'}\n",
+                        "spec.input.format 'no_such_decoders:decode': cannot import module 'no_such_decoders'"),
 }
 
 
@@ -83,3 +87,12 @@ def test_a_handler_that_cannot_be_imported_stops_the_run_at_once(tmp_path: Path)
         f"import ({tmp_path / 'payments_handler.py'}, line 1); fix the module or the handler's name"]
     assert "handled" not in result.stdout
     assert not (tmp_path / "run").exists()  # no worker was started
+
+
+def test_produce_refuses_a_spec_whose_input_it_does_not_write(tmp_path: Path) -> None:
+    path = tmp_path / "consumer.yaml"
+    path.write_text(GOOD + "  input: {clientId: key, uuid: 'header:id', created: timestamp}\n")
+    result = run_keyrange("-f", str(path), "--produce", "10")
+    assert result.returncode == 2
+    assert result.stderr.startswith("keyrange run: error: --produce writes keyrange's own input format")
+    assert "Traceback" not in result.stderr

@@ -100,3 +100,9 @@ def test_the_newest_handoff_and_its_pause() -> None:
     status = render_status(Observed(1, 2, 2, "s"), moved, T0)
     assert status["lastHandoff"] == {"epoch": 9, "pauseSeconds": 0.085, "worker": 1, "time": "2026-01-01T12:00:00Z"}
     assert "lastHandoff" not in render_status(Observed(1, 2, 2, "s"), RANGES, T0)
+
+
+def test_status_says_whether_events_are_deduplicated() -> None:
+    assert render_status(Observed(1, 2, 2, "s", deduplication=False), RANGES, T0)["deduplication"] == "off"
+    assert render_status(Observed(1, 2, 2, "s", deduplication=True), RANGES, T0)["deduplication"] == "on"
+    assert "deduplication" not in render_status(Observed(1, 0, 0, "s", error="bad spec"), None, T0)

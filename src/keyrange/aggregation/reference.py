@@ -39,6 +39,11 @@ def percentile(values: Sequence[float], q: float) -> float:
 _LONG = (-(2**63), 2**63 - 1)
 
 
+def _text(client_id: Any) -> str:
+    """A clientId as the job groups it: text as is, anything else as its JSON (an integer's decimal)."""
+    return client_id if isinstance(client_id, str) else orjson.dumps(client_id).decode()
+
+
 def _ledger_value(result: Any) -> int | None:
     """`result.value` if it is a JSON integer that fits the table's 64-bit column (not a float, a
     string or a boolean, which Python would count as an int), else None."""
@@ -53,7 +58,7 @@ def aggregate(deliveries: Iterable[Delivery]) -> dict[str, list[dict[str, Any]]]
     """clients, windows and workers rows (same columns as the Parquet tables), deduplicated by
     uuid keeping the first delivery in (sink partition, offset) order."""
     seen: set[str] = set()
-    clients: dict[int, dict[str, Any]] = {}
+    clients: dict[str, dict[str, Any]] = {}
     workers: dict[str | None, dict[str, Any]] = {}
     latencies: dict[int, list[float]] = {}
     handler_times: dict[int, list[float]] = {}
@@ -65,8 +70,9 @@ def aggregate(deliveries: Iterable[Delivery]) -> dict[str, list[dict[str, Any]]]
         if not isinstance(r, dict) or any(r.get(k) is None for k in REQUIRED) or r["uuid"] in seen:
             continue
         seen.add(r["uuid"])
-        c = clients.setdefault(r["clientId"], {
-            "client_id": r["clientId"], "events": 0, "first_seen_ms": r["created"],
+        client_id = _text(r["clientId"])
+        c = clients.setdefault(client_id, {
+            "client_id": client_id, "events": 0, "first_seen_ms": r["created"],
             "last_seen_ms": r["created"], "ledger_value": None, "last_partition": None, "last_offset": None,
         })
         c["events"] += 1

@@ -24,8 +24,10 @@ from keyrange.aggregation.reference import MINUTE_MS, PERCENTILES
 # `result` is declared an object with an integer `value` (the ledger's): Spark's JSON reader gives
 # null for any other shape (a number, a list, a non-integer `value`) without failing the rest of
 # the row, the reference's rule, and with no second JSON parse of the result.
+# `clientId` is read as text: Spark's JSON reader gives a number's own text (1042 -> "1042") and
+# a string's value, so integer ids and text ids (spec.input, docs/input.md) group alike.
 PROCESSED_SCHEMA = StructType([
-    StructField("clientId", LongType()),
+    StructField("clientId", StringType()),
     StructField("uuid", StringType()),
     StructField("created", LongType()),
     StructField("partition", IntegerType()),
@@ -159,6 +161,8 @@ def merge_clients(stored: DataFrame | None, partial: DataFrame) -> DataFrame:
     if stored is None:
         return partial
     position = F.struct("last_partition", "last_offset")
+    # Stores written before client ids were text hold them as integers: the same text once cast.
+    stored = stored.withColumn("client_id", F.col("client_id").cast("string"))
     return stored.unionByName(partial).groupBy("client_id").agg(
         F.sum("events").alias("events"),
         F.min("first_seen_ms").alias("first_seen_ms"),

@@ -49,6 +49,15 @@ def run(args: argparse.Namespace) -> int:
         raise UserError(f"--produce must be a positive rate, got {args.produce}")
     if args.duration is not None and args.duration <= 0:
         raise UserError(f"--duration must be positive, got {args.duration}")
+    mapping = consumer.spec.input.mapping()
+    try:
+        mapping.parser  # noqa: B018 - a user decoder that cannot load stops here, not in every worker
+    except UserError as exc:
+        raise UserError(f"{args.file}: spec.{exc}") from None
+    if args.produce and not mapping.is_default:
+        raise UserError("--produce writes keyrange's own input format (JSON with clientId, uuid and created), "
+                        f"which {args.file}'s spec.input does not read: produce your topic's records yourself, "
+                        "or drop spec.input to use --produce")
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     stop = threading.Event()
     previous = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGINT, signal.SIGTERM)}

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import logging
 import os
 import signal
@@ -25,6 +26,7 @@ from keyrange.commands.kafkaargs import add_kafka_arguments, kafka_properties
 from keyrange.commands.metricsargs import add_metrics_arguments, metrics_listener
 from keyrange.errors import UserError
 from keyrange.handlers import Handler, load_handler
+from keyrange.inputmapping import InputMapping
 from keyrange.kafkaio import StopRequested
 from keyrange.ranges.slots import format_slot_list, parse_slot_list
 from keyrange.spec import load_file
@@ -64,6 +66,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--handler-timeout-seconds", type=float,
                         help="a handler call running this long fails: retried, then dead-lettered "
                              f"(default {defaults.handler_timeout_seconds:g})")
+    parser.add_argument("--input-client-id", help="where the clientId is: key | field:<name> | header:<name> "
+                        "(default field:clientId)")
+    parser.add_argument("--input-uuid", help="where the event id is: field:<name> | header:<name> | none "
+                        "(default field:uuid; none turns dedup off)")
+    parser.add_argument("--input-created", help="where the event time is: field:<name> | timestamp "
+                        "(default field:created)")
+    parser.add_argument("--input-format", help="json | raw | module:function decoding the value (default json)")
     parser.add_argument("--sink-topic", help="processed-record topic (default <topic>.processed)")
     parser.add_argument("--dlq-topic", help="dead-letter topic (default <topic>.dlq)")
     parser.add_argument("--commit-interval-ms", type=int,
@@ -84,6 +93,18 @@ class WorkerPlan:
     """None: controlled mode."""
 
 
+def _input_mapping(spec_mapping: InputMapping | None, args: argparse.Namespace) -> InputMapping:
+    """The spec's `input` with the --input-* flags over it (UserError naming the problem)."""
+    flags = {name: getattr(args, f"input_{name}") for name in ("client_id", "uuid", "created", "format")}
+    try:
+        mapping = dataclasses.replace(spec_mapping or InputMapping(),
+                                      **{name: flag for name, flag in flags.items() if flag is not None})
+    except ValueError as exc:
+        raise UserError(str(exc)) from None
+    mapping.parser  # noqa: B018 - loads a user decoder now, so a missing one stops the worker at start
+    return mapping
+
+
 def _spec_values(path: str | None) -> dict[str, Any]:
     if path is None:
         return {}
@@ -97,6 +118,7 @@ def _spec_values(path: str | None) -> dict[str, Any]:
         "sink_topic": spec.sink_topic, "dlq_topic": spec.dlq_topic, "consumer_name": doc.name,
         "client_properties": spec.kafka.resolved_client_properties(os.environ),
         "replication_factor": spec.kafka.replication_factor,
+        "input_mapping": spec.input.mapping(),
     }
 
 
@@ -142,6 +164,7 @@ def plan(args: argparse.Namespace) -> WorkerPlan:
             consumer_name=values.get("consumer_name"), sink_topic=values.get("sink_topic"),
             dlq_topic=values.get("dlq_topic"), handler_config=handler_config,
             client_properties=client_properties, replication_factor=values.get("replication_factor"),
+            input_mapping=_input_mapping(values.get("input_mapping"), args),
             **{k: values[k] for k in ("concurrency", "max_pending", "ttl_seconds", "max_retries", "max_pending_bytes",
                                       "handler_timeout_seconds") if k in values},
             **({"commit_interval_ms": args.commit_interval_ms} if args.commit_interval_ms is not None else {}),

@@ -162,7 +162,8 @@ def reconcile(*, name: str, namespace: str | None, body: kopf.Body, spec: kopf.S
     if control is not None:
         control.workers_available(_ready(sts))
     logger.info("applied %s with %d workers", rendering.worker_name(name), replicas)
-    seen = Observed(generation, replicas, _ready(sts), selector, suspended=model.suspend, pods=_pods(sts))
+    seen = Observed(generation, replicas, _ready(sts), selector, suspended=model.suspend, pods=_pods(sts),
+                    deduplication=model.input.mapping().dedup)
     _write_status(patch, status, seen, control, now)
 
 
@@ -184,7 +185,8 @@ def refresh(*, name: str, namespace: str | None, body: kopf.Body, spec: kopf.Spe
         return  # not created yet (or being deleted): reconcile owns creation
     generation, selector, ready = int(meta.get("generation") or 1), rendering.selector_string(name), _ready(sts)
     if model.suspend:  # reconcile scaled the workers to zero; follow them until the last one is gone
-        seen = Observed(generation, 0, ready, selector, suspended=True, pods=_pods(sts))
+        seen = Observed(generation, 0, ready, selector, suspended=True, pods=_pods(sts),
+                        deduplication=model.input.mapping().dedup)
         _write_status(patch, status, seen, None, memo.clock())
         return
     control = memo.controls.ensure(namespace, name, model, revive=False)
@@ -200,8 +202,8 @@ def refresh(*, name: str, namespace: str | None, body: kopf.Body, spec: kopf.Spe
                    {"spec": {"replicas": replicas}})
     for decision in control.take_decisions():
         record_planner_decision(kube, dict(body), patch, decision)
-    _write_status(patch, status, Observed(generation, replicas, ready, selector, pods=_pods(sts)), control,
-                  memo.clock())
+    seen = Observed(generation, replicas, ready, selector, pods=_pods(sts), deduplication=model.input.mapping().dedup)
+    _write_status(patch, status, seen, control, memo.clock())
 
 
 def forget(*, name: str, namespace: str | None, memo: Any, **_: Any) -> None:

@@ -35,6 +35,8 @@ class Observed:
     """spec.suspend is true: the workers are scaled to zero."""
     pods: int = 0
     """Worker pods that still exist (the StatefulSet's status.replicas); a suspension waits for them."""
+    deduplication: bool | None = None
+    """False with spec.input.uuid none (nothing is deduplicated); None when the spec was not read."""
 
 
 def _timestamp(now: datetime) -> str:
@@ -99,6 +101,8 @@ def render_status(seen: Observed, ranges: RangeStatus | None, now: datetime,
         "readyWorkers": seen.ready_workers,
         "conditions": conditions,
     }
+    if seen.deduplication is not None:
+        status["deduplication"] = "on" if seen.deduplication else "off"
     if seen.suspended:
         # The range map stays in status: it is what the workers resume with.
         status.update({"workers": 0, "lag": None})

@@ -43,12 +43,13 @@ def partition_for_key(key: bytes, partitions: int) -> int:
     return (murmur2(key) & 0x7FFFFFFF) % partitions
 
 
-def partition_for_client(client_id: int, partitions: int) -> int:
-    """The partition of a clientId under the wire contract (key = decimal UTF-8)."""
+def partition_for_client(client_id: int | str, partitions: int) -> int:
+    """The partition of a clientId: murmur2 of its key, the UTF-8 of its text (an integer's decimal), which
+    are the bytes of the record key a producer keyed by clientId hashed."""
     return partition_for_key(str(client_id).encode(), partitions)
 
 
-def slot_of(client_id: int, partitions: int) -> int:
+def slot_of(client_id: int | str, partitions: int) -> int:
     """The slot that owns a client: its partition, while slots are partitions."""
     return partition_for_client(client_id, partitions)
 

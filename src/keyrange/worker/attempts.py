@@ -143,7 +143,7 @@ class AttemptRunner:
             if attempt >= 1:  # an attempt failed: back off before the next one
                 if not ps.revoked and attempt > s.max_retries:
                     self._outputs.dead_letter(ps, job.offset, job.key, job.value, "handler-error",
-                                              job.failure, attempt, job.event)
+                                              job.failure, attempt, job.event, job.record)
                     ps.window.finish(job.offset, Outcome.DEAD_LETTERED)
                 await self._returned(running)
                 running = None
@@ -207,7 +207,7 @@ class AttemptRunner:
         if too_large is not None:
             # Deterministic: a retry would produce the same output. The state change is dropped.
             self._outputs.dead_letter(ps, job.offset, job.key, job.value, "output-too-large", too_large, attempt,
-                                      job.event)
+                                      job.event, job.record)
             ps.window.finish(job.offset, Outcome.DEAD_LETTERED)
             return
         deleted = state.changed and state.staged is None

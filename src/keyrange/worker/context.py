@@ -14,6 +14,8 @@ from typing import Any
 
 import orjson
 
+from keyrange.events import ClientId
+
 _UNSET: Any = object()
 
 
@@ -58,7 +60,7 @@ class HandlerContext:
     def __init__(
         self,
         *,
-        client_id: int,
+        client_id: ClientId,
         partition: int,
         offset: int,
         attempt: int,
@@ -67,7 +69,7 @@ class HandlerContext:
         state: ClientState,
     ) -> None:
         self.client_id = client_id
-        """The event's clientId."""
+        """The event's clientId: an integer or text, as the input mapping found it."""
         self.partition = partition
         """Input partition (= slot) of the event."""
         self.offset = offset

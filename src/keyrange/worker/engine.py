@@ -149,7 +149,7 @@ class Worker:
         limits = await until_reachable(lambda timeout: max_message_bytes(
             s.bootstrap, [s.sink, s.dlq, s.state], timeout, s.client_properties), stop, longest)
         self._outputs = OutputStage(s, self._counts, limits)
-        self._intake = Intake(count, s.restore_clock_slack_seconds, self._outputs)
+        self._intake = Intake(count, s.restore_clock_slack_seconds, self._outputs, mapping=s.input_mapping)
         attempts = self._attempts = AttemptRunner(s, self.handler, self._outputs, self._pool, self.stats,
                                                   self.handoff_pauses)
         self.health.set_abandoned_source(lambda: attempts.abandoned, attempts.held_releases)

@@ -17,7 +17,16 @@ from __future__ import annotations
 
 import logging
 
-from keyrange.events import DLQ_TRUNCATED, GROUP_HEADER, STATE_HEADER, InputEvent, dead_letter_headers, encode_input
+from keyrange.events import (
+    DLQ_TRUNCATED,
+    GROUP_HEADER,
+    STATE_HEADER,
+    ClientId,
+    InputEvent,
+    dead_letter_headers,
+    encode_input,
+)
+from keyrange.inputmapping import Headers, record_headers
 from keyrange.worker.partition import PartitionState
 from keyrange.worker.settings import WorkerSettings
 from keyrange.worker.transactions import PRODUCER_MAX_MESSAGE_BYTES, OutputRecord
@@ -87,7 +96,7 @@ class OutputStage:
         """Where `partition`'s records go in `topic` (None: the producer picks by key)."""
         return partition if self._same_layout[topic] else None
 
-    def processed(self, ps: PartitionState, offset: int, client_id: int, key: bytes, value: bytes,
+    def processed(self, ps: PartitionState, offset: int, client_id: ClientId, key: bytes, value: bytes,
                   state_json: bytes | None, state_deleted: bool) -> None:
         """Stage a handled event's processed record, and its client's new state if the handler
         changed it (`state_json`, or `state_deleted`). The state rides on the processed record too,
@@ -104,14 +113,18 @@ class OutputStage:
         ps.processed_uncommitted += 1
 
     def dead_letter(self, ps: PartitionState, offset: int, key: bytes | None, value: bytes | None,
-                    reason: str, detail: str, attempts: int, event: InputEvent | None = None) -> None:
-        """Stage a dead letter: the original key and value, and headers saying why and from where;
-        truncated when it would be over the dead-letter topic's limit (module docstring; `event`,
-        the parsed event if there is one, gives the identity a truncated value keeps)."""
+                    reason: str, detail: str, attempts: int, event: InputEvent | None = None,
+                    record: tuple[Headers, int] | None = None) -> None:
+        """Stage a dead letter: the original key and value (and `record`'s headers and timestamp,
+        under an input mapping), and headers saying why and from where; truncated when it would be
+        over the dead-letter topic's limit (module docstring; `event`, the parsed event if there is
+        one, gives the identity a truncated value keeps)."""
         s = self._settings
-        headers = [*dead_letter_headers(reason, detail, s.topic, ps.partition, offset, attempts), self._group_header]
+        headers = [*(record_headers(*record) if record is not None else ()),
+                   *dead_letter_headers(reason, detail, s.topic, ps.partition, offset, attempts), self._group_header]
         if not self._fits(key, value, headers):
-            key, value = self._truncated(ps.partition, offset, key, value, headers, event)
+            # Under an input mapping the identity is the kept headers' (a truncated value keeps none).
+            key, value = self._truncated(ps.partition, offset, key, value, headers, event if record is None else None)
             if key is None and value is None and not self._fits(None, None, headers):
                 log.error("the dead letter of partition %d offset %d does not fit topic %r even without its key and "
                           "value (max.message.bytes %d): not written, its offset ends anyway. Raise the topic's "
@@ -127,7 +140,10 @@ class OutputStage:
         size = len(value) if value is not None else 0
         headers.append((DLQ_TRUNCATED, str(size).encode()))
         # The identity keeps the uuid in the DLQ, where a restore finds it (rebuild.py).
-        value = encode_input(event.client_id, event.uuid, event.created_ms)[1] if event is not None else None
+        if event is not None and isinstance(event.client_id, int) and event.uuid is not None:
+            value = encode_input(event.client_id, event.uuid, event.created_ms)[1]
+        else:
+            value = None
         if not self._fits(key, value, headers):
             key = None
         if not self._fits(key, value, headers):

@@ -7,7 +7,7 @@ import contextlib
 from collections.abc import Callable
 
 from keyrange import metrics
-from keyrange.events import SNAPSHOT_HEADER, SOURCE_OFFSET_HEADER, TOTALS_KEY, encode_totals, json_bytes
+from keyrange.events import SNAPSHOT_HEADER, SOURCE_OFFSET_HEADER, TOTALS_KEY, ClientId, encode_totals, json_bytes
 from keyrange.worker.commits import CommitWindow, Totals
 from keyrange.worker.dedup import TtlSet
 from keyrange.worker.rebuild import RestoredPartition
@@ -71,16 +71,16 @@ class PartitionState:
         self.dedup = TtlSet(ttl_seconds, wall_clock)
         for uuid, event_time_s in restored.seen:
             self.dedup.replay(uuid, event_time_s)
-        self.store: dict[int, bytes] = {client: json_bytes(value) for client, value in restored.state.items()}
+        self.store: dict[ClientId, bytes] = {client: json_bytes(value) for client, value in restored.state.items()}
         """clientId -> committed keyed state as JSON (as applied by finished events; as the changelog
         holds it, so memory always matches what a restore would rebuild)."""
-        self.store_offsets: dict[int, int] = dict(restored.state_offsets)
+        self.store_offsets: dict[ClientId, int] = dict(restored.state_offsets)
         """clientId -> input offset of the event that set its state in `store` (when known)."""
         self.snapshots = SnapshotSchedule(restored.snapshot_start, restored.changelog_records)
         """When the slot writes its next changelog snapshot, and which one its totals records name."""
         self.outputs: list[OutputRecord] = []
         """Processed records and dead letters finished since the last transaction."""
-        self.dirty_state: dict[int, tuple[bytes | None, int]] = {}
+        self.dirty_state: dict[ClientId, tuple[bytes | None, int]] = {}
         """clientId -> (encoded state, None for a tombstone; input offset of the event that set it),
         to changelog in the next transaction."""
         self.processed_uncommitted = 0
@@ -93,7 +93,7 @@ class PartitionState:
         is released without committing (engine.py `SlotFailure`)."""
         self.paused = False
         """Paused in the consumer for backpressure (see `wants_pause`)."""
-        self.placed_clients: set[int] = set()
+        self.placed_clients: set[ClientId] = set()
         """Clients seen on this partition whose murmur2 partition it is (intake.py)."""
         self.warned_misplaced = False
         self.running = 0
@@ -116,7 +116,7 @@ class PartitionState:
         window = self.window
         return self.paused and window.pending <= max_pending // 2 and window.pending_bytes <= max_pending_bytes // 2
 
-    def change_state(self, client: int, state_json: bytes | None, offset: int) -> None:
+    def change_state(self, client: ClientId, state_json: bytes | None, offset: int) -> None:
         """A finished event at `offset` set its client's state (None: deleted): into the store, and
         into the changelog with the next transaction."""
         if state_json is None:

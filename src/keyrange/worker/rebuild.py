@@ -62,10 +62,11 @@ from keyrange.events import (
     STATE_HEADER,
     TOTALS_KEY,
     BadEvent,
+    ClientId,
     decode_processed,
     decode_totals,
-    parse_input,
 )
+from keyrange.inputmapping import InputParser, source_timestamp
 from keyrange.logend import Span
 from keyrange.worker.commits import Outcome, Totals
 from keyrange.worker.dedup import window_seconds
@@ -97,9 +98,9 @@ class RestoredPartition:
     """(uuid, event time in seconds) of the input before the committed offset that the dedup
     window must hold, in log order (the window remembers an event at the stream time it arrived
     at: dedup.py)."""
-    state: dict[int, Any] = field(default_factory=dict)
+    state: dict[ClientId, Any] = field(default_factory=dict)
     """Keyed state per clientId."""
-    state_offsets: dict[int, int] = field(default_factory=dict)
+    state_offsets: dict[ClientId, int] = field(default_factory=dict)
     """Per clientId in `state`, the input offset of the event that set it (unless written before
     the changelog said so); a snapshot writes it with the state."""
     totals: Totals = field(default_factory=Totals)
@@ -173,8 +174,9 @@ def plan_reads(reader: LogReader, settings: WorkerSettings, start_offsets: dict[
                               {(topic, p): o + 1 for p, o in start_offsets.items()})
     stream_ms: dict[int, int] = {}
     written_ms = dict.fromkeys(parts, now_ms)
+    parser = settings.input_mapping.parser
     for p, committed in start_offsets.items():
-        tail = [_input_entry(m) for m in tails.get((topic, p), [])]
+        tail = [_input_entry(parser, m) for m in tails.get((topic, p), [])]
         before = [e for e in tail if e.offset < committed]
         # The window's clock is the newest event time before C, capped at the wall clock (dedup.py),
         # so neither the record at C nor a late record before it can pull it back, and an idle
@@ -234,7 +236,7 @@ class OutputEntry:
     offset: int
     uuid: str | None
     created_s: float
-    state: tuple[int, Any] | None
+    state: tuple[ClientId, Any] | None
     """(clientId, state after the event; None = deleted) when the handler changed the state."""
     outcome: Outcome
 
@@ -243,7 +245,7 @@ class OutputEntry:
 class StateEntry:
     """A changelog record."""
 
-    client: int
+    client: ClientId
     source_offset: int | None
     """Input offset of the event whose handler wrote it; None for records older than that header."""
     state: Any
@@ -277,21 +279,24 @@ class ParsedLogs:
     def add(self, settings: WorkerSettings, span: Span, messages: list[Message]) -> None:
         """Parse `messages` of `span` (records after those added for it before)."""
         topic, partition = span
+        parser = settings.input_mapping.parser
         if topic == settings.topic:
-            self.inputs.setdefault(partition, []).extend(_input_entry(m) for m in messages)
+            self.inputs.setdefault(partition, []).extend(_input_entry(parser, m) for m in messages)
         elif topic in (settings.sink, settings.dlq):
-            parse = _dead_letter_entry if topic == settings.dlq else _processed_entry
             group = settings.group_id.encode()
             # Several consumer groups may share a sink and a DLQ: only this group's outputs say
             # what this group finished. Outputs without the header predate it and are not trusted.
             ours = (m for m in messages if _header(m, GROUP_HEADER) == group)
-            self.outputs.extend(e for m in ours if (e := parse(m)) is not None)
+            if topic == settings.dlq:
+                self.outputs.extend(e for m in ours if (e := _dead_letter_entry(parser, m)) is not None)
+            else:
+                self.outputs.extend(e for m in ours if (e := _processed_entry(m)) is not None)
         elif topic == settings.state:
             for m in messages:
                 if m.key() == TOTALS_KEY:
                     if (totals := _totals_entry(m)) is not None:
                         self.totals.setdefault(partition, []).append(totals)
-                elif (change := _state_entry(m)) is not None:
+                elif (change := _state_entry(parser, m)) is not None:
                     self.states.setdefault(partition, []).append(change)
 
 
@@ -308,7 +313,7 @@ def fold_logs(start_offsets: dict[int, int], parsed: ParsedLogs) -> dict[int, Re
                 restored.seen.append((entry.uuid, entry.event_s))
 
     # (offset, clientId, state or None) from the processed records of offsets >= C, per partition.
-    states_after: dict[int, list[tuple[int, int, Any]]] = {p: [] for p in result}
+    states_after: dict[int, list[tuple[int, ClientId, Any]]] = {p: [] for p in result}
     for out in parsed.outputs:
         # An output of an event at or past the committed offset: it must not run again, its uuid
         # joins the window, and the client's state after it (if its handler changed it) is noted.
@@ -341,12 +346,13 @@ def fold_logs(start_offsets: dict[int, int], parsed: ParsedLogs) -> dict[int, Re
     return result
 
 
-def _input_entry(m: Message) -> InputEntry:
+def _input_entry(parser: InputParser, m: Message) -> InputEntry:
     # Every fetched record has an offset (the stubs say Optional).
     offset: int = m.offset()  # type: ignore[assignment]
     timestamp_ms = m.timestamp()[1]
     try:
-        event = parse_input(m.value())
+        # The intake's own mapping, so the window holds what the intake would have put there.
+        event = parser.parse(m.key(), m.value(), m.headers(), timestamp_ms)
     except BadEvent:
         return InputEntry(offset, timestamp_ms, None, 0.0)
     event_ms = event.created_ms or timestamp_ms  # as the engine does when `created` is missing
@@ -364,28 +370,33 @@ def _processed_entry(m: Message) -> OutputEntry | None:
     return OutputEntry(record["partition"], record["offset"], record["uuid"], created_s, state, Outcome.HANDLED)
 
 
-def _dead_letter_entry(m: Message) -> OutputEntry | None:
-    headers = dict(m.headers() or [])
+def _dead_letter_entry(parser: InputParser, m: Message) -> OutputEntry | None:
+    record_headers = m.headers()
+    headers = dict(record_headers or [])
     try:
         partition = int(headers[DLQ_PARTITION] or b"")
         offset = int(headers[DLQ_OFFSET] or b"")
     except (KeyError, ValueError):
         return None
+    # A dead letter keeps its record's key, value and (with a mapping that reads them) headers and
+    # timestamp (inputmapping.source_timestamp), so the mapping finds the event's uuid in it.
+    timestamp_ms = source_timestamp(headers, m.timestamp()[1])
     try:
-        event = parse_input(m.value())
-        created_s = (event.created_ms or m.timestamp()[1]) / 1000
+        event = parser.parse(m.key(), m.value(), record_headers, timestamp_ms)
+        created_s = (event.created_ms or timestamp_ms) / 1000
         return OutputEntry(partition, offset, event.uuid, created_s, None, Outcome.DEAD_LETTERED)
     except BadEvent:
         return OutputEntry(partition, offset, None, 0.0, None, Outcome.DEAD_LETTERED)
 
 
-def _state_entry(m: Message) -> StateEntry | None:
+def _state_entry(parser: InputParser, m: Message) -> StateEntry | None:
     key = m.key()
     if key is None:
         return None
     source = _header(m, SOURCE_OFFSET_HEADER)
     value = m.value()
-    return StateEntry(int(key), None if source is None else int(source), None if value is None else orjson.loads(value))
+    return StateEntry(parser.mapping.client_of_key(key), None if source is None else int(source),
+                      None if value is None else orjson.loads(value))
 
 
 def _totals_entry(m: Message) -> TotalsEntry | None:
@@ -396,7 +407,7 @@ def _totals_entry(m: Message) -> TotalsEntry | None:
     return TotalsEntry(named[0], Totals(*decode_totals(value)), named[1])
 
 
-def _set_state(restored: RestoredPartition, client: int, state: Any, offset: int | None) -> None:
+def _set_state(restored: RestoredPartition, client: ClientId, state: Any, offset: int | None) -> None:
     if state is None:
         restored.state.pop(client, None)
         restored.state_offsets.pop(client, None)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import deque
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Hashable
 from typing import Generic, TypeVar
 
 T = TypeVar("T")
@@ -41,7 +41,7 @@ class ClientScheduler(Generic[T]):
         # Drains waiting for a permit, first come first served; a plain counter and a deque of
         # futures because asyncio.Semaphore costs two coroutine calls per item on the hot path.
         self._waiting: deque[asyncio.Future[None]] = deque()
-        self._queues: dict[int, deque[T]] = {}
+        self._queues: dict[Hashable, deque[T]] = {}
         self._tasks: set[asyncio.Task[None]] = set()
         self._queued = 0
         self._idle = asyncio.Event()
@@ -59,12 +59,12 @@ class ClientScheduler(Generic[T]):
         """Items submitted and not yet finished (running ones included)."""
         return self._queued
 
-    def can_run_now(self, client_id: int) -> bool:
+    def can_run_now(self, client_id: Hashable) -> bool:
         """True when an item of `client_id` may run at once, outside the queues: the client has
         nothing queued or running (its order holds) and a permit is free with nobody waiting."""
         return client_id not in self._queues and self._free > 0 and not self._waiting
 
-    def submit(self, client_id: int, item: T) -> None:
+    def submit(self, client_id: Hashable, item: T) -> None:
         """Queue `item` behind the client's earlier items; start the client's drain if idle."""
         self._queued += 1
         self._idle.clear()
@@ -94,7 +94,7 @@ class ClientScheduler(Generic[T]):
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
 
-    async def _drain(self, client_id: int, queue: deque[T]) -> None:
+    async def _drain(self, client_id: Hashable, queue: deque[T]) -> None:
         skip = self._skip
         since_yield = 0
         try:

@@ -6,6 +6,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from keyrange.inputmapping import DEFAULT_MAPPING, InputMapping
 from keyrange.kafkaclients import KafkaClients
 
 
@@ -63,6 +64,8 @@ class WorkerSettings:
     """The user's Kafka client properties (TLS, SASL, ...), for every client the worker makes."""
     replication_factor: int | None = None
     """Replication factor of the topics the worker creates; None: the broker's default."""
+    input_mapping: InputMapping = DEFAULT_MAPPING
+    """Where each record's clientId, uuid and event time are, and how its value is decoded (`spec.input`)."""
 
     def __post_init__(self) -> None:
         checks = [

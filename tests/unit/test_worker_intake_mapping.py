@@ -1,0 +1,105 @@
+"""The intake under an input mapping: misplaced events are counted for `field:` and `header:`
+clientIds and never for `clientId: key`; `uuid: none` lets a re-sent record through; a bad
+record's dead letter keeps the record's headers and timestamp."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+from typing import Any
+
+from keyrange.events import DLQ_SOURCE_TIMESTAMP
+from keyrange.inputmapping import InputMapping, record_headers
+from keyrange.ranges.slots import partition_for_client
+from keyrange.worker.commits import CommitWindow
+from keyrange.worker.dedup import TtlSet
+from keyrange.worker.intake import Intake
+
+PARTITIONS = 12
+NOW_MS = 1_800_000_000_000
+
+
+class Record:
+    """The part of a confluent_kafka Message the intake reads."""
+
+    def __init__(self, key: bytes | None, value: bytes, headers: list[tuple[str, bytes]] | None) -> None:
+        self._key, self._value, self._headers = key, value, headers
+
+    def key(self) -> bytes | None:
+        return self._key
+
+    def value(self) -> bytes:
+        return self._value
+
+    def headers(self) -> list[tuple[str, bytes]] | None:
+        return self._headers
+
+    def timestamp(self) -> tuple[int, int]:
+        return 1, NOW_MS
+
+
+class Counter:
+    def __init__(self) -> None:
+        self.count = 0
+
+    def inc(self) -> None:
+        self.count += 1
+
+
+class DeadLetters:
+    """Stands in for the OutputStage: records each dead letter's reason and kept record."""
+
+    def __init__(self) -> None:
+        self.letters: list[tuple[str, Any]] = []
+
+    def dead_letter(self, ps: Any, offset: int, key: Any, value: Any, reason: str, detail: str, attempts: int,
+                    record: Any = None) -> None:
+        self.letters.append((reason, record))
+
+
+def partition_state(partition: int) -> Any:
+    return SimpleNamespace(window=CommitWindow(0), skip={}, placed_clients=set(), partition=partition,
+                           dedup=TtlSet(10.0, lambda: NOW_MS / 1000 + 60), warned_misplaced=False,
+                           metrics=SimpleNamespace(misplaced=Counter(), skewed_ahead=Counter(),
+                                                   skewed_behind=Counter()))
+
+
+def admit_all(mapping: InputMapping, records: list[Record], partition: int) -> tuple[Any, list[Any], DeadLetters]:
+    outputs = DeadLetters()
+    intake = Intake(PARTITIONS, 10.0, outputs, mapping=mapping)  # type: ignore[arg-type]
+    ps = partition_state(partition)
+    jobs = [intake.admit(ps, r, offset) for offset, r in enumerate(records)]
+    return ps, jobs, outputs
+
+
+def test_misplaced_is_counted_for_header_ids_and_not_for_keys() -> None:
+    home = partition_for_client("user-7", PARTITIONS)
+    elsewhere = (home + 1) % PARTITIONS
+    by_header = InputMapping(client_id="header:user", uuid="header:id", created="timestamp")
+    records = [Record(b"k", b"{}", [("user", b"user-7"), ("id", f"e{i}".encode())]) for i in range(3)]
+    ps, jobs, _ = admit_all(by_header, records, elsewhere)
+    assert all(job is not None for job in jobs) and ps.metrics.misplaced.count == 3
+    ps, _, _ = admit_all(by_header, records, home)
+    assert ps.metrics.misplaced.count == 0
+    by_key = InputMapping(client_id="key", uuid="header:id", created="timestamp")
+    keyed = [Record(b"user-7", b"{}", [("id", f"e{i}".encode())]) for i in range(3)]
+    ps, _, _ = admit_all(by_key, keyed, elsewhere)
+    assert ps.metrics.misplaced.count == 0
+
+
+def test_uuid_none_handles_a_resent_record_and_a_uuid_drops_it() -> None:
+    record = Record(b"user-7", b"{}", [("id", b"e-1")])
+    partition = partition_for_client("user-7", PARTITIONS)
+    _, jobs, _ = admit_all(InputMapping(client_id="key", uuid="none", created="timestamp"), [record, record], partition)
+    assert all(job is not None for job in jobs)
+    _, jobs, _ = admit_all(InputMapping(client_id="key", uuid="header:id", created="timestamp"), [record, record],
+                           partition)
+    assert jobs[0] is not None and jobs[1] is None
+
+
+def test_a_bad_records_dead_letter_keeps_its_headers_and_timestamp() -> None:
+    mapping = InputMapping(client_id="key", uuid="header:id", created="timestamp")
+    _, jobs, outputs = admit_all(mapping, [Record(b"user-7", b"{}", [("other", b"x")])], 0)
+    assert jobs == [None]
+    [(reason, record)] = outputs.letters
+    assert reason == "missing-field"
+    assert record_headers(*record) == [("other", b"x"), (DLQ_SOURCE_TIMESTAMP, str(NOW_MS).encode())]
