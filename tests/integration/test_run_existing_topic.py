@@ -42,7 +42,7 @@ spec:
   concurrency: 32
   dedup: {{ttlSeconds: 60}}
   workers: {{min: 1, max: 4}}
-  scaling: {{lagHighRecords: 1000000000, lagHighSeconds: 100000, lagLowRecords: 0, cooldownSeconds: 0}}
+  scaling: {{lagHighRecords: 1000000000, lagHighSeconds: 100000, lagLowRecords: 0, cooldownSeconds: 0, policy: step}}
 """
 
 EVENTS = 15_000
