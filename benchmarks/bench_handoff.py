@@ -35,11 +35,11 @@ from keyrange.loadgen import LoadShape, generate, produce_all
 from keyrange.local.demo import read_values
 from keyrange.local.load import LoadTotals, Phase, produce_phases
 from keyrange.local.supervisor import Supervisor
-from keyrange.ranges.assigner import Rescale
+from keyrange.ranges.controller import Rescale
 from keyrange.spec import load_file
 from keyrange.worker import Worker, WorkerSettings
-from keyrange.worker.readahead import Restorer
-from keyrange.worker.rebuild import restore
+from keyrange.worker.restore import restore
+from keyrange.worker.restorer import Restorer
 
 SPEC = """apiVersion: keyrange.dev/v1alpha1
 kind: StreamConsumer

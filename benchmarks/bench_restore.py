@@ -28,10 +28,10 @@ from confluent_kafka import Consumer, Producer, TopicPartition
 from benchmarks.harness import load_average, row, running_broker
 from keyrange.kafkaio import TopicSpec, ensure_topics
 from keyrange.worker import WorkerSettings
-from keyrange.worker.commits import Outcome
 from keyrange.worker.committer import Committer
+from keyrange.worker.commitwindow import Outcome
 from keyrange.worker.partition import PartitionMetrics, PartitionState
-from keyrange.worker.rebuild import RestoredPartition
+from keyrange.worker.restore import RestoredPartition
 from keyrange.worker.snapshots import CHANGELOG_TOPIC_CONFIG
 from keyrange.worker.stats import WorkerStats
 from keyrange.worker.transactions import OutputRecord
@@ -108,7 +108,7 @@ ACQUIRE = r"""
 import asyncio, json, resource, sys, time
 from keyrange.handlers import load_handler
 from keyrange.worker import Worker, WorkerSettings
-from keyrange.worker import logreader, rebuild
+from keyrange.worker import logreader, restore
 
 settings = WorkerSettings(**json.loads(sys.argv[1]))
 read = logreader.LogReader.read
@@ -134,7 +134,7 @@ def read_all(self, starts, stops=None, each=None):
 
 logreader.LogReader.read = read_all
 if sys.argv[2] == "from-zero":
-    rebuild.changelog_starts = lambda reader, topic, committed: {(topic, p): 0 for p in committed}
+    restore.changelog_starts = lambda reader, topic, committed: {(topic, p): 0 for p in committed}
 
 async def main():
     worker = Worker(settings, load_handler("noop"))

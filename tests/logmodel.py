@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from keyrange.events import encode_input
 from keyrange.logend import Span
 from keyrange.worker.dedup import TtlSet
-from keyrange.worker.rebuild import RestoredPartition, restore_with
+from keyrange.worker.restore import RestoredPartition, restore_with
 from keyrange.worker.settings import WorkerSettings
 
 

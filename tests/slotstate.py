@@ -6,7 +6,7 @@ import time
 from typing import cast
 
 from keyrange.worker.partition import PartitionMetrics, PartitionState
-from keyrange.worker.rebuild import RestoredPartition
+from keyrange.worker.restore import RestoredPartition
 from keyrange.worker.transactions import SlotTransactions
 
 

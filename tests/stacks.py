@@ -11,8 +11,8 @@ import sys
 import threading
 import traceback
 
-from keyrange.ranges.assigner import Controller
 from keyrange.ranges.channel import describe_reports, now_ms
+from keyrange.ranges.controller import Controller
 
 
 def describe_stacks(limit: int = 12) -> str:

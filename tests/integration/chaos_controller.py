@@ -22,8 +22,8 @@ from pathlib import Path
 
 from keyrange.autoscale.scrape import merged_lag, scrape
 from keyrange.kafkaio import partition_counts
-from keyrange.ranges.assigner import Controller
 from keyrange.ranges.channel import ControlChannel
+from keyrange.ranges.controller import Controller
 from keyrange.ranges.planner import ScalingLimits, SlotLag
 from keyrange.spec import load_file
 

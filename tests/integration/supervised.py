@@ -14,7 +14,7 @@ from keyrange.loadgen import LoadShape
 from keyrange.local.fleet import ProcessFleet
 from keyrange.local.load import LoadTotals, Phase, produce_phases
 from keyrange.local.supervisor import Supervisor
-from keyrange.ranges.assigner import Controller
+from keyrange.ranges.controller import Controller
 from keyrange.spec import load_file
 from tests.checkers import check_all
 from tests.kafkatools import read_counts, read_input_log, read_processed

@@ -15,8 +15,8 @@ from collections.abc import Collection, Mapping, Set
 
 import pytest
 
-from keyrange.ranges.assigner import Controller
 from keyrange.ranges.channel import ControlChannel, WorkerReport, now_ms
+from keyrange.ranges.controller import Controller
 from keyrange.ranges.member import RangeMember
 from keyrange.ranges.planner import ScalingLimits, SlotLag
 from tests.stacks import describe_members

@@ -8,8 +8,8 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-from keyrange.operator.assignments import ScaleRequest
 from keyrange.operator.clusterassigner import KafkaRangeControl
+from keyrange.operator.rangecontrol import ScaleRequest
 from keyrange.ranges.channel import ControlChannel
 from keyrange.spec import parse_spec
 

@@ -18,8 +18,8 @@ from confluent_kafka import Consumer, Producer, TopicPartition
 from keyrange.errors import UserError
 from keyrange.kafkaio import TopicSpec, ensure_topics
 from keyrange.local.ports import free_port
-from keyrange.ranges.assigner import Controller, ControllerFenced
 from keyrange.ranges.channel import ControlChannel, Publication, now_ms
+from keyrange.ranges.controller import Controller, ControllerFenced
 from keyrange.ranges.planner import ScalingLimits
 from keyrange.ranges.rangemap import RangeMap
 from keyrange.worker import transactions

@@ -22,8 +22,8 @@ from keyrange.kafkaio import TopicSpec, ensure_topics
 from keyrange.loadgen import LoadShape
 from keyrange.local.load import LoadTotals, Phase, produce_phases
 from keyrange.local.ports import free_port
-from keyrange.ranges.assigner import Controller, Rescale
 from keyrange.ranges.channel import ControlChannel
+from keyrange.ranges.controller import Controller, Rescale
 from keyrange.ranges.membership import run_controlled
 from keyrange.ranges.planner import ScalingLimits, SlotLag
 from keyrange.worker import Worker, WorkerSettings

@@ -20,8 +20,8 @@ from keyrange.handlers import load_handler
 from keyrange.kafkaio import TopicSpec, ensure_topics
 from keyrange.loadgen import LoadShape
 from keyrange.local.load import Phase, produce_phases
-from keyrange.ranges.assigner import Controller, Rescale
 from keyrange.ranges.channel import ControlChannel
+from keyrange.ranges.controller import Controller, Rescale
 from keyrange.ranges.membership import run_controlled
 from keyrange.ranges.planner import ScalingLimits, SlotLag
 from keyrange.worker import Worker, WorkerSettings

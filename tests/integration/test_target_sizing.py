@@ -18,7 +18,7 @@ import pytest
 from keyrange.loadgen import LoadShape
 from keyrange.local.load import LoadTotals, Phase, produce_phases
 from keyrange.local.supervisor import Supervisor
-from keyrange.ranges.assigner import Rescale
+from keyrange.ranges.controller import Rescale
 from keyrange.spec import load_file
 from tests.checkers import check_all
 from tests.conftest import BrokerUnderTest

@@ -18,7 +18,7 @@ from keyrange.kafkaio import admin_client
 from keyrange.logend import Span
 from keyrange.worker import WorkerSettings, snapshots
 from keyrange.worker.logreader import LogReader
-from keyrange.worker.rebuild import RestoredPartition, restore_with
+from keyrange.worker.restore import RestoredPartition, restore_with
 from keyrange.worker.snapshots import CHANGELOG_TOPIC_CONFIG
 from tests.checkers import Counts, check_counts, first_occurrences, ledger_oracle
 from tests.integration.worker_helpers import produce_stream, run_worker_until, settings_for

@@ -26,8 +26,8 @@ from keyrange.kafkaio import TopicSpec, ensure_topics
 from keyrange.loadgen import LoadShape
 from keyrange.local.kafka import QUICK_START_JVM_OPTIONS, KafkaCluster
 from keyrange.local.load import LoadTotals, Phase, produce_phases
-from keyrange.ranges.assigner import Controller
 from keyrange.ranges.channel import ControlChannel
+from keyrange.ranges.controller import Controller
 from keyrange.ranges.planner import ScalingLimits, SlotLag
 from tests.integration.supervised import check_everything, consumer_yaml, wait_for
 from tests.netfaults import BlackholeRelay

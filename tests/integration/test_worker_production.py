@@ -105,7 +105,7 @@ async def test_outputs_too_large_for_kafka_go_to_the_dlq_and_the_worker_goes_on(
     dead = read_topic(bootstrap, f"{topic_name}.dlq", expect=2)
     reasons = Counter(dict(m.headers())[DLQ_REASON] for m in dead)
     assert reasons == {b"output-too-large": 2}
-    # The state rides on the processed record too (rebuild.py), so a huge state makes that record huge.
+    # The state rides on the processed record too (restore.py), so a huge state makes that record huge.
     assert all(b"max.message.bytes of" in dict(m.headers())[DLQ_DETAIL] for m in dead)
     assert worker.stats.processed == 40
     check_all(log, read_processed(bootstrap, f"{topic_name}.processed", 40),

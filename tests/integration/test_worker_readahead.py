@@ -10,8 +10,8 @@ from keyrange.kafkaio import TopicSpec, ensure_topics
 from keyrange.loadgen import LoadShape, generate, produce_all
 from keyrange.ranges.slots import partition_for_key
 from keyrange.worker import WorkerSettings
-from keyrange.worker.readahead import Prefetched, Restorer
-from keyrange.worker.rebuild import restore
+from keyrange.worker.restore import restore
+from keyrange.worker.restorer import Prefetched, Restorer
 from tests.integration.worker_helpers import run_worker_until, settings_for
 from tests.kafkatools import offsets_committed_so_far
 
@@ -58,7 +58,7 @@ async def test_restorer_matches_restore_from_committed_offsets_acquire_after_acq
                 got = restorer.restore_slots(range(PARTITIONS), now_s=now_s)
             else:
                 # Read ahead before round 2's events were produced and handled: only the rest is read now.
-                with patch("keyrange.worker.readahead.restore_with", side_effect=AssertionError("read it all")):
+                with patch("keyrange.worker.restorer.restore_with", side_effect=AssertionError("read it all")):
                     got = restorer.restore_slots(range(PARTITIONS), prefetched, now_s=now_s)
             want = restore(settings, {**committed, 3: 0}, counts, now_s=now_s)
             assert got == want

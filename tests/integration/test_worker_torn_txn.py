@@ -32,7 +32,7 @@ from keyrange.events import (
 )
 from keyrange.kafkaio import TopicSpec, ensure_topics
 from keyrange.worker import WorkerSettings
-from keyrange.worker.rebuild import restore
+from keyrange.worker.restore import restore
 from tests.checkers import LoggedEvent, check_ledger, check_no_duplicates, check_no_loss, ledger_oracle
 from tests.integration.worker_helpers import produce_stream, run_worker_until, settings_for
 from tests.kafkatools import read_topic

@@ -17,7 +17,7 @@ import pytest_asyncio
 
 from keyrange.autoscale.receiver import TOKEN_FILE_ENV, WEBHOOK_PATH
 from keyrange.commands.operator import side_services
-from keyrange.operator.assignments import PlannedRescale, RangeStatus, ScaleOutcome, ScaleRequest
+from keyrange.operator.rangecontrol import PlannedRescale, RangeStatus, ScaleOutcome, ScaleRequest
 from keyrange.spec import StreamConsumerSpec
 from tests.operator.conftest import SC_PATH, Api, Release, admin_api, create_namespace, eventually, running_operator
 from tests.unit.test_alerts import alert as shop_alert

@@ -18,7 +18,7 @@ from prometheus_client import REGISTRY
 
 from keyrange.loadgen import LoadShape, generate, produce_all
 from keyrange.local.load import Phase, produce_phases
-from keyrange.operator.assignments import ScaleRequest
+from keyrange.operator.rangecontrol import ScaleRequest
 from tests.checkers import check_all, first_occurrences
 from tests.kafkatools import committed_offsets, read_counts, read_input_log, read_processed
 from tests.operator.conftest import SC_PATH, Api, Release, create_namespace, eventually, running_operator

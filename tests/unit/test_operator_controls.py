@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from keyrange.operator.assignments import RangeControl, ScaleRequest, StaticRangeControl
+from keyrange.operator.rangecontrol import RangeControl, ScaleRequest, StaticRangeControl
 from keyrange.operator.registry import ControlRegistry
 from keyrange.spec import StreamConsumerSpec, parse_spec
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
-from keyrange.operator.assignments import RangeStatus
+from keyrange.operator.rangecontrol import RangeStatus
 from keyrange.operator.status import Observed, changed_fields, render_status, scaling_record
 
 T0 = datetime(2026, 1, 1, 12, 0, 0, tzinfo=UTC)
@@ -93,7 +93,7 @@ def test_suspending_then_suspended_keeps_the_map_and_drops_lag() -> None:
 
 
 def test_the_newest_handoff_and_its_pause() -> None:
-    from keyrange.operator.assignments import HandoffSummary
+    from keyrange.operator.rangecontrol import HandoffSummary
 
     moved = RangeStatus(epoch=9, workers=2, ranges=RANGES.ranges,
                         last_handoff=HandoffSummary(epoch=9, pause_seconds=0.0854, worker=1, at_ms=1_767_268_800_000))

@@ -1,4 +1,4 @@
-"""The range Controller carrying out the handoff (ranges/assigner.py), over a control topic in memory.
+"""The range Controller carrying out the handoff (ranges/controller.py), over a control topic in memory.
 
 The handoff's decisions are tested in test_handoff.py; these tests check that the controller does
 what they say, in order, retries a write that failed, and reads the control topic only as it
@@ -11,7 +11,6 @@ from collections.abc import Mapping
 
 import pytest
 
-from keyrange.ranges.assigner import Controller
 from keyrange.ranges.channel import (
     ASSIGNMENT_KEY,
     PREPARE_KEY,
@@ -22,6 +21,7 @@ from keyrange.ranges.channel import (
     Publication,
     WorkerReport,
 )
+from keyrange.ranges.controller import Controller
 from keyrange.ranges.handoff import Phase
 from keyrange.ranges.planner import ScalingLimits, SlotLag
 from keyrange.ranges.rangemap import RangeMap

@@ -1,7 +1,7 @@
 """The live table of `keyrange run` renders the controller's status and the measured figures."""
 
 from keyrange.local.table import Totals, WorkerRow, render
-from keyrange.ranges.assigner import ControllerStatus, Rescale
+from keyrange.ranges.controller import ControllerStatus, Rescale
 from keyrange.ranges.planner import SlotLag
 from keyrange.ranges.rangemap import RangeMap
 

@@ -14,7 +14,7 @@ import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
 from keyrange.autoscale.receiver import WEBHOOK_PATH
-from keyrange.operator.assignments import RangeStatus, ScaleOutcome, ScaleRequest, StaticRangeControl
+from keyrange.operator.rangecontrol import RangeStatus, ScaleOutcome, ScaleRequest, StaticRangeControl
 from keyrange.operator.registry import ControlRegistry
 from keyrange.operator.scalewebhook import operator_receiver
 from keyrange.spec import parse_spec

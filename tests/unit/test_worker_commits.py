@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from keyrange.worker.commits import CommitWindow, Outcome
+from keyrange.worker.commitwindow import CommitWindow, Outcome
 
 DONE = Outcome.HANDLED
 
@@ -77,7 +77,7 @@ def test_outcomes_count_only_once_the_committable_offset_passes_them() -> None:
 
 
 def test_totals_add_counts_by_outcome() -> None:
-    from keyrange.worker.commits import Totals
+    from keyrange.worker.commitwindow import Totals
 
     assert Totals(1, 2, 3).plus([10, 20, 30]) == Totals(11, 22, 33)
 

@@ -9,7 +9,7 @@ from confluent_kafka import TopicPartition
 
 from keyrange.worker.committer import Committer
 from keyrange.worker.partition import PartitionMetrics, PartitionState
-from keyrange.worker.rebuild import RestoredPartition
+from keyrange.worker.restore import RestoredPartition
 from keyrange.worker.settings import WorkerSettings
 from keyrange.worker.stats import WorkerStats
 from keyrange.worker.transactions import OutputRecord, TransactionFailed

@@ -10,7 +10,7 @@ from typing import Any
 from keyrange.events import DLQ_SOURCE_TIMESTAMP
 from keyrange.inputmapping import InputMapping, record_headers
 from keyrange.ranges.slots import partition_for_client
-from keyrange.worker.commits import CommitWindow
+from keyrange.worker.commitwindow import CommitWindow
 from keyrange.worker.dedup import TtlSet
 from keyrange.worker.intake import Intake
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 from typing import Any
 
 from keyrange.logend import Span
-from keyrange.worker.commits import Outcome
-from keyrange.worker.readahead import Prefetched, _catch_up
-from keyrange.worker.rebuild import Finished, InputEntry, OutputEntry, ParsedLogs, StateEntry
+from keyrange.worker.commitwindow import Outcome
+from keyrange.worker.restore import Finished, InputEntry, OutputEntry, ParsedLogs, StateEntry
+from keyrange.worker.restorer import Prefetched, _catch_up
 from keyrange.worker.settings import WorkerSettings
 
 SETTINGS = WorkerSettings(bootstrap="unused:9092", topic="events", group_id="g", worker_id="w0")

@@ -1,4 +1,4 @@
-"""The restore under an input mapping (worker/rebuild.py): it reads uuids and times from the input
+"""The restore under an input mapping (worker/restore.py): it reads uuids and times from the input
 and from dead letters with the intake's own mapping, and keys restored state by text ids."""
 
 from __future__ import annotations
@@ -7,8 +7,8 @@ from typing import Any
 
 from keyrange.events import DLQ_OFFSET, DLQ_PARTITION, GROUP_HEADER, SOURCE_OFFSET_HEADER, STATE_HEADER, json_bytes
 from keyrange.inputmapping import InputMapping, record_headers
-from keyrange.worker.commits import Outcome
-from keyrange.worker.rebuild import ParsedLogs, fold_logs
+from keyrange.worker.commitwindow import Outcome
+from keyrange.worker.restore import ParsedLogs, fold_logs
 from keyrange.worker.settings import WorkerSettings
 
 MAPPING = InputMapping(client_id="key", uuid="header:event-id", created="timestamp")

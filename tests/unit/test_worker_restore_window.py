@@ -9,8 +9,8 @@ from unittest.mock import patch
 import pytest
 
 from keyrange.worker.dedup import BUCKETS_PER_TTL, TtlSet
-from keyrange.worker.readahead import Restorer
-from keyrange.worker.rebuild import plan_reads
+from keyrange.worker.restore import plan_reads
+from keyrange.worker.restorer import Restorer
 from keyrange.worker.settings import WorkerSettings
 from tests.logmodel import LiveRun, ModelReader, Record, restored_window, same_window
 
@@ -205,8 +205,8 @@ def read_ahead_then_grant(seed: int, broker: str) -> None:
     logs = model_logs(run, seen_ahead)
     reader = ModelReader(logs, broker, committed={0: ahead_at})
     counts = {settings.topic: 1, settings.sink: 1, settings.dlq: 1, settings.state: 1}
-    with (patch("keyrange.worker.readahead.LogReader", lambda _settings: reader),
-          patch("keyrange.worker.readahead.restore_with", side_effect=AssertionError("read it all"))):
+    with (patch("keyrange.worker.restorer.LogReader", lambda _settings: reader),
+          patch("keyrange.worker.restorer.restore_with", side_effect=AssertionError("read it all"))):
         restorer = Restorer(settings, counts)
         try:
             prefetched = restorer.prefetch([0], now_s=ahead_s)

@@ -14,10 +14,10 @@ from confluent_kafka import TopicPartition
 from keyrange.events import SNAPSHOT_HEADER, SOURCE_OFFSET_HEADER, TOTALS_KEY, encode_totals
 from keyrange.logend import Span
 from keyrange.worker import snapshots
-from keyrange.worker.commits import Outcome
 from keyrange.worker.committer import Committer
+from keyrange.worker.commitwindow import Outcome
 from keyrange.worker.partition import PartitionMetrics, PartitionState
-from keyrange.worker.rebuild import OutputEntry, ParsedLogs, RestoredPartition, fold_logs
+from keyrange.worker.restore import OutputEntry, ParsedLogs, RestoredPartition, fold_logs
 from keyrange.worker.settings import WorkerSettings
 from keyrange.worker.snapshots import SnapshotSchedule, changelog_starts
 from keyrange.worker.stats import WorkerStats
@@ -28,7 +28,7 @@ STATE = (SETTINGS.state, 0)
 
 
 class Record:
-    """A changelog record as a restore sees it (the Message methods rebuild.py and snapshots.py use)."""
+    """A changelog record as a restore sees it (the Message methods restore.py and snapshots.py use)."""
 
     def __init__(self, offset: int, key: bytes | None, value: bytes | None,
                  headers: list[tuple[str, bytes]] | None) -> None:

@@ -13,7 +13,7 @@ from confluent_kafka import KafkaError, KafkaException, TopicPartition
 from keyrange.events import SOURCE_OFFSET_HEADER
 from keyrange.worker import transactions
 from keyrange.worker.partition import PartitionMetrics, PartitionState
-from keyrange.worker.rebuild import RestoredPartition
+from keyrange.worker.restore import RestoredPartition
 from keyrange.worker.settings import WorkerSettings
 from keyrange.worker.transactions import OutputRecord, SlotTransactions, TransactionFailed
 from tests.unit.test_call_deadlines import FakeClock

@@ -83,7 +83,7 @@ class ScaleReply(Protocol):
 
 class ScaleTarget(Protocol):
     """A consumer's range controller, as the receiver sees it (sync or async);
-    `keyrange.ranges.assigner.Controller` is one."""
+    `keyrange.ranges.controller.Controller` is one."""
 
     def request_scale(self, direction: Direction, reason: str) -> ScaleReply | Awaitable[ScaleReply]:
         """Split (`up`) or merge (`down`) once, within workers.min/max and the cooldown."""

@@ -24,8 +24,8 @@ from keyrange.local.broker import EmbeddedBroker
 from keyrange.local.fleet import ProcessFleet
 from keyrange.local.monitoring import AlertingOptions, LocalAlertPath, without_lag_thresholds
 from keyrange.local.table import Totals, WorkerRow, render
-from keyrange.ranges.assigner import Controller, ControllerStatus, ScaleResult
 from keyrange.ranges.channel import ControlChannel, now_ms
+from keyrange.ranges.controller import Controller, ControllerStatus, ScaleResult
 from keyrange.ranges.planner import Direction, ScalingLimits, SlotLag
 from keyrange.ranges.sizing import Load
 from keyrange.ranges.slots import format_slot_list

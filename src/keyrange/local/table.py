@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from keyrange.ranges.assigner import ControllerStatus
+from keyrange.ranges.controller import ControllerStatus
 from keyrange.ranges.planner import SlotLag
 
 

@@ -33,10 +33,10 @@ from keyrange.autoscale.scrape import WorkerSample, merged_lag, scrape
 from keyrange.errors import UserError
 from keyrange.kafkaio import TopicSpec, ensure_topics
 from keyrange.kafkaquirks import LONGEST_RETRY_SECONDS, Backoff
-from keyrange.operator.assignments import HandoffSummary, PlannedRescale, RangeStatus, ScaleOutcome, ScaleRequest
 from keyrange.operator.kafkasecrets import SecretReader, operator_client_properties, read_secret_key
-from keyrange.ranges.assigner import Controller
+from keyrange.operator.rangecontrol import HandoffSummary, PlannedRescale, RangeStatus, ScaleOutcome, ScaleRequest
 from keyrange.ranges.channel import ControlChannel, ControllerFenced, WorkerReport
+from keyrange.ranges.controller import Controller
 from keyrange.ranges.planner import ScalingLimits, SlotLag
 from keyrange.ranges.sizing import Load
 from keyrange.spec import StreamConsumerSpec
@@ -104,7 +104,7 @@ def newest_handoff(reports: list[WorkerReport]) -> HandoffSummary | None:
 
 
 class KafkaRangeControl:
-    """RangeControl backed by keyrange.ranges.assigner.Controller (see the module docstring)."""
+    """RangeControl backed by keyrange.ranges.controller.Controller (see the module docstring)."""
 
     def __init__(self, namespace: str, name: str, spec: StreamConsumerSpec, metrics_port: int = 9100,
                  step_seconds: float = 0.5, retry_seconds: float = 5.0,

@@ -13,8 +13,8 @@ from typing import Any
 
 import kopf
 
-from keyrange.operator.assignments import PlannedRescale, ScaleOutcome
 from keyrange.operator.kube import Kube
+from keyrange.operator.rangecontrol import PlannedRescale, ScaleOutcome
 from keyrange.operator.status import scaling_record
 from keyrange.spec import API_VERSION, KIND
 

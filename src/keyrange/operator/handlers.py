@@ -32,10 +32,10 @@ import kopf
 
 from keyrange import metrics
 from keyrange.operator import rendering
-from keyrange.operator.assignments import RangeControl
 from keyrange.operator.children import apply_children
 from keyrange.operator.decisions import record_planner_decision
 from keyrange.operator.kube import Kube, KubeApiError
+from keyrange.operator.rangecontrol import RangeControl
 from keyrange.operator.registry import ControlRegistry, RangeControlFactory, default_range_control
 from keyrange.operator.settings import OperatorSettings
 from keyrange.operator.status import Observed, changed_fields, render_status

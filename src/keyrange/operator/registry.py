@@ -9,7 +9,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 
-from keyrange.operator.assignments import RangeControl
+from keyrange.operator.rangecontrol import RangeControl
 from keyrange.spec import StreamConsumerSpec
 
 RangeControlFactory = Callable[[str, str, StreamConsumerSpec], RangeControl]

@@ -17,8 +17,8 @@ from typing import Any
 
 from keyrange.autoscale.receiver import WEBHOOK_PATH, AlertReceiver, Resolved, ScaleOutcome, serve
 from keyrange.autoscale.tracker import AlertTracker, ConsumerRef, Direction
-from keyrange.operator.assignments import RangeControl, ScaleRequest
 from keyrange.operator.decisions import record_scaling_decision
+from keyrange.operator.rangecontrol import RangeControl, ScaleRequest
 from keyrange.spec import API_VERSION, KIND, parse_spec
 
 log = logging.getLogger(__name__)

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from keyrange.operator.assignments import HandoffSummary, RangeStatus
+from keyrange.operator.rangecontrol import HandoffSummary, RangeStatus
 
 
 @dataclass(frozen=True)

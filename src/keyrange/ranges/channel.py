@@ -119,7 +119,7 @@ class Publication:
 @dataclass(frozen=True)
 class Prepare:
     """Announced before a handoff's epoch: which slots will move to whom, so the new owners read
-    their logs ahead while the old owners still handle the slots (worker/readahead.py)."""
+    their logs ahead while the old owners still handle the slots (worker/restorer.py)."""
 
     epoch: int
     """The epoch of the publication the moves start from (the handoff's epoch is the next one)."""

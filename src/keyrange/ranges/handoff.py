@@ -1,6 +1,6 @@
 """The handoff of moved slots as one state machine: an immutable `Handoff` progress and a pure `advance`.
 
-The controller (assigner.py) decides a rescale with the planner, starts it with `begin`, and then
+The controller (controller.py) decides a rescale with the planner, starts it with `begin`, and then
 only carries out the actions `advance` returns; it never decides a step of the handoff itself.
 The members (member.py) follow the records those actions write. The phases, in order:
 

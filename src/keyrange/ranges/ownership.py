@@ -1,6 +1,6 @@
 """Who may hold which slot: the rules of the two-phase handoff, stated once (pure).
 
-The controller (assigner.py) writes publications as handoff.py sequences them, each worker's
+The controller (controller.py) writes publications as handoff.py sequences them, each worker's
 member (member.py) follows them, and the control state (channel.py) folds what both read. All
 three decide with these functions:
 

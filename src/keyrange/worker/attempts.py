@@ -32,7 +32,7 @@ from keyrange import metrics as metric_defs
 from keyrange.events import encode_processed, json_bytes
 from keyrange.handlers import Handler
 from keyrange.ranges.pauses import HandoffPauses
-from keyrange.worker.commits import Outcome
+from keyrange.worker.commitwindow import Outcome
 from keyrange.worker.context import ClientState, HandlerContext
 from keyrange.worker.deadlines import CallDeadlines
 from keyrange.worker.intake import Job

@@ -1,7 +1,7 @@
 """The worker's commits: every interval, one transaction per slot with what finished since.
 
 A slot's transaction carries its staged outputs (processed records, dead letters, state changes),
-its committable offset (the lowest unfinished one: commits.py) and, with it, the slot's totals
+its committable offset (the lowest unfinished one: commitwindow.py) and, with it, the slot's totals
 over the offsets below it; each slot commits through its own producer (transactions.py). Now and
 then it also carries a snapshot of the slot's keyed state, which the totals records of the later
 transactions name (snapshots.py): that keeps what a restore reads bounded.
@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from confluent_kafka import KafkaError, Message, TopicPartition
 
 from keyrange import metrics as metric_defs
-from keyrange.worker.commits import Totals
+from keyrange.worker.commitwindow import Totals
 from keyrange.worker.partition import PartitionState
 from keyrange.worker.settings import WorkerSettings
 from keyrange.worker.stats import WorkerStats

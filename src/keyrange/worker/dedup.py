@@ -14,7 +14,7 @@ the uuids and times in the log, never on which copy was handled, and a restore t
 log rebuilds it exactly, however many copies a uuid has. Event time, not the time of handling,
 makes dedup independent of lag, pauses, handoffs and restarts: a duplicate sent 5 s after its
 original is dropped even if the partition was stalled for a minute in between, and the window
-replayed from the log (in log order, rebuild.py) on another worker is the same window.
+replayed from the log (in log order, restore.py) on another worker is the same window.
 
 Entries sit in one dict (uuid -> the bucket of its latest copy) for membership and in time buckets
 (a deque of lists) for expiry, so expiring is popping whole buckets from the front rather than
@@ -85,7 +85,7 @@ class TtlSet:
         return before is None
 
     def replay(self, key: str, event_time: float) -> None:
-        """Add `key` as a restore replays the log before the committed offset (rebuild.py): as
+        """Add `key` as a restore replays the log before the committed offset (restore.py): as
         `add_if_new`, except that an event time past the wall clock does not move the stream time.
         Its owner bounded it by the wall clock when it saw it, which the log does not keep; that was
         no earlier than the stream time then, where it enters. (Bounding it by the clock now

@@ -37,7 +37,7 @@ from keyrange.worker.health import Health
 from keyrange.worker.intake import Intake, Job
 from keyrange.worker.outputs import OutputStage
 from keyrange.worker.partition import PartitionMetrics, PartitionState
-from keyrange.worker.readahead import Prefetched, Restorer
+from keyrange.worker.restorer import Prefetched, Restorer
 from keyrange.worker.scheduler import ClientScheduler
 from keyrange.worker.settings import WorkerSettings
 from keyrange.worker.snapshots import CHANGELOG_TOPIC_CONFIG
@@ -263,7 +263,7 @@ class Worker:
 
     async def prefetch(self, slots: Iterable[int]) -> bool:
         """Read ahead the logs a later `acquire(slots)` restores from, while another worker still
-        handles the slots, so that acquire only reads what was appended since (readahead.py).
+        handles the slots, so that acquire only reads what was appended since (restorer.py).
         Returns whether the read-ahead succeeded; a failed one only makes the acquire read it all."""
         assert self._restorer is not None, "worker not started"
         wanted = frozenset(slots) - self.held_slots

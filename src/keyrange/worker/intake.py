@@ -16,7 +16,7 @@ Two producer mistakes are counted here, because they silently weaken guarantees:
 - a `created` ahead of the worker's clock, or behind the partition's stream time, by more than
   the tolerated skew (`keyrange_clock_skewed_events_total`). The dedup window bounds such a time
   either way (dedup.py), so dedup still works; the skew is reported because past it a restore's
-  time-based reads (rebuild.py) may start too late to rebuild the window exactly.
+  time-based reads (restore.py) may start too late to rebuild the window exactly.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from confluent_kafka import Message
 from keyrange.events import BadEvent, ClientId, InputEvent, parse_input
 from keyrange.inputmapping import DEFAULT_MAPPING, Headers, InputMapping, InputParser
 from keyrange.ranges.slots import partition_for_client
-from keyrange.worker.commits import Outcome
+from keyrange.worker.commitwindow import Outcome
 from keyrange.worker.outputs import OutputStage
 from keyrange.worker.partition import PartitionState
 

@@ -1,4 +1,4 @@
-"""The consumer a restore reads its logs through (worker/rebuild.py, worker/readahead.py)."""
+"""The consumer a restore reads its logs through (worker/restore.py, worker/restorer.py)."""
 
 from __future__ import annotations
 

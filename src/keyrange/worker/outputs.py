@@ -101,7 +101,7 @@ class OutputStage:
         """Stage a handled event's processed record, and its client's new state if the handler
         changed it (`state_json`, or `state_deleted`). The state rides on the processed record too,
         so "handled" and "its state" are one record that no torn transaction can split
-        (rebuild.py); the store keeps the encoded value, what the changelog restores."""
+        (restore.py); the store keeps the encoded value, what the changelog restores."""
         headers = [self._group_header]
         if state_deleted:
             ps.change_state(client_id, None, offset)
@@ -139,7 +139,7 @@ class OutputStage:
         """The key and value a dead letter over the limit keeps; adds the header saying so to `headers`."""
         size = len(value) if value is not None else 0
         headers.append((DLQ_TRUNCATED, str(size).encode()))
-        # The identity keeps the uuid in the DLQ, where a restore finds it (rebuild.py).
+        # The identity keeps the uuid in the DLQ, where a restore finds it (restore.py).
         if event is not None and isinstance(event.client_id, int) and event.uuid is not None:
             value = encode_input(event.client_id, event.uuid, event.created_ms)[1]
         else:

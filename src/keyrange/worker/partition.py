@@ -8,9 +8,9 @@ from collections.abc import Callable
 
 from keyrange import metrics
 from keyrange.events import SNAPSHOT_HEADER, SOURCE_OFFSET_HEADER, TOTALS_KEY, ClientId, encode_totals, json_bytes
-from keyrange.worker.commits import CommitWindow, Totals
+from keyrange.worker.commitwindow import CommitWindow, Totals
 from keyrange.worker.dedup import TtlSet
-from keyrange.worker.rebuild import RestoredPartition
+from keyrange.worker.restore import RestoredPartition
 from keyrange.worker.snapshots import SnapshotSchedule
 from keyrange.worker.transactions import OutputRecord, SlotTransactions
 
@@ -144,7 +144,7 @@ class PartitionState:
 
     def totals_record(self, state_topic: str, committable: int) -> tuple[OutputRecord, Totals]:
         """The totals of the offsets below `committable`, and the changelog record that commits
-        them with that offset (rebuild.py reads it back, so the counts survive handoffs and crashes);
+        them with that offset (restore.py reads it back, so the counts survive handoffs and crashes);
         it names the newest committed snapshot (snapshots.py)."""
         totals = self.restored_totals.plus(self.window.passed)
         value = encode_totals(totals.handled, totals.dead_lettered, totals.duplicates_dropped)

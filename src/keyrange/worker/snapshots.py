@@ -12,14 +12,14 @@ snapshot the committed offset can vouch for.
   every later totals record names it (header `keyrange.snapshot`), and the next transaction writes
   one even if the committed offset did not move. A snapshot is named only after its transaction
   committed, so a torn (tansu) or aborted one is never named; read from an older snapshot, the
-  records of a torn one are changelog records like the others (rebuild.py's rules hold for them).
+  records of a torn one are changelog records like the others (restore.py's rules hold for them).
 - **Reading (`changelog_starts`).** The newest totals record counting up to at most the committed
   offset C names the snapshot to read from: found by reading the changelog partition backwards
   from its end, in steps that double, so the read is bounded by what was written since that
-  record. The restore then reads from the snapshot's start (rebuild.py folds it as any stretch of
+  record. The restore then reads from the snapshot's start (restore.py folds it as any stretch of
   the changelog). A record without the header (or no totals record at all) means: from the start.
 
-Why reading from a snapshot gives the state a read from the start gives (rebuild.py's rules:
+Why reading from a snapshot gives the state a read from the start gives (restore.py's rules:
 entries with source offset < C folded in log order, then the states of the processed records
 >= C): a snapshot entry supersedes every earlier entry of its client. A snapshot entry at or past
 C is ignored like any such entry; its event finished before the snapshot's transaction, which

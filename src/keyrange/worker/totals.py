@@ -4,7 +4,7 @@ Every transaction that moves a partition's committed offset (and the few that wr
 changelog snapshot: snapshots.py) also writes a totals record to the group's changelog (key
 `keyrange.totals`): how many offsets below the new committed offset were
 handled, dead-lettered and dropped as duplicates. A new owner restores the totals with the rest
-of the partition (rebuild.py) and counts on from there, so the totals survive handoffs, crashes
+of the partition (restore.py) and counts on from there, so the totals survive handoffs, crashes
 and restarts, which per-process Prometheus counters do not (a SIGKILLed worker's counts since its
 last scrape are gone). `keyrange run` reports them when it stops; tests check them against the
 input log. Like a restore, reading them reads the changelog from the newest snapshot the committed
@@ -15,9 +15,9 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from keyrange.worker.commits import Totals
+from keyrange.worker.commitwindow import Totals
 from keyrange.worker.logreader import LogReader
-from keyrange.worker.rebuild import ParsedLogs
+from keyrange.worker.restore import ParsedLogs
 from keyrange.worker.settings import WorkerSettings
 from keyrange.worker.snapshots import changelog_starts
 

@@ -14,7 +14,7 @@ Every commit interval the committer hands each slot the records finished since i
 transaction (processed records, dead letters, state changelog records, the totals record) and
 its committable offset; they commit atomically, so after a crash either all of them are visible
 (read_committed) and the offset is past the events, or none are and the events run again.
-(tansu commits, torn, what a dead owner left open: see docs/kafka.md and rebuild.py.) Each
+(tansu commits, torn, what a dead owner left open: see docs/kafka.md and restore.py.) Each
 producer has its own thread because a commit blocks until the broker acknowledges; slots commit
 in parallel. What a failed call means, and the waits between tries, come from kafkaquirks.py.
 """

@@ -68,7 +68,7 @@ from keyrange.events import (
 )
 from keyrange.inputmapping import InputParser, source_timestamp
 from keyrange.logend import Span
-from keyrange.worker.commits import Outcome, Totals
+from keyrange.worker.commitwindow import Outcome, Totals
 from keyrange.worker.dedup import window_seconds
 from keyrange.worker.logreader import LogReader
 from keyrange.worker.settings import WorkerSettings

@@ -31,7 +31,7 @@ from confluent_kafka import KafkaException, Message
 
 from keyrange.logend import Span
 from keyrange.worker.logreader import LogReader
-from keyrange.worker.rebuild import ParsedLogs, RestoredPartition, fold_logs, plan_reads, restore_with
+from keyrange.worker.restore import ParsedLogs, RestoredPartition, fold_logs, plan_reads, restore_with
 from keyrange.worker.settings import WorkerSettings
 
 
