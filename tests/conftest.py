@@ -21,6 +21,7 @@ import pytest
 
 from keyrange.local.broker import EmbeddedBroker
 from keyrange.local.kafka import QUICK_START_JVM_OPTIONS, KafkaCluster
+from tests.kafkaretry import wait_for_group_coordinator
 from tests.timeouts import SESSION_TEARDOWN_SECONDS, session_teardown_allowance
 
 pytest_collection_finish = session_teardown_allowance(SESSION_TEARDOWN_SECONDS)
@@ -45,6 +46,7 @@ def bootstrap(broker: EmbeddedBroker) -> str:
 def kafka_broker() -> Iterator[KafkaCluster]:
     """One Apache Kafka node (KRaft) for the whole session; tests use unique topics."""
     with KafkaCluster(nodes=1, jvm_options=QUICK_START_JVM_OPTIONS) as cluster:
+        wait_for_group_coordinator(cluster.bootstrap)
         yield cluster
 
 
@@ -83,6 +85,7 @@ def _kafka_cluster3_session() -> Iterator[KafkaCluster]:
     # taking over 90 s to serve again (it replays the metadata log while starved of CPU); this
     # bounds a hang, the wait itself is for the node to answer.
     with KafkaCluster(nodes=3, jvm_options=QUICK_START_JVM_OPTIONS, start_timeout_seconds=240.0) as cluster:
+        wait_for_group_coordinator(cluster.bootstrap)
         yield cluster
 
 
