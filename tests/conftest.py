@@ -22,9 +22,10 @@ import pytest
 from keyrange.local.broker import EmbeddedBroker
 from keyrange.local.kafka import QUICK_START_JVM_OPTIONS, KafkaCluster
 from tests.kafkaretry import wait_for_group_coordinator
-from tests.timeouts import SESSION_TEARDOWN_SECONDS, session_teardown_allowance
+from tests.parallel import pytest_collection_modifyitems  # noqa: F401 - the hook: heavy fixtures' xdist groups
+from tests.timeouts import SESSION_TEARDOWN_SECONDS, last_test_allowance
 
-pytest_collection_finish = session_teardown_allowance(SESSION_TEARDOWN_SECONDS)
+pytest_runtest_protocol = last_test_allowance(SESSION_TEARDOWN_SECONDS)
 
 _names = itertools.count()
 
