@@ -3,7 +3,6 @@ SIGTERM, errors, metrics."""
 
 from __future__ import annotations
 
-import os
 import re
 import signal
 import socket
@@ -17,7 +16,7 @@ from keyrange.kafkaio import TopicSpec, ensure_topics
 from keyrange.loadgen import make_producer
 from keyrange.local.ports import free_port
 from tests.checkers import check_all, first_occurrences
-from tests.integration.worker_cli_helpers import PARTITIONS, REPO, metric_sum, start, wait, worker_command
+from tests.integration.worker_cli_helpers import PARTITIONS, REPO, metric_sum, repo_env, start, wait, worker_command
 from tests.integration.worker_helpers import produce_stream
 from tests.kafkatools import offsets_committed_so_far, read_counts, read_input_log, read_processed
 
@@ -106,7 +105,7 @@ def orjson_dumps(body: object) -> bytes:
 
 
 def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    env = repo_env()
     return subprocess.run([sys.executable, "-m", "keyrange.cli", "worker", *args], capture_output=True, text=True,
                           env=env, cwd=REPO, timeout=120)
 

@@ -26,9 +26,15 @@ def worker_command(bootstrap: str, topic: str, port: int, *extra: str) -> list[s
             *extra]
 
 
+def repo_env() -> dict[str, str]:
+    """This process's environment with the repository first on PYTHONPATH (for tests.* handlers),
+    the rest kept: the subprocess imports the same keyrange as the test."""
+    return {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
+
+
 def start(command: list[str], log_path: Path) -> subprocess.Popen[bytes]:
     """Start `command` from the repository, its output appended to `log_path`."""
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    env = repo_env()
     with log_path.open("ab") as log:
         return subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=REPO)
 
