@@ -41,8 +41,12 @@ lint: install-dev
 types: install-dev
 	$(VENV)/bin/mypy
 
+# The tests mostly wait on brokers, so several xdist workers share 2 cores well; tests that use
+# one heavy fixture (the kube control plane, the 3-node Kafka, Spark) run on one worker each
+# (tests/parallel.py). PYTEST_WORKERS=0 runs everything in one process.
+PYTEST_WORKERS ?= 3
 pytest: install-dev tools spark-connector
-	$(PY) -m pytest -q -p no:cacheprovider --durations=15
+	$(PY) -m pytest -q -p no:cacheprovider --durations=15 -n $(PYTEST_WORKERS) --dist loadgroup
 
 test: lint types pytest
 

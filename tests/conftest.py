@@ -21,9 +21,11 @@ import pytest
 
 from keyrange.local.broker import EmbeddedBroker
 from keyrange.local.kafka import QUICK_START_JVM_OPTIONS, KafkaCluster
-from tests.timeouts import SESSION_TEARDOWN_SECONDS, session_teardown_allowance
+from tests.kafkaretry import wait_for_group_coordinator
+from tests.parallel import pytest_collection_modifyitems  # noqa: F401 - the hook: heavy fixtures' xdist groups
+from tests.timeouts import SESSION_TEARDOWN_SECONDS, last_test_allowance
 
-pytest_collection_finish = session_teardown_allowance(SESSION_TEARDOWN_SECONDS)
+pytest_runtest_protocol = last_test_allowance(SESSION_TEARDOWN_SECONDS)
 
 _names = itertools.count()
 
@@ -45,6 +47,7 @@ def bootstrap(broker: EmbeddedBroker) -> str:
 def kafka_broker() -> Iterator[KafkaCluster]:
     """One Apache Kafka node (KRaft) for the whole session; tests use unique topics."""
     with KafkaCluster(nodes=1, jvm_options=QUICK_START_JVM_OPTIONS) as cluster:
+        wait_for_group_coordinator(cluster.bootstrap)
         yield cluster
 
 
@@ -83,6 +86,7 @@ def _kafka_cluster3_session() -> Iterator[KafkaCluster]:
     # taking over 90 s to serve again (it replays the metadata log while starved of CPU); this
     # bounds a hang, the wait itself is for the node to answer.
     with KafkaCluster(nodes=3, jvm_options=QUICK_START_JVM_OPTIONS, start_timeout_seconds=240.0) as cluster:
+        wait_for_group_coordinator(cluster.bootstrap)
         yield cluster
 
 

@@ -13,6 +13,7 @@ from keyrange.inputmapping import InputMapping
 from keyrange.kafkaclients import KafkaClients
 from keyrange.logend import spans_behind
 from tests.checkers import Counts, LoggedEvent
+from tests.kafkaretry import retrying
 
 
 def read_topic(bootstrap: str, topic: str, expect: int | None = None,
@@ -30,7 +31,7 @@ def read_topic(bootstrap: str, topic: str, expect: int | None = None,
     """
     consumer = Consumer(KafkaClients(bootstrap).consumer(f"test-reader-{time.monotonic_ns()}"))
     try:
-        metadata = consumer.list_topics(topic, timeout=10)
+        metadata = retrying(lambda: consumer.list_topics(topic, timeout=10))
         parts = sorted(metadata.topics[topic].partitions)
         consumer.assign([TopicPartition(topic, p, 0) for p in parts])
         out: list[Any] = []
@@ -87,7 +88,8 @@ def committed_offsets(bootstrap: str, topic: str, group: str) -> dict[int, int]:
 
     reader = LogReader(WorkerSettings(bootstrap=bootstrap, topic=topic, group_id=group))
     try:
-        return reader.start_offsets(topic, range(partition_counts(bootstrap)[topic]))
+        parts = range(retrying(lambda: partition_counts(bootstrap))[topic])
+        return retrying(lambda: reader.start_offsets(topic, parts))
     finally:
         reader.close()
 
@@ -104,7 +106,8 @@ def offsets_committed_so_far(bootstrap: str, topic: str, group: str, partitions:
     consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": group, "isolation.level": "read_uncommitted",
                          "log_level": 3})
     try:
-        found = consumer.committed([TopicPartition(topic, p) for p in partitions], timeout=10)
+        wanted = [TopicPartition(topic, p) for p in partitions]
+        found = retrying(lambda: consumer.committed(wanted, timeout=10))
         return {tp.partition: tp.offset for tp in found}
     finally:
         consumer.close()
@@ -114,16 +117,17 @@ def read_counts(bootstrap: str, topic: str, group: str, covering: int = 0,
                 timeout_seconds: float = 60.0) -> Counts:
     """The group's committed totals over every partition of `topic` (worker/totals.py): exact
     across handoffs, crashes and restarts. With `covering`, waits until the committed offsets
-    cover that many input records (a last transaction may still be on its way)."""
+    cover that many input records (a last transaction may still be on its way). A read that times
+    out (a broker restarting) is tried again (tests/kafkaretry.py), even with `timeout_seconds=0`."""
     from keyrange.kafkaio import partition_counts
     from keyrange.worker import WorkerSettings
     from keyrange.worker.totals import committed_totals, sum_totals
 
     settings = WorkerSettings(bootstrap=bootstrap, topic=topic, group_id=group)
-    parts = range(partition_counts(bootstrap)[topic])
+    parts = range(retrying(lambda: partition_counts(bootstrap))[topic])
     deadline = time.monotonic() + timeout_seconds
     while True:
-        total = sum_totals(committed_totals(settings, parts).values())
+        total = sum_totals(retrying(lambda: committed_totals(settings, parts)).values())
         covered = total.handled + total.dead_lettered + total.duplicates_dropped
         if covered >= covering or time.monotonic() > deadline:
             return Counts(total.handled, total.dead_lettered, total.duplicates_dropped)

@@ -1,6 +1,7 @@
 """The integration tier: the embedded broker, worker processes, real Spark, Prometheus and Alertmanager.
 
-Fixtures here serve several modules: the Spark session of the aggregation tests.
+Fixtures here serve several modules: the Spark session of the aggregation tests, and a Kafka node of
+a test's own for the outage tests.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from keyrange.local.kafka import QUICK_START_JVM_OPTIONS, KafkaCluster
 from tests.integration.aggregation_helpers import require_pyspark
 from tests.timeouts import tier_timeout
 
@@ -36,3 +38,10 @@ def spark() -> Iterator[Any]:
     session = spark_session("local[2]", app_name="keyrange-tests")
     yield session
     session.stop()
+
+
+@pytest.fixture
+def own_kafka() -> Iterator[KafkaCluster]:
+    """A single Apache Kafka node for this test alone, to stop, freeze or restart under it."""
+    with KafkaCluster(nodes=1, jvm_options=QUICK_START_JVM_OPTIONS) as cluster:
+        yield cluster

@@ -14,7 +14,6 @@ from keyrange.local.kafka import KafkaCluster
 from keyrange.ranges import channel as channel_module
 from keyrange.ranges.channel import ControlChannel, ControlWriteFailed, Publication
 from keyrange.ranges.rangemap import RangeMap
-from tests.integration.test_worker_outage import own_kafka  # noqa: F401 - the fixture
 
 pytestmark = pytest.mark.slow
 
@@ -29,7 +28,7 @@ def newest_epoch(bootstrap: str, group: str) -> int:
 
 
 def test_a_controller_writes_again_after_a_write_timed_out_on_a_frozen_broker(
-        own_kafka: KafkaCluster, topic_name: str, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: F811
+        own_kafka: KafkaCluster, topic_name: str, monkeypatch: pytest.MonkeyPatch) -> None:
     bootstrap, group = own_kafka.bootstrap, f"{topic_name}-g"
     ControlChannel.ensure_topic(bootstrap, group)
     controller = ControlChannel(bootstrap, group, "controller")

@@ -26,7 +26,7 @@ from keyrange.worker import transactions
 from keyrange.worker.transactions import OutputRecord, SlotTransactions, TransactionFailed
 from tests.checkers import check_all, first_occurrences
 from tests.conftest import BrokerUnderTest
-from tests.integration.test_worker_cli import PARTITIONS, metric_sum, start, wait, worker_command
+from tests.integration.worker_cli_helpers import PARTITIONS, metric_sum, start, wait, worker_command
 from tests.integration.worker_helpers import produce_stream, settings_for
 from tests.kafkatools import offsets_committed_so_far, read_counts, read_input_log, read_processed
 

@@ -59,9 +59,11 @@ class SplitRun:
 
 
 @contextlib.asynccontextmanager
-async def split_under_load(bootstrap: str, topic: str, seconds: float) -> AsyncIterator[SplitRun]:
-    """Worker 0 holds every slot of a ledger stream of `seconds`; then one split gives worker 1 half.
-    Yields once the handoff is complete, while the stream still flows."""
+async def split_under_load(bootstrap: str, topic: str, seconds: float,
+                           after_split_seconds: float | None = None) -> AsyncIterator[SplitRun]:
+    """Worker 0 holds every slot of a ledger stream of at most `seconds`; then one split gives worker
+    1 half. Yields once the handoff is complete, while the stream still flows; with
+    `after_split_seconds`, the stream stops that long after the handoff, however long it took."""
     group = f"{topic}-g"
     await asyncio.to_thread(ensure_topics, bootstrap, [TopicSpec(topic, PARTITIONS)])
     await asyncio.to_thread(ControlChannel.ensure_topic, bootstrap, group)
@@ -101,6 +103,8 @@ async def split_under_load(bootstrap: str, topic: str, seconds: float) -> AsyncI
                 break
             await asyncio.sleep(0.05)
         assert not controller.publication.transit, describe_stuck_handoff(controller)
+        if after_split_seconds is not None:
+            asyncio.get_running_loop().call_later(after_split_seconds, load_stop.set)
         yield SplitRun(controller, group, load, load_stop)
     finally:
         load_stop.set()
@@ -132,7 +136,8 @@ def _histogram_count(consumer: str, worker: str) -> float:
 
 async def test_a_split_reports_the_pause_its_moved_slots_saw(bootstrap: str, topic_name: str) -> None:
     before = _histogram_count(f"{topic_name}-g", "1")
-    async with split_under_load(bootstrap, topic_name, seconds=8) as run:
+    # The new owner must see events on its moved slots: the stream goes on for a while after the split.
+    async with split_under_load(bootstrap, topic_name, seconds=300, after_split_seconds=4) as run:
         controller = run.controller
         totals = await run.load
         log = await asyncio.to_thread(read_input_log, bootstrap, topic_name, totals.sent)

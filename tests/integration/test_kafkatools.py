@@ -1,15 +1,23 @@
 """tests/kafkatools: read_topic, which every guarantee check reads its evidence through, and the
-committed offsets the worker tests watch."""
+committed offsets and totals the worker tests watch, also while a broker is away."""
 
 from __future__ import annotations
 
 import uuid
+from concurrent import futures
 
 import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 
 from keyrange.kafkaio import TopicSpec, ensure_topics
-from tests.kafkatools import offsets_committed_so_far, read_topic
+from keyrange.local.kafka import KafkaCluster
+from tests.checkers import Counts
+from tests.integration.worker_cli_helpers import wait
+from tests.kafkaretry import RETRY_SECONDS
+from tests.kafkatools import offsets_committed_so_far, read_counts, read_topic
+
+ONE_READ_TIMEOUT_SECONDS = 10
+"""The longest a single read of read_counts waits before it gives up (the partition count's)."""
 
 
 def _produce(bootstrap: str, topic: str, count: int, partitions: int) -> None:
@@ -87,6 +95,26 @@ def test_committed_offsets_read_while_a_transaction_holds_newer_ones_open(any_bo
                                              member.consumer_group_metadata(), 30)
         assert offsets_committed_so_far(bootstrap, topic_name, group, range(2)) == {0: 2, 1: 3}
         producer.commit_transaction(30)
-        assert offsets_committed_so_far(bootstrap, topic_name, group, range(2)) == {0: 5, 1: 3}
+        # Kafka writes the commit's markers to the offsets topic after it answers the commit.
+        wait(lambda: offsets_committed_so_far(bootstrap, topic_name, group, range(2)) == {0: 5, 1: 3},
+             "the transaction's offsets to read as committed", timeout_seconds=30)
     finally:
         member.close()
+
+
+def test_the_committed_totals_are_read_once_a_frozen_broker_is_back(own_kafka: KafkaCluster, topic_name: str) -> None:
+    # A broker away for longer than one read's timeout, as while it restarts: the read is tried
+    # again until it answers, as a user's tool would.
+    bootstrap, group = own_kafka.bootstrap, f"{topic_name}-g"
+    ensure_topics(bootstrap, [TopicSpec(topic_name, 2), TopicSpec(f"{group}.state", 2)])
+    node = own_kafka.node(1)
+    node.pause()
+    with futures.ThreadPoolExecutor(1) as pool:
+        try:
+            read = pool.submit(read_counts, bootstrap, topic_name, group, timeout_seconds=0)
+            # The outage: longer than one read waits.
+            done, _ = futures.wait([read], timeout=ONE_READ_TIMEOUT_SECONDS + 2)
+            assert not done, f"the read gave up while the broker was away: {read.exception()!r}"
+        finally:
+            node.resume()
+        assert read.result(timeout=RETRY_SECONDS) == Counts(0, 0, 0)

@@ -3,14 +3,11 @@ SIGTERM, errors, metrics."""
 
 from __future__ import annotations
 
-import os
 import re
 import signal
 import socket
 import subprocess
 import sys
-import time
-import urllib.request
 from pathlib import Path
 
 import pytest
@@ -19,49 +16,9 @@ from keyrange.kafkaio import TopicSpec, ensure_topics
 from keyrange.loadgen import make_producer
 from keyrange.local.ports import free_port
 from tests.checkers import check_all, first_occurrences
+from tests.integration.worker_cli_helpers import PARTITIONS, REPO, metric_sum, repo_env, start, wait, worker_command
 from tests.integration.worker_helpers import produce_stream
 from tests.kafkatools import offsets_committed_so_far, read_counts, read_input_log, read_processed
-
-PARTITIONS = 6
-REPO = Path(__file__).resolve().parents[2]
-ENV = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO / "src"), str(REPO)])}
-"""The checkout's own source first (a worktree's, not the one the venv installed), then its tests."""
-
-
-def worker_command(bootstrap: str, topic: str, port: int, *extra: str) -> list[str]:
-    return [sys.executable, "-m", "keyrange.cli", "worker", "--bootstrap", bootstrap, "--topic", topic,
-            "--group", f"{topic}-g", "--partitions", f"0-{PARTITIONS - 1}", "--handler", "ledger",
-            "--handler-config", '{"delayMs": 3}', "--concurrency", "16", "--commit-interval-ms", "50",
-            "--worker-id", "w1", "--ttl-seconds", "300", "--metrics-port", str(port), "--summary-seconds", "1",
-            "--log-level", "INFO",
-            *extra]
-
-
-def start(command: list[str], log_path: Path) -> subprocess.Popen[bytes]:
-    with log_path.open("ab") as log:
-        return subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=ENV, cwd=REPO)
-
-
-def metric_sum(port: int, name: str) -> float:
-    """Sum of a metric's samples on the worker's /metrics, or -1 when not served yet."""
-    try:
-        text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2).read().decode()
-    except OSError:
-        return -1.0
-    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
-               if line.startswith(name + "{") or line.startswith(name + " "))
-
-
-def wait(condition: object, what: str, timeout_seconds: float = 120.0, proc: subprocess.Popen[bytes] | None = None,
-         log_path: Path | None = None) -> None:
-    deadline = time.monotonic() + timeout_seconds
-    while not condition():  # type: ignore[operator]
-        if proc is not None and proc.poll() is not None:
-            raise AssertionError(f"worker exited ({proc.returncode}) while waiting for {what}:\n"
-                                 f"{log_path.read_text() if log_path else ''}")
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}:\n{log_path.read_text() if log_path else ''}")
-        time.sleep(0.1)
 
 
 def committed_all(bootstrap: str, topic: str, ends: dict[int, int]) -> bool:
@@ -148,8 +105,9 @@ def orjson_dumps(body: object) -> bytes:
 
 
 def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
+    env = repo_env()
     return subprocess.run([sys.executable, "-m", "keyrange.cli", "worker", *args], capture_output=True, text=True,
-                          env=ENV, cwd=REPO, timeout=120)
+                          env=env, cwd=REPO, timeout=120)
 
 
 def test_a_spec_file_that_is_not_utf8_is_one_line(tmp_path: Path) -> None:

@@ -11,15 +11,14 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from keyrange.local.kafka import QUICK_START_JVM_OPTIONS, KafkaCluster
+from keyrange.local.kafka import KafkaCluster
 from keyrange.worker.transactions import CALL_STUCK_SECONDS, COMMIT_DEADLINE_SECONDS
 from tests.checkers import check_all, first_occurrences
-from tests.integration.test_worker_cli import PARTITIONS, metric_sum, start, wait, worker_command
+from tests.integration.worker_cli_helpers import PARTITIONS, metric_sum, start, wait, worker_command
 from tests.integration.worker_helpers import produce_stream
 from tests.kafkatools import read_counts, read_input_log, read_processed
 
@@ -39,12 +38,6 @@ a core while a request waits for a broker it cannot reach, and the lag gauge ask
 watermarks every second: the worker backs those requests off (1 s doubling; bug B, 2026-11-25).
 Measured in this window: 3-4% of a core with the backoff, 91% without it."""
 MAX_CPU_SHARE_WHILE_DOWN = 0.5
-
-
-@pytest.fixture
-def own_kafka() -> Iterator[KafkaCluster]:
-    with KafkaCluster(nodes=1, jvm_options=QUICK_START_JVM_OPTIONS) as cluster:
-        yield cluster
 
 
 def librdkafka_lines(text: str) -> int:

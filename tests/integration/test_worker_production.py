@@ -4,7 +4,6 @@ their topic are truncated, liveness reflects the event loop, and memory is bound
 
 from __future__ import annotations
 
-import asyncio
 import threading
 import time
 from collections import Counter
@@ -163,7 +162,7 @@ async def test_liveness_fails_while_the_event_loop_is_blocked(bootstrap: str, to
         assert health.readiness()[0]
         await worker.acquire([0])
         await wait_for(lambda: worker.stats.processed == 1, what="the blocking event")
-        await asyncio.sleep(1.5)  # the loop beats again
+        await wait_for(lambda: False in seen and seen[-1] is True, what="liveness to fail and then recover")
     finally:
         stop.set()
         prober.join()

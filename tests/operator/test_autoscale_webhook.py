@@ -19,9 +19,9 @@ from keyrange.autoscale.receiver import TOKEN_FILE_ENV, WEBHOOK_PATH
 from keyrange.commands.operator import side_services
 from keyrange.operator.rangecontrol import PlannedRescale, RangeStatus, ScaleOutcome, ScaleRequest
 from keyrange.spec import StreamConsumerSpec
+from tests.alertmanager import alert as shop_alert
+from tests.alertmanager import payload
 from tests.operator.conftest import SC_PATH, Api, Release, admin_api, create_namespace, eventually, running_operator
-from tests.unit.test_alerts import alert as shop_alert
-from tests.unit.test_alerts import payload
 
 NS = "autoscale-webhook"
 

@@ -18,6 +18,7 @@ import yaml
 
 from keyrange.operator import rendering
 from keyrange.spec import parse_spec
+from tests.helmtools import by_kind
 from tests.operator.crd_schema import CRD_PATH, ROOT, admit, admit_streamconsumer
 from tests.operator.kubecluster import helm_binary
 
@@ -113,13 +114,9 @@ def _check_prometheus_operator_object(doc: dict[str, Any]) -> None:
         raise AssertionError(f"no check for {doc['kind']}")
 
 
-def _by_kind(docs: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
-    return [d for d in docs if d["kind"] == kind]
-
-
 def test_defaults_run_one_cluster_wide_operator_with_least_privilege(helm: Any) -> None:
     docs = _render(helm, None)
-    (deployment,) = _by_kind(docs, "Deployment")
+    (deployment,) = by_kind(docs, "Deployment")
     pod = deployment["spec"]["template"]["spec"]
     (container,) = pod["containers"]
     assert container["args"][0] == "operator"
@@ -127,9 +124,9 @@ def test_defaults_run_one_cluster_wide_operator_with_least_privilege(helm: Any) 
     assert "--lease=rel-keyrange" in container["args"] and "--lease-namespace=keyrange-system" in container["args"]
     assert pod["securityContext"]["runAsNonRoot"] is True
     assert container["livenessProbe"]["httpGet"]["path"] == "/healthz"
-    (crd,) = _by_kind(docs, "CustomResourceDefinition")
+    (crd,) = by_kind(docs, "CustomResourceDefinition")
     assert crd["metadata"]["annotations"] == {"helm.sh/resource-policy": "keep"}
-    operator_roles = [r for r in _by_kind(docs, "ClusterRole") if not r["metadata"]["name"].endswith("-spark-driver")]
+    operator_roles = [r for r in by_kind(docs, "ClusterRole") if not r["metadata"]["name"].endswith("-spark-driver")]
     rules = [r for role in operator_roles for r in role["rules"]]
     for rule in rules:
         assert "*" not in rule["verbs"] and "*" not in rule["resources"] and "*" not in rule["apiGroups"]
@@ -149,13 +146,13 @@ def test_defaults_run_one_cluster_wide_operator_with_least_privilege(helm: Any) 
 
 def test_without_spark_the_operator_cannot_touch_pods_delete_or_write_rbac(helm: Any) -> None:
     docs = _render(helm, Path(__file__).parent / "chart_values" / "no-spark.yaml")
-    rules = [r for role in _by_kind(docs, "ClusterRole") for r in role["rules"]]
+    rules = [r for role in by_kind(docs, "ClusterRole") for r in role["rules"]]
     granted = {(g, r) for rule in rules for g in rule["apiGroups"] for r in rule["resources"]}
     assert ("", "pods") not in granted
     assert not any(g == "rbac.authorization.k8s.io" for g, _ in granted)
     assert not any({"delete", "deletecollection", "bind"} & set(rule["verbs"]) for rule in rules)
-    assert not any(r["metadata"]["name"].endswith("-spark-driver") for r in _by_kind(docs, "ClusterRole"))
-    (deployment,) = _by_kind(docs, "Deployment")
+    assert not any(r["metadata"]["name"].endswith("-spark-driver") for r in by_kind(docs, "ClusterRole"))
+    (deployment,) = by_kind(docs, "Deployment")
     assert "--no-spark-aggregation" in deployment["spec"]["template"]["spec"]["containers"][0]["args"]
 
 
@@ -179,7 +176,7 @@ def test_operator_rules_cover_every_kind_it_applies(helm: Any) -> None:
                *spark.render_spark_objects("c", "ns", model, owner, spark.SparkJobSettings(image="i")),
                spark.render_spark_application("c", "ns", model, owner, spark.SparkJobSettings(image="i"))]
     production = CHART / "ci" / "production-values.yaml"  # network policies on
-    rules = [r for role in _by_kind(_render(helm, production), "ClusterRole") for r in role["rules"]]
+    rules = [r for role in by_kind(_render(helm, production), "ClusterRole") for r in role["rules"]]
     for obj in objects:
         assert obj is not None
         group = obj["apiVersion"].rpartition("/")[0]
@@ -192,7 +189,7 @@ def test_operator_rules_let_it_delete_every_spark_kind_it_prunes(helm: Any) -> N
     from keyrange.operator import spark
     from keyrange.operator.kube import plural_of
 
-    rules = [r for role in _by_kind(_render(helm, None), "ClusterRole") for r in role["rules"]]
+    rules = [r for role in by_kind(_render(helm, None), "ClusterRole") for r in role["rules"]]
     for api_version, kind in spark.AGGREGATION_KINDS:
         group = api_version.rpartition("/")[0]
         allowed = {v for r in rules if group in r["apiGroups"] and plural_of(kind) in r["resources"]
@@ -202,13 +199,13 @@ def test_operator_rules_let_it_delete_every_spark_kind_it_prunes(helm: Any) -> N
 
 def test_namespaced_mode_uses_roles_per_namespace(helm: Any) -> None:
     docs = _render(helm, Path(__file__).parent / "chart_values" / "namespaced.yaml")
-    (deployment,) = _by_kind(docs, "Deployment")
+    (deployment,) = by_kind(docs, "Deployment")
     args = deployment["spec"]["template"]["spec"]["containers"][0]["args"]
     assert "--namespace=team-a" in args and "--namespace=team-b" in args
-    roles = {(r["metadata"]["namespace"], r["metadata"]["name"]) for r in _by_kind(docs, "Role")}
+    roles = {(r["metadata"]["namespace"], r["metadata"]["name"]) for r in by_kind(docs, "Role")}
     assert roles == {("team-a", "rel-keyrange"), ("team-b", "rel-keyrange"),
                      ("keyrange-system", "rel-keyrange-leader-election")}
-    assert sorted(r["metadata"]["name"] for r in _by_kind(docs, "ClusterRole")) == [
+    assert sorted(r["metadata"]["name"] for r in by_kind(docs, "ClusterRole")) == [
         "rel-keyrange-discovery", "rel-keyrange-spark-driver"]
     image = deployment["spec"]["template"]["spec"]["containers"][0]["image"]
     assert image == "registry.example/keyrange:1.2.3" and "--image=registry.example/keyrange:1.2.3" in args
@@ -261,7 +258,7 @@ def test_the_operator_accepts_every_argument_the_chart_passes(helm: Any, values:
     from keyrange.commands import operator as command
 
     docs = _render(helm, values)
-    (deployment,) = _by_kind(docs, "Deployment")
+    (deployment,) = by_kind(docs, "Deployment")
     pod = deployment["spec"]["template"]["spec"]
     container = pod["containers"][0]
     assert container["args"][0] == "operator"
@@ -295,7 +292,7 @@ def _mounted(docs: list[dict[str, Any]], pod: dict[str, Any], container: dict[st
     for mount in container["volumeMounts"]:
         if path.startswith(mount["mountPath"] + "/"):
             name = volumes[mount["name"]]["configMap"]["name"]
-            (cm,) = [d for d in _by_kind(docs, "ConfigMap") if d["metadata"]["name"] == name]
+            (cm,) = [d for d in by_kind(docs, "ConfigMap") if d["metadata"]["name"] == name]
             local = tmp_path / Path(path).name
             local.write_text(cm["data"][Path(path).name])
             return str(local)
@@ -323,8 +320,8 @@ def test_the_readme_lists_every_ci_values_file() -> None:
 def test_the_alertmanager_config_posts_to_the_operators_service(helm: Any) -> None:
     # docs/autoscaling.md gives this URL: the Service is named after the release.
     docs = _render(helm, CHART / "ci" / "prometheus-operator-values.yaml")
-    (service,) = _by_kind(docs, "Service")
-    (config,) = _by_kind(docs, "AlertmanagerConfig")
+    (service,) = by_kind(docs, "Service")
+    (config,) = by_kind(docs, "AlertmanagerConfig")
     port = {p["name"]: p["port"] for p in service["spec"]["ports"]}["webhook"]
     url = config["spec"]["receivers"][0]["webhookConfigs"][0]["url"]
     assert url == f"http://{service['metadata']['name']}.keyrange-system.svc:{port}/alertmanager/webhook"
@@ -333,8 +330,8 @@ def test_the_alertmanager_config_posts_to_the_operators_service(helm: Any) -> No
 
 def test_the_operator_has_a_disruption_budget_that_never_blocks_a_drain(helm: Any) -> None:
     docs = _render(helm, None)
-    (pdb,) = _by_kind(docs, "PodDisruptionBudget")
-    (deployment,) = _by_kind(docs, "Deployment")
+    (pdb,) = by_kind(docs, "PodDisruptionBudget")
+    (deployment,) = by_kind(docs, "Deployment")
     selector = pdb["spec"]["selector"]["matchLabels"]
     assert selector.items() <= deployment["spec"]["template"]["metadata"]["labels"].items()
     assert pdb["spec"]["maxUnavailable"] == 1 and pdb["spec"]["unhealthyPodEvictionPolicy"] == "AlwaysAllow"
@@ -342,11 +339,11 @@ def test_the_operator_has_a_disruption_budget_that_never_blocks_a_drain(helm: An
 
 
 def test_the_operators_network_policy_says_what_reaches_what(helm: Any) -> None:
-    assert _by_kind(_render(helm, None), "NetworkPolicy") == []  # off by default
+    assert by_kind(_render(helm, None), "NetworkPolicy") == []  # off by default
     docs = _render(helm, CHART / "ci" / "production-values.yaml")
-    (policy,) = _by_kind(docs, "NetworkPolicy")
+    (policy,) = by_kind(docs, "NetworkPolicy")
     values = yaml.safe_load((CHART / "ci" / "production-values.yaml").read_text())["networkPolicy"]
-    (deployment,) = _by_kind(docs, "Deployment")
+    (deployment,) = by_kind(docs, "Deployment")
     ports = {p["name"]: p["containerPort"] for p in deployment["spec"]["template"]["spec"]["containers"][0]["ports"]}
     spec = policy["spec"]
     assert spec["podSelector"]["matchLabels"].items() <= deployment["spec"]["template"]["metadata"]["labels"].items()
@@ -361,14 +358,14 @@ def test_the_operators_network_policy_says_what_reaches_what(helm: Any) -> None:
     assert workers["podSelector"]["matchLabels"]["app.kubernetes.io/component"] == "worker"
     assert workers["namespaceSelector"] == {}  # every namespace: the operator watches all
     namespaced = _render(helm, Path(__file__).parent / "chart_values" / "namespaced.yaml")
-    assert _by_kind(namespaced, "NetworkPolicy") == []
+    assert by_kind(namespaced, "NetworkPolicy") == []
 
 
 def test_a_namespaced_operator_reaches_only_its_namespaces_workers(helm: Any, tmp_path: Path) -> None:
     values = tmp_path / "values.yaml"
     values.write_text(yaml.safe_dump({"networkPolicy": {"enabled": True},
                                       "operator": {"watchNamespaces": ["team-a", "team-b"]}}))
-    (policy,) = _by_kind(_render(helm, values), "NetworkPolicy")
+    (policy,) = by_kind(_render(helm, values), "NetworkPolicy")
     (workers,) = [r for r in policy["spec"]["egress"] if r["ports"] == [{"port": 9100, "protocol": "TCP"}]]
     assert workers["to"][0]["namespaceSelector"] == {"matchExpressions": [
         {"key": "kubernetes.io/metadata.name", "operator": "In", "values": ["team-a", "team-b"]}]}

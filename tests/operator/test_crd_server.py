@@ -12,9 +12,9 @@ import pytest
 
 from keyrange.spec import parse_spec
 from tests.operator.conftest import Release
+from tests.operator.crd_examples import INVALID, VALID
 from tests.operator.crd_schema import CRD_PATH, ROOT
 from tests.operator.kubecluster import ControlPlane
-from tests.operator.test_crd import INVALID, VALID
 
 NS = "crd-checks"
 GROUP, VERSION, PLURAL = "keyrange.dev", "v1alpha1", "streamconsumers"

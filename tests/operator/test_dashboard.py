@@ -16,8 +16,7 @@ import yaml
 from prometheus_client import REGISTRY
 
 import keyrange.metrics  # noqa: F401 - registers every keyrange_* metric
-from tests.operator.test_chart import _by_kind
-from tests.unit.test_rules_chart import helm_template
+from tests.helmtools import by_kind, helm_template
 
 DASHBOARD = Path(__file__).parents[2] / "charts" / "keyrange" / "files" / "grafana" / "keyrange-dashboard.json"
 GRAFANA_VARIABLES = {"$__rate_interval": "5m", "$__interval": "1m", "$namespace": ".*", "$consumer": ".*"}
@@ -26,7 +25,7 @@ PROMETHEUS_SERIES = {"up"}
 
 
 def _dashboards(docs: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    return [d for d in _by_kind(docs, "ConfigMap") if "grafana_dashboard" in d["metadata"].get("labels", {})]
+    return [d for d in by_kind(docs, "ConfigMap") if "grafana_dashboard" in d["metadata"].get("labels", {})]
 
 
 @pytest.mark.parametrize(("sets", "installed"), [

@@ -8,14 +8,7 @@ import asyncio
 import pytest
 
 from keyrange.worker.deadlines import Call, CallDeadlines
-
-
-class FakeClock:
-    def __init__(self) -> None:
-        self.now = 100.0
-
-    def __call__(self) -> float:
-        return self.now
+from tests.unit.worker_fakes import FakeClock
 
 
 async def _hang(deadlines: CallDeadlines, started: asyncio.Event, outcome: list[str]) -> None:

@@ -7,36 +7,13 @@ import os
 import shutil
 import subprocess
 from pathlib import Path
-from typing import Any
 
 import pytest
 import yaml
 
-ROOT = Path(__file__).parents[2]
-CHART = ROOT / "charts" / "keyrange"
+from tests.helmtools import CHART, HELM_FALLBACK, ROOT, by_kind, helm_template, tool_path
+
 PROMTOOL_TESTS = ROOT / "tests" / "integration" / "prometheus" / "chart_rules_test.yml"
-
-
-def _tool(name: str, fallback: Path | None = None) -> str:
-    path = shutil.which(name) or (str(fallback) if fallback and fallback.exists() else None)
-    assert path, f"{name} not found: run `make tools`"
-    return path
-
-
-def helm_template(tmp_path: Path, *sets: str) -> list[dict[str, Any]]:
-    """The chart's manifests for `--set` values, as dicts."""
-    env = {**os.environ, **{k: str(tmp_path / "helm" / k) for k in
-                            ("HELM_CACHE_HOME", "HELM_CONFIG_HOME", "HELM_DATA_HOME")}}
-    argv = [_tool("helm", ROOT / ".tools" / "bin" / "helm"), "template", "kr", str(CHART), "-n", "streams"]
-    for s in sets:
-        argv += ["--set", s]
-    out = subprocess.run(argv, capture_output=True, text=True, env=env)
-    assert out.returncode == 0, out.stderr
-    return [d for d in yaml.safe_load_all(out.stdout) if d]
-
-
-def by_kind(docs: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
-    return [d for d in docs if d.get("kind") == kind]
 
 
 def test_nothing_alerting_is_installed_by_default(tmp_path: Path) -> None:
@@ -49,7 +26,7 @@ def test_static_rules_pass_promtool(tmp_path: Path) -> None:
     assert rule["metadata"]["namespace"] == "streams"
     (tmp_path / "chart_rules.yml").write_text(yaml.safe_dump(rule["spec"], sort_keys=False))
     shutil.copy(PROMTOOL_TESTS, tmp_path / PROMTOOL_TESTS.name)
-    promtool = _tool("promtool")
+    promtool = tool_path("promtool")
     check = subprocess.run([promtool, "check", "rules", "chart_rules.yml"], cwd=tmp_path, capture_output=True,
                            text=True)
     assert check.returncode == 0, check.stdout + check.stderr
@@ -104,6 +81,6 @@ def test_no_alertmanager_config_without_the_webhook(tmp_path: Path) -> None:
                                  "autoscaling.prometheusRule.lagHighRecords=0"])
 def test_bad_values_are_refused_by_the_schema(tmp_path: Path, bad: str) -> None:
     env = {**os.environ, **{k: str(tmp_path / k) for k in ("HELM_CACHE_HOME", "HELM_CONFIG_HOME", "HELM_DATA_HOME")}}
-    out = subprocess.run([_tool("helm", ROOT / ".tools" / "bin" / "helm"), "template", "kr", str(CHART),
+    out = subprocess.run([tool_path("helm", HELM_FALLBACK), "template", "kr", str(CHART),
                           "--set", bad], capture_output=True, text=True, env=env)
     assert out.returncode != 0 and "autoscaling" in out.stderr

@@ -9,15 +9,15 @@ from pathlib import Path
 
 import pytest
 
-from tests.timeouts import SESSION_TEARDOWN_SECONDS
+from tests.timeouts import RUNS_LAST, SESSION_TEARDOWN_SECONDS
 from tests.unit.conftest import TIMEOUT_SECONDS
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 def teardown_allowance(request: pytest.FixtureRequest) -> float:
-    """What the session's last test gets on top of its timeout (when run alone, that is this one)."""
-    return SESSION_TEARDOWN_SECONDS if request.node is request.session.items[-1] else 0
+    """What the last test of this pytest process gets on top of its timeout (when run alone, that is this one)."""
+    return SESSION_TEARDOWN_SECONDS if request.node.stash.get(RUNS_LAST, False) else 0
 
 
 def test_a_unit_test_gets_the_unit_tiers_timeout(request: pytest.FixtureRequest) -> None:
@@ -56,16 +56,20 @@ def test_last(slow_to_stop):
 """
 
 
-@pytest.mark.parametrize(("hook", "outcome"), [
-    ("", "2 passed, 1 error"),
-    ("from tests.timeouts import session_teardown_allowance\n"
-     "pytest_collection_finish = session_teardown_allowance(10)", "2 passed in"),
-], ids=["without-the-allowance", "with-it"])
+ALLOWANCE = "from tests.timeouts import last_test_allowance\npytest_runtest_protocol = last_test_allowance(10)"
+
+
+@pytest.mark.parametrize(("hook", "workers", "outcome"), [
+    ("", [], "2 passed, 1 error"),
+    (ALLOWANCE, [], "2 passed in"),
+    ("", ["-n", "2"], "2 passed, 2 errors"),
+    (ALLOWANCE, ["-n", "2"], "2 passed in"),  # each xdist worker runs one test: its last
+], ids=["without-the-allowance", "with-it", "without-it-on-two-xdist-workers", "with-it-on-two-xdist-workers"])
 def test_the_session_s_last_test_gets_time_to_finalize_the_session_s_fixtures(
-        tmp_path: Path, hook: str, outcome: str) -> None:
+        tmp_path: Path, hook: str, workers: list[str], outcome: str) -> None:
     (tmp_path / "conftest.py").write_text(SLOW_TO_STOP_CONFTEST.format(hook=hook))
     (tmp_path / "test_session.py").write_text(TWO_QUICK_TESTS)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
-    run = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", str(tmp_path)],
+    run = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", *workers, str(tmp_path)],
                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
     assert outcome in run.stdout, run.stdout + run.stderr

@@ -28,7 +28,7 @@ from keyrange.autoscale.receiver import (
 from keyrange.autoscale.tracker import ConsumerRef, Direction
 from keyrange.errors import UserError
 from keyrange.local.monitoring import ReceiverServer
-from tests.unit.test_alerts import alert, payload
+from tests.alertmanager import alert, payload
 
 PAYMENTS = ConsumerRef("shop", "payments")
 ORDERS = ConsumerRef("shop", "orders")

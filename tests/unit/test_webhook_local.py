@@ -23,7 +23,7 @@ from keyrange.local.monitoring import AlertingOptions, LocalAlertPath, without_l
 from keyrange.ranges.planner import Planner, ScalingLimits, SlotLag
 from keyrange.ranges.rangemap import RangeMap
 from keyrange.spec import parse_document
-from tests.unit.test_alerts import alert, payload
+from tests.alertmanager import alert, payload
 
 CONSUMER = parse_document({
     "apiVersion": "keyrange.dev/v1alpha1", "kind": "StreamConsumer", "metadata": {"name": "payments"},

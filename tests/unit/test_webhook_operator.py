@@ -18,7 +18,7 @@ from keyrange.operator.rangecontrol import RangeStatus, ScaleOutcome, ScaleReque
 from keyrange.operator.registry import ControlRegistry
 from keyrange.operator.scalewebhook import operator_receiver
 from keyrange.spec import parse_spec
-from tests.unit.test_alerts import alert, payload
+from tests.alertmanager import alert, payload
 
 SPEC = {"kafka": {"topic": "events", "bootstrapServers": "kafka:9092"}, "workers": {"min": 1, "max": 4},
         "scaling": {"cooldownSeconds": 45}}

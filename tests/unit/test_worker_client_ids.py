@@ -8,7 +8,7 @@ from typing import Any
 from keyrange.worker.consumer import consumer_config
 from keyrange.worker.settings import WorkerSettings
 from keyrange.worker.transactions import SlotTransactions
-from tests.unit.test_worker_transactions import RecordingProducer
+from tests.unit.worker_fakes import RecordingProducer
 
 SETTINGS = WorkerSettings(bootstrap="127.0.0.1:1", topic="events", group_id="g", worker_id="2")
 

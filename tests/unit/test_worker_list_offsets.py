@@ -19,7 +19,7 @@ from confluent_kafka.admin._listoffsets import ListOffsetsResultInfo
 from keyrange.kafkaquirks import Backoff
 from keyrange.worker.consumer import ThreadedConsumer
 from keyrange.worker.settings import WorkerSettings
-from tests.unit.test_call_deadlines import FakeClock
+from tests.unit.worker_fakes import FakeClock
 
 SETTINGS = WorkerSettings(bootstrap="127.0.0.1:1", topic="events", group_id="g", worker_id="w0")
 UNREACHABLE = -1001

@@ -16,38 +16,9 @@ from keyrange.worker.partition import PartitionMetrics, PartitionState
 from keyrange.worker.restore import RestoredPartition
 from keyrange.worker.settings import WorkerSettings
 from keyrange.worker.transactions import OutputRecord, SlotTransactions, TransactionFailed
-from tests.unit.test_call_deadlines import FakeClock
+from tests.unit.worker_fakes import FakeClock, RecordingProducer
 
 SETTINGS = WorkerSettings(bootstrap="127.0.0.1:1", topic="events", group_id="g", worker_id="w0")
-
-
-class RecordingProducer:
-    """Stands in for confluent's Producer: records the calls a transaction makes."""
-
-    def __init__(self) -> None:
-        self.calls: list[str] = []
-
-    def begin_transaction(self) -> None:
-        self.calls.append("begin")
-
-    def produce(self, topic: str, **kwargs: Any) -> None:
-        self.calls.append(f"produce {topic}")
-
-    def flush(self, timeout: float) -> int:
-        self.calls.append("flush")
-        return 0
-
-    def send_offsets_to_transaction(self, offsets: Any, metadata: Any, timeout: float) -> None:
-        self.calls.append("send_offsets")
-
-    def commit_transaction(self, timeout: float) -> None:
-        self.calls.append("commit")
-
-    def list_topics(self, topic: str, timeout: float) -> None:
-        self.calls.append(f"metadata {topic}")
-
-    def init_transactions(self, timeout: float) -> None:
-        self.calls.append("init")
 
 
 def open_slot(slot: int, producer: RecordingProducer) -> SlotTransactions:
