@@ -69,15 +69,10 @@ class SupervisedRun:
 
 
 @contextmanager
-def supervised(spec_path: Path, bootstrap: str, run_dir: Path, shape: LoadShape, phases: list[Phase],
-               spare_workers: int = 1) -> Iterator[SupervisedRun]:
-    """Start the supervisor of `spec_path` ticking every 0.5 s; `run.load.start()` sends `phases`."""
-    supervisor = Supervisor(load_file(spec_path), spec_path, bootstrap, run_dir, tick_seconds=0.5,
-                            spare_workers=spare_workers)
-    stop, totals = threading.Event(), LoadTotals()
-    load = threading.Thread(target=produce_phases, args=(bootstrap, supervisor.consumer.spec.kafka.topic, shape,
-                                                         phases, stop, totals), daemon=True)
+def ticking(supervisor: Supervisor, stop: threading.Event) -> Iterator[Controller]:
+    """Start `supervisor` and tick it every 0.5 s until `stop` is set (on exit at the latest); stop it."""
     supervisor.start()
+    assert supervisor.controller is not None
 
     def tick() -> None:
         while not stop.wait(0.5):
@@ -86,11 +81,24 @@ def supervised(spec_path: Path, bootstrap: str, run_dir: Path, shape: LoadShape,
     ticker = threading.Thread(target=tick, daemon=True)
     ticker.start()
     try:
-        yield SupervisedRun(supervisor, load, stop, totals)
+        yield supervisor.controller
     finally:
         stop.set()
         ticker.join(timeout=10)
         supervisor.stop()
+
+
+@contextmanager
+def supervised(spec_path: Path, bootstrap: str, run_dir: Path, shape: LoadShape, phases: list[Phase],
+               spare_workers: int = 1) -> Iterator[SupervisedRun]:
+    """Start the supervisor of `spec_path` ticking every 0.5 s; `run.load.start()` sends `phases`."""
+    supervisor = Supervisor(load_file(spec_path), spec_path, bootstrap, run_dir, tick_seconds=0.5,
+                            spare_workers=spare_workers)
+    stop, totals = threading.Event(), LoadTotals()
+    load = threading.Thread(target=produce_phases, args=(bootstrap, supervisor.consumer.spec.kafka.topic, shape,
+                                                         phases, stop, totals), daemon=True)
+    with ticking(supervisor, stop):
+        yield SupervisedRun(supervisor, load, stop, totals)
 
 
 def check_everything(bootstrap: str, topic: str, group: str, sent: int) -> int:

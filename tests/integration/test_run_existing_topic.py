@@ -28,6 +28,7 @@ from keyrange.spec import load_file
 from tests.checkers import check_all
 from tests.conftest import BrokerUnderTest
 from tests.integration.fault_run import INLINE, QUEUED, wait_until
+from tests.integration.supervised import ticking
 from tests.kafkatools import read_counts, read_input_log, read_processed, read_topic
 
 SPEC = """apiVersion: keyrange.dev/v1alpha1
@@ -98,18 +99,8 @@ def test_run_consumes_an_existing_topic_through_rescales(broker_engine: BrokerUn
     supervisor = Supervisor(consumer, path, bootstrap, tmp_path / "run", tick_seconds=0.5)
     stop = threading.Event()
     sent = [0]
-    supervisor.start()
-    assert supervisor.controller is not None
-    controller = supervisor.controller
-
-    def tick() -> None:
-        while not stop.wait(0.5):
-            supervisor.tick()
-
-    ticker = threading.Thread(target=tick, daemon=True)
-    ticker.start()
     load = threading.Thread(target=produce_platform_topic, args=(bootstrap, topic_name, stop, sent), daemon=True)
-    try:
+    with ticking(supervisor, stop) as controller:
         wait_until(lambda: 0 in controller.channel.state.reports and controller.channel.state.reports[0].held,
                    "worker 0 to hold its slots", 60)
         load.start()
@@ -127,10 +118,6 @@ def test_run_consumes_an_existing_topic_through_rescales(broker_engine: BrokerUn
                                    timeout_seconds=120)
         dead_letters = read_topic(bootstrap, f"{topic_name}.dlq", len(refused))
         counts = read_counts(bootstrap, topic_name, f"{topic_name}-g", covering=len(log))
-    finally:
-        stop.set()
-        ticker.join(timeout=10)
-        supervisor.stop()
     assert len(controller.rescales) == 6
     assert refused and len(log) > len(distinct), "the load has no refused commands or no duplicates"
     # Each dead letter is its record, kept whole: the mapping reads its event id from it.

@@ -10,19 +10,16 @@ how fast.
 
 from __future__ import annotations
 
-import threading
 from pathlib import Path
 
 import pytest
 
 from keyrange.loadgen import LoadShape
-from keyrange.local.load import LoadTotals, Phase, produce_phases
-from keyrange.local.supervisor import Supervisor
+from keyrange.local.load import Phase
 from keyrange.ranges.controller import Rescale
-from keyrange.spec import load_file
 from tests.checkers import check_all
 from tests.conftest import BrokerUnderTest
-from tests.integration.supervised import wait_for
+from tests.integration.supervised import supervised, wait_for
 from tests.kafkatools import read_counts, read_input_log, read_processed
 
 SPEC = """apiVersion: keyrange.dev/v1alpha1
@@ -66,38 +63,19 @@ def test_a_step_load_reaches_its_size_and_merges_back_without_flapping(
     bootstrap = broker_engine.bootstrap
     path = tmp_path / "consumer.yaml"
     path.write_text(SPEC.format(topic=topic_name))
-    consumer = load_file(path)
-    supervisor = Supervisor(consumer, path, bootstrap, tmp_path / "run", tick_seconds=0.5)
-    stop, totals = threading.Event(), LoadTotals()
-    supervisor.start()
-    assert supervisor.controller is not None
-    controller = supervisor.controller
-
-    def tick() -> None:
-        while not stop.wait(0.5):
-            supervisor.tick()
-
-    ticker = threading.Thread(target=tick, daemon=True)
-    ticker.start()
     shape = LoadShape(rate=100, clients=200, duplicate_ratio=0.01, seed=7)
-    load = threading.Thread(target=produce_phases, args=(bootstrap, topic_name, shape, PHASES, stop, totals),
-                            daemon=True)
-    try:
-        wait_for(lambda: 0 in controller.channel.state.reports and bool(controller.channel.state.reports[0].held),
-                 60, "worker 0 to hold its slots")
-        load.start()
-        load.join(timeout=300)
-        assert not load.is_alive()
+    with supervised(path, bootstrap, tmp_path / "run", shape, PHASES) as run:
+        controller = run.controller
+        wait_for(run.worker_holds_slots(0), 60, "worker 0 to hold its slots")
+        run.load.start()
+        run.load.join(timeout=300)
+        assert not run.load.is_alive()
         wait_for(lambda: (s := controller.status()).map.workers == 1 and not s.handoff_awaiting and not s.starting,
                  180, f"the merge back to one worker: {controller.status().last_decision}", interval=0.2)
-        log = read_input_log(bootstrap, topic_name, totals.sent)
+        log = read_input_log(bootstrap, topic_name, run.totals.sent)
         processed = read_processed(bootstrap, f"{topic_name}.processed", len({e.uuid for e in log}),
                                    timeout_seconds=120)
         counts = read_counts(bootstrap, topic_name, f"{topic_name}-g", covering=len(log))
-    finally:
-        stop.set()
-        ticker.join(timeout=10)
-        supervisor.stop()
     rescales = list(controller.rescales)
     story = "; ".join(f"{r.workers_before}->{r.workers_after} ({r.reason})" for r in rescales)
     assert max(r.workers_after for r in rescales) >= 3, story

@@ -22,29 +22,10 @@ from keyrange.worker.settings import WorkerSettings
 from keyrange.worker.snapshots import SnapshotSchedule, changelog_starts
 from keyrange.worker.stats import WorkerStats
 from keyrange.worker.transactions import OutputRecord
+from tests.fake_message import FakeMessage
 
 SETTINGS = WorkerSettings(bootstrap="127.0.0.1:1", topic="events", group_id="g", worker_id="w0")
 STATE = (SETTINGS.state, 0)
-
-
-class Record:
-    """A changelog record as a restore sees it (the Message methods restore.py and snapshots.py use)."""
-
-    def __init__(self, offset: int, key: bytes | None, value: bytes | None,
-                 headers: list[tuple[str, bytes]] | None) -> None:
-        self._offset, self._key, self._value, self._headers = offset, key, value, headers
-
-    def offset(self) -> int:
-        return self._offset
-
-    def key(self) -> bytes | None:
-        return self._key
-
-    def value(self) -> bytes | None:
-        return self._value
-
-    def headers(self) -> list[tuple[str, bytes]] | None:
-        return self._headers
 
 
 class ChangelogTransactions:
@@ -52,14 +33,14 @@ class ChangelogTransactions:
     for each commit marker as Kafka writes it, and tell each delivery."""
 
     def __init__(self) -> None:
-        self.log: list[Record] = []
+        self.log: list[FakeMessage] = []
         self.end = 0
 
     async def commit(self, records: list[OutputRecord], offsets: list[TopicPartition]) -> None:
         for r in records:
             if r.topic != SETTINGS.state:
                 continue
-            record = Record(self.end, r.key, r.value, r.headers)
+            record = FakeMessage(self.end, r.key, r.value, r.headers)
             self.log.append(record)
             self.end += 1
             if r.delivered is not None:
@@ -70,7 +51,7 @@ class ChangelogTransactions:
 class LogOnlyReader:
     """Reads an in-memory changelog as LogReader does; counts the records it hands back."""
 
-    def __init__(self, log: list[Record], first: int = 0) -> None:
+    def __init__(self, log: list[FakeMessage], first: int = 0) -> None:
         self.log = [r for r in log if r.offset() >= first]
         self.first = first
         self.end = log[-1].offset() + 2 if log else first
@@ -80,8 +61,8 @@ class LogOnlyReader:
         return {span: (self.first, self.end) for span in spans}
 
     def read(self, starts: dict[Span, int], stops: dict[Span, int] | None = None,
-             each: Callable[[Span, list[Record]], None] | None = None
-             ) -> tuple[dict[Span, list[Record]], dict[Span, int]]:
+             each: Callable[[Span, list[FakeMessage]], None] | None = None
+             ) -> tuple[dict[Span, list[FakeMessage]], dict[Span, int]]:
         stops = stops or {}
         ends = {}
         for span, start in starts.items():
@@ -94,11 +75,11 @@ class LogOnlyReader:
         return {span: [] for span in starts}, ends
 
 
-def totals_record(offset: int, counted_to: int, snapshot_start: int | None) -> Record:
+def totals_record(offset: int, counted_to: int, snapshot_start: int | None) -> FakeMessage:
     headers = [(SOURCE_OFFSET_HEADER, str(counted_to).encode())]
     if snapshot_start is not None:
         headers.append((SNAPSHOT_HEADER, str(snapshot_start).encode()))
-    return Record(offset, TOTALS_KEY, encode_totals(counted_to, 0, 0), headers)
+    return FakeMessage(offset, TOTALS_KEY, encode_totals(counted_to, 0, 0), headers)
 
 
 def test_a_snapshot_is_due_after_a_multiple_of_the_live_clients_plus_a_floor() -> None:
@@ -123,7 +104,7 @@ def test_a_snapshot_is_named_once_its_transaction_committed_until_a_newer_one() 
 
 
 def test_the_search_reads_back_only_to_the_newest_totals_record_the_committed_offset_covers() -> None:
-    log = [Record(o, b"7", b"1", [(SOURCE_OFFSET_HEADER, str(o).encode())]) for o in range(100_000)]
+    log = [FakeMessage(o, b"7", b"1", [(SOURCE_OFFSET_HEADER, str(o).encode())]) for o in range(100_000)]
     log += [totals_record(100_000, 500, 90_000), totals_record(100_001, 520, 95_000),
             totals_record(100_002, 530, 99_000)]  # the last counts past C = 520: its offsets did not commit
     reader = LogOnlyReader(log)
@@ -132,14 +113,14 @@ def test_the_search_reads_back_only_to_the_newest_totals_record_the_committed_of
 
 
 def test_the_search_steps_back_in_doubling_steps_past_a_long_stretch_without_totals_records() -> None:
-    log = [totals_record(0, 10, 0)] + [Record(o, b"7", b"1", None) for o in range(1, 50_000)]
+    log = [totals_record(0, 10, 0)] + [FakeMessage(o, b"7", b"1", None) for o in range(1, 50_000)]
     reader = LogOnlyReader(log)
     assert changelog_starts(reader, SETTINGS.state, {0: 10}) == {STATE: 0}  # type: ignore[arg-type]
     assert reader.records_read <= 2 * len(log)
 
 
 def test_without_a_named_snapshot_the_changelog_is_read_from_its_start() -> None:
-    log = [Record(o, b"7", b"1", None) for o in range(300, 400)] + [totals_record(400, 10, None)]
+    log = [FakeMessage(o, b"7", b"1", None) for o in range(300, 400)] + [totals_record(400, 10, None)]
     assert changelog_starts(LogOnlyReader(log, first=300), SETTINGS.state, {0: 10}) == {STATE: 300}  # type: ignore[arg-type]
     assert changelog_starts(LogOnlyReader([]), SETTINGS.state, {0: 0}) == {STATE: 0}  # type: ignore[arg-type]
 
@@ -185,7 +166,7 @@ def run_slot(transactions: ChangelogTransactions) -> tuple[PartitionState, list[
     return ps, after_committed
 
 
-def restored_from(log: list[Record], first: int, outputs: list[OutputEntry]) -> RestoredPartition:
+def restored_from(log: list[FakeMessage], first: int, outputs: list[OutputEntry]) -> RestoredPartition:
     parsed = ParsedLogs()
     parsed.add(SETTINGS, STATE, [r for r in log if r.offset() >= first])  # type: ignore[misc]
     parsed.outputs = outputs
