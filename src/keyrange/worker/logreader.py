@@ -8,6 +8,7 @@ from collections.abc import Callable, Iterable
 from confluent_kafka import Consumer, KafkaException, Message, TopicPartition
 
 from keyrange.errors import UserError
+from keyrange.kafkaquirks import Backoff
 from keyrange.logend import Span, fetched_end, reached
 from keyrange.worker.consumer import consumer_config
 from keyrange.worker.settings import WorkerSettings
@@ -32,11 +33,12 @@ class LogReader:
     and partitions share one assignment, so they fetch in parallel.
     """
 
-    def __init__(self, settings: WorkerSettings) -> None:
+    def __init__(self, settings: WorkerSettings, consumer: Consumer | None = None) -> None:
         self._settings = settings
         # The worker's own group id, to look up its committed offsets; this consumer only ever
         # assigns, so it never joins the group or commits.
-        self._consumer = Consumer(consumer_config(settings, "restore", **{"fetch.wait.max.ms": FETCH_WAIT_MS}))
+        self._consumer = consumer or Consumer(consumer_config(settings, "restore",
+                                                              **{"fetch.wait.max.ms": FETCH_WAIT_MS}))
         self._known_topics: set[str] = set()
 
     def connect(self, topics: Iterable[str]) -> None:
@@ -87,12 +89,22 @@ class LogReader:
         timeout = self._settings.kafka_timeout_seconds
         out = {}
         for span in spans:
-            try:
-                low, high = self._consumer.get_watermark_offsets(TopicPartition(*span), timeout=timeout)
-            except KafkaException as exc:
-                missing = self._missing_topics([span], timeout)
-                why = f"the broker has no topic {missing[0]}" if missing else str(exc.args[0])
-                raise RestoreError(f"cannot look up where {span} (topic, partition) begins and ends: {why}") from None
+            # A broker leaving the cluster fails a request in flight to it (_DESTROY_BROKER, a
+            # transport error): the next one goes to the new leader. Tried again until the timeout.
+            deadline, backoff = time.monotonic() + timeout, Backoff(0.05, 1.0)
+            while True:
+                try:
+                    low, high = self._consumer.get_watermark_offsets(
+                        TopicPartition(*span), timeout=max(0.1, deadline - time.monotonic()))
+                    break
+                except KafkaException as exc:
+                    missing = self._missing_topics([span], timeout)
+                    wait = backoff.failed()
+                    if missing or time.monotonic() + wait > deadline:
+                        why = f"the broker has no topic {missing[0]}" if missing else str(exc.args[0])
+                        raise RestoreError(
+                            f"cannot look up where {span} (topic, partition) begins and ends: {why}") from None
+                    time.sleep(wait)
             out[span] = (int(low), int(high))
         return out
 
