@@ -4,13 +4,24 @@ replacement looks like). Before, they fenced each other's slot producers forever
 again: their producer failed", dozens of times a minute), both running handler calls. Now the
 older process stands down with an error saying why; the supervisor restarts its worker 0, which
 is then the newest claim, and the hand-started one stands down, exits 2 and says why. Nothing is
-lost or handled twice meanwhile."""
+lost or handled twice meanwhile.
+
+tansu workaround (as in test_worker_fenced_in_place.py): tansu (0.6) can leave a transaction open
+for good when its transactional id is initialised while the producer's requests of that
+transaction are still being handled, and read_committed readers of its partitions then stop there
+(docs/ranges.md, "Known limits"); it wedged the state topic here once in a full run. So on tansu
+each process about to be fenced is stopped while the other one acquires, and the fence meets it
+between requests, as it meets a zombie; on Kafka both fences land at full speed."""
 
 from __future__ import annotations
 
+import os
+import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -21,12 +32,27 @@ from tests.conftest import BrokerUnderTest
 from tests.integration.supervised import check_everything, consumer_yaml, supervised, wait_for
 
 REACQUIRED = "again: their producer failed"
+TANSU_SETTLE_SECONDS = 1.0
+"""How long a stopped process's last requests get to be answered by tansu before the fence."""
+
+
+@contextmanager
+def stopped_while_fenced(pid: int, on_tansu: bool) -> Iterator[None]:
+    """On tansu, SIGSTOP `pid` for the block (its requests answered first); elsewhere nothing."""
+    if on_tansu:
+        os.kill(pid, signal.SIGSTOP)
+        time.sleep(TANSU_SETTLE_SECONDS)
+    try:
+        yield
+    finally:
+        if on_tansu:
+            os.kill(pid, signal.SIGCONT)
 
 
 @pytest.mark.slow
 def test_a_second_process_with_the_same_worker_id_stands_down_with_a_clear_error(
         broker_engine: BrokerUnderTest, topic_name: str, tmp_path: Path) -> None:
-    bootstrap = broker_engine.bootstrap
+    bootstrap, on_tansu = broker_engine.bootstrap, broker_engine.engine == "tansu"
     path = tmp_path / "consumer.yaml"
     path.write_text(consumer_yaml("identity", topic_name, 4))
     shape = LoadShape(rate=300, clients=50, duplicate_ratio=0.05, ledger=True, seed=3)
@@ -37,11 +63,24 @@ def test_a_second_process_with_the_same_worker_id_stands_down_with_a_clear_error
             wait_for(run.worker_holds_slots(0), 60, "worker 0 to hold its slots")
             run.load.start()
             time.sleep(2)  # the load flows through worker 0 first
-            with rogue_log.open("wb") as out:
+            first = run.fleet.workers[0].process
+            assert first is not None
+            state = run.controller.channel.state
+            with stopped_while_fenced(first.pid, on_tansu), rogue_log.open("wb") as out:
                 rogue = subprocess.Popen(
                     [sys.executable, "-m", "keyrange.cli", "worker", "--spec-file", str(path), "--bootstrap",
                      bootstrap, "--worker-id", "0"], stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+                if on_tansu:
+                    wait_for(lambda: 0 in state.claims and state.claims[0].pid == rogue.pid
+                             and state.reports[0].pid == rogue.pid and len(state.reports[0].held) == 4, 60,
+                             "the second process to hold worker 0's slots")
             # Within seconds one stands down for good: worker 0 of the supervisor, restarted, keeps it.
+            if on_tansu:
+                wait_for(lambda: run.fleet.workers[0].restarts >= 1, 60, "worker 0 to be restarted")
+                with stopped_while_fenced(rogue.pid, on_tansu):
+                    wait_for(lambda: state.claims[0].pid not in (rogue.pid, first.pid)
+                             and state.reports[0].pid == state.claims[0].pid
+                             and len(state.reports[0].held) == 4, 60, "the restarted worker 0 to hold its slots")
             code = rogue.wait(timeout=60)
             run.finish_load()
             check_everything(bootstrap, topic_name, f"{topic_name}-g", run.totals.sent)
