@@ -10,9 +10,9 @@ from typing import Any
 from keyrange.events import DLQ_SOURCE_TIMESTAMP
 from keyrange.inputmapping import InputMapping, record_headers
 from keyrange.ranges.slots import partition_for_client
-from keyrange.worker.commitwindow import CommitWindow
-from keyrange.worker.dedup import TtlSet
 from keyrange.worker.intake import Intake
+from keyrange.worker.restore import RestoredPartition
+from keyrange.worker.slot import SlotState
 
 PARTITIONS = 12
 NOW_MS = 1_800_000_000_000
@@ -46,21 +46,21 @@ class Counter:
 
 
 class DeadLetters:
-    """Stands in for the OutputStage: records each dead letter's reason and kept record."""
+    """Stands in for Outputs: records each dead letter's reason and kept record."""
 
     def __init__(self) -> None:
         self.letters: list[tuple[str, Any]] = []
 
-    def dead_letter(self, ps: Any, offset: int, key: Any, value: Any, reason: str, detail: str, attempts: int,
+    def dead_letter(self, partition: int, offset: int, key: Any, value: Any, reason: str, detail: str, attempts: int,
                     record: Any = None) -> None:
         self.letters.append((reason, record))
 
 
 def partition_state(partition: int) -> Any:
-    return SimpleNamespace(window=CommitWindow(0), skip={}, placed_clients=set(), partition=partition,
-                           dedup=TtlSet(10.0, lambda: NOW_MS / 1000 + 60), warned_misplaced=False,
-                           metrics=SimpleNamespace(misplaced=Counter(), skewed_ahead=Counter(),
-                                                   skewed_behind=Counter()))
+    """A held slot of `partition` whose metrics are counters read back here."""
+    counters = SimpleNamespace(misplaced=Counter(), skewed_ahead=Counter(), skewed_behind=Counter())
+    return SlotState(partition, partition, RestoredPartition(0), 10.0, lambda: NOW_MS / 1000 + 60,
+                     counters, None, partition)  # type: ignore[arg-type]
 
 
 def admit_all(mapping: InputMapping, records: list[Record], partition: int) -> tuple[Any, list[Any], DeadLetters]:

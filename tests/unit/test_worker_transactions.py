@@ -12,10 +12,9 @@ from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
 from keyrange.events import SOURCE_OFFSET_HEADER
 from keyrange.worker import transactions
-from keyrange.worker.partition import PartitionMetrics, PartitionState
-from keyrange.worker.restore import RestoredPartition
 from keyrange.worker.settings import WorkerSettings
 from keyrange.worker.transactions import OutputRecord, SlotTransactions, TransactionFailed
+from tests.slotstate import held_slot, take_staged
 from tests.unit.worker_fakes import FakeClock, RecordingProducer
 
 SETTINGS = WorkerSettings(bootstrap="127.0.0.1:1", topic="events", group_id="g", worker_id="w0")
@@ -54,13 +53,13 @@ def test_a_slot_is_initialised_over_a_broker_connection_already_up() -> None:
 
 
 def test_changelog_records_carry_the_source_offset_of_the_last_change() -> None:
-    ps = PartitionState(3, RestoredPartition(0), 10.0, time.time, PartitionMetrics("c", "w0", 3),
-                        transactions=None)  # type: ignore[arg-type]  # no transaction in this test
-    ps.dirty_state[1001] = (b"7", 12)
-    ps.dirty_state[1001] = (b"9", 15)
-    ps.dirty_state[1002] = (None, 14)
-    records, _, _ = ps.take_outputs("g.state")
-    assert [(r.topic, r.partition, r.key, r.value, r.headers) for r in records] == [
+    slot = held_slot(3)  # no transaction in this test
+    slot.change_state(1001, b"7", 12)
+    slot.change_state(1001, b"9", 15)
+    slot.change_state(1002, None, 14)
+    staged = take_staged(slot)
+    assert staged is not None and staged.outputs == []
+    assert [(r.topic, r.partition, r.key, r.value, r.headers) for r in staged.changelog] == [
         ("g.state", 3, b"1001", b"9", [(SOURCE_OFFSET_HEADER, b"15")]),
         ("g.state", 3, b"1002", None, [(SOURCE_OFFSET_HEADER, b"14")]),
     ]

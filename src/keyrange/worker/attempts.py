@@ -1,4 +1,8 @@
-"""Running one event's handler: attempts, retries with backoff, and staging what it produced.
+"""Running one event's handler: attempts, retries with backoff, and finishing its offset.
+
+Called by the client scheduler (scheduler.py) for each queued job, and by the engine's dispatch for
+an inline handler's first attempt. An attempt that returns finishes its offset on the slot with
+the records it produced (built by outputs.py, staged by the slot: slot.py).
 
 A failed attempt is retried after a backoff (doubling, capped) up to `max_retries` times, then the
 event is dead-lettered; the client's later events wait meanwhile (order), other clients do not.
@@ -32,13 +36,12 @@ from keyrange import metrics as metric_defs
 from keyrange.events import encode_processed, json_bytes
 from keyrange.handlers import Handler
 from keyrange.ranges.pauses import HandoffPauses
-from keyrange.worker.commitwindow import Outcome
 from keyrange.worker.context import ClientState, HandlerContext
 from keyrange.worker.deadlines import CallDeadlines
 from keyrange.worker.intake import Job
-from keyrange.worker.outputs import OutputStage
-from keyrange.worker.partition import PartitionState
+from keyrange.worker.outputs import Outputs
 from keyrange.worker.settings import WorkerSettings
+from keyrange.worker.slot import SlotState
 from keyrange.worker.stats import WorkerStats
 
 MAX_RETRY_BACKOFF_SECONDS = 2.0
@@ -56,7 +59,7 @@ class HandlerTimeout(Exception):
 class AbandonedCall(NamedTuple):
     """A sync call that timed out and whose thread still runs."""
 
-    ps: PartitionState
+    slot: SlotState
     since: float
     """When it timed out (monotonic seconds)."""
 
@@ -64,7 +67,7 @@ class AbandonedCall(NamedTuple):
 class AttemptRunner:
     """Runs jobs for the client scheduler (module docstring)."""
 
-    def __init__(self, settings: WorkerSettings, handler: Handler, outputs: OutputStage, pool: ThreadPoolExecutor,
+    def __init__(self, settings: WorkerSettings, handler: Handler, outputs: Outputs, pool: ThreadPoolExecutor,
                  stats: WorkerStats, pauses: HandoffPauses | None = None) -> None:
         self._settings = settings
         self._handler = handler
@@ -94,33 +97,29 @@ class AttemptRunner:
 
     def held_releases(self) -> str | None:
         """What keeps a release of a slot waiting on calls that timed out, or None. Any thread may ask."""
-        held = [c for c in tuple(self._abandoned.values()) if c.ps.revoked]
+        held = [c for c in tuple(self._abandoned.values()) if c.slot.revoked]
         if not held:
             return None
-        slots = ", ".join(str(p) for p in sorted({c.ps.partition for c in held}))
+        slots = ", ".join(str(p) for p in sorted({c.slot.slot for c in held}))
         oldest = time.monotonic() - min(c.since for c in held)
         return (f"the release of slot {slots} waits for {len(held)} handler call(s) that timed out (the oldest "
                 f"{oldest:.0f} s ago) and still run: restart the worker to end them")
 
     async def run(self, job: Job) -> None:
         """Handle `job` to an outcome (processed or dead-lettered), unless its slot is released first."""
-        ps = job.ps
-        if ps.revoked:
+        slot = job.slot
+        if not slot.call_started():
             return  # released after it was queued: not handled here, the offset stays unfinished
-        ps.running += 1
-        ps.drained.clear()
         try:
             await self._attempts(job)
         finally:
-            ps.running -= 1
-            if ps.running == 0:
-                ps.drained.set()
+            slot.call_ended()
 
     def run_inline(self, job: Job) -> bool:
         """Run an inline handler's first attempt now; False when it failed (queue `job` for its retries)."""
-        ps, event = job.ps, job.event
+        event = job.event
         started_s = self._started(job)
-        state = ClientState(ps.store.get(event.client_id))
+        state = ClientState(job.slot.state_of(event.client_id))
         t0 = time.perf_counter()
         try:
             result = self._handler.function(event.body, self._context(job, 1, state))
@@ -135,23 +134,23 @@ class AttemptRunner:
         return True
 
     async def _attempts(self, job: Job) -> None:
-        ps, s = job.ps, self._settings
+        slot, s = job.slot, self._settings
         started_s = self._started(job)
         attempt = job.attempts
         running: Future[object] | None = None  # a timed-out sync call that may still run: its client waits for it
         while True:
             if attempt >= 1:  # an attempt failed: back off before the next one
-                if not ps.revoked and attempt > s.max_retries:
-                    self._outputs.dead_letter(ps, job.offset, job.key, job.value, "handler-error",
-                                              job.failure, attempt, job.event, job.record)
-                    ps.window.finish(job.offset, Outcome.DEAD_LETTERED)
+                if not slot.revoked and attempt > s.max_retries:
+                    slot.finish_dead_lettered(job.offset, self._outputs.dead_letter(
+                        slot.partition, job.offset, job.key, job.value, "handler-error", job.failure, attempt,
+                        job.event, job.record), "handler-error")
                 await self._returned(running)
                 running = None
-                if ps.revoked or attempt > s.max_retries:
+                if slot.revoked or attempt > s.max_retries:
                     return  # dead-lettered, or the slot moved: the new owner runs it again
                 await asyncio.sleep(min(s.retry_backoff_ms / 1000 * 2 ** (attempt - 1), MAX_RETRY_BACKOFF_SECONDS))
             attempt += 1
-            state = ClientState(ps.store.get(job.event.client_id))
+            state = ClientState(slot.state_of(job.event.client_id))
             t0 = time.perf_counter()
             try:
                 result = await self._call(job, self._context(job, attempt, state))
@@ -182,37 +181,37 @@ class AttemptRunner:
         self._latency.observe(latency_s)
         self._stats.note_latency(latency_s)
         if self._pauses is not None:
-            self._pauses.started(job.ps.partition, started_s, event.created_ms)
+            self._pauses.started(job.slot.slot, started_s, event.created_ms)
         return started_s
 
     def _context(self, job: Job, attempt: int, state: ClientState) -> HandlerContext:
         s = self._settings
-        return HandlerContext(client_id=job.event.client_id, partition=job.ps.partition, offset=job.offset,
+        return HandlerContext(client_id=job.event.client_id, partition=job.slot.partition, offset=job.offset,
                               attempt=attempt, worker=s.worker_id, config=s.handler_config, state=state)
 
     def _encode(self, job: Job, result: object, state: ClientState, started_s: float,
                 finished_s: float) -> tuple[bytes, bytes, bytes | None]:
         """The processed record's key and value, and the client's new state as JSON (None: unchanged
         or deleted). Raises for a result or state that is not JSON-able, like a handler error."""
-        key, value = encode_processed(job.event, job.ps.partition, job.offset, self._settings.worker_id,
+        key, value = encode_processed(job.event, job.slot.partition, job.offset, self._settings.worker_id,
                                       int(started_s * 1000), int(finished_s * 1000), result)
         state_json = json_bytes(state.staged) if state.changed and state.staged is not None else None
         return key, value, state_json
 
     def _stage(self, job: Job, key: bytes, value: bytes, state: ClientState, state_json: bytes | None,
                attempt: int) -> None:
-        """Stage a handled event's outputs and finish its offset (dead-lettered when too large)."""
-        ps = job.ps
-        too_large = self._outputs.too_large(key, value, state_json)
+        """Finish a handled event's offset with its outputs (dead-lettered when too large)."""
+        slot, outputs = job.slot, self._outputs
+        too_large = outputs.too_large(key, value, state_json)
         if too_large is not None:
             # Deterministic: a retry would produce the same output. The state change is dropped.
-            self._outputs.dead_letter(ps, job.offset, job.key, job.value, "output-too-large", too_large, attempt,
-                                      job.event, job.record)
-            ps.window.finish(job.offset, Outcome.DEAD_LETTERED)
+            slot.finish_dead_lettered(job.offset, outputs.dead_letter(
+                slot.partition, job.offset, job.key, job.value, "output-too-large", too_large, attempt, job.event,
+                job.record), "output-too-large")
             return
         deleted = state.changed and state.staged is None
-        self._outputs.processed(ps, job.offset, job.event.client_id, key, value, state_json, deleted)
-        ps.window.finish(job.offset, Outcome.HANDLED)
+        slot.finish_processed(job.offset, outputs.processed(slot.output_partition, key, value, state_json, deleted),
+                              job.event.client_id, state_json, deleted)
 
     async def _call(self, job: Job, ctx: HandlerContext) -> object:
         function, deadlines = self._handler.function, self._deadlines
@@ -230,15 +229,15 @@ class AttemptRunner:
             timeout = deadlines.timeout_seconds
             if future is None:
                 raise HandlerTimeout(f"the handler did not return within {timeout:g} s (cancelled)") from None
-            self._abandon(future, job.ps)
+            self._abandon(future, job.slot)
             raise HandlerTimeout(f"the handler did not return within {timeout:g} s (its thread is left to "
                                  "finish; its result is ignored)", future) from None
         finally:
             deadlines.finish(call)
 
-    def _abandon(self, future: Future[object], ps: PartitionState) -> None:
+    def _abandon(self, future: Future[object], slot: SlotState) -> None:
         loop = asyncio.get_running_loop()
-        self._abandoned[future] = AbandonedCall(ps, time.monotonic())
+        self._abandoned[future] = AbandonedCall(slot, time.monotonic())
         self._abandoned_gauge.set(len(self._abandoned))
 
         def returned(_: Future[object]) -> None:

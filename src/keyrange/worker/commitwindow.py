@@ -103,6 +103,11 @@ class CommitWindow:
         return len(self._offsets)
 
     @property
+    def finished_ahead(self) -> int:
+        """Offsets finished behind an unfinished one (committable once it finishes)."""
+        return len(self._done)
+
+    @property
     def oldest_timestamp_ms(self) -> int | None:
         """Record timestamp of the lowest unfinished offset, or None when all are finished."""
         return self._timestamps[0] if self._timestamps else None

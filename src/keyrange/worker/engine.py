@@ -1,9 +1,12 @@
 """The worker engine: its lifecycle and which slots it holds.
 
-fetch (consumer.py) -> intake (intake.py: parse, skip, dedup, dead letters) -> per-client serial
-execution (scheduler.py) -> attempts (attempts.py: retries, staging outputs) -> commits
-(committer.py: one transaction per interval). Each slot's bookkeeping is its PartitionState
-(partition.py).
+An event's path, each hop a call into the module that owns its step: fetch (consumer.py) ->
+intake (intake.py: parse, skip, dedup, dead letters) -> per-client serial execution
+(scheduler.py) -> attempts (attempts.py: retries, finishing the offset with its outputs) ->
+commits (committer.py: one transaction per slot per interval) -> the slot's producer
+(transactions.py). Each slot's bookkeeping is its SlotState (slot.py), written only by its own
+methods. The committer returns what became of each slot's commit; the engine acts on a failed one
+(`on_slot_failure`).
 
 One asyncio loop owns all the bookkeeping. The Kafka consumer runs on one thread of its own
 (ThreadedConsumer), each held slot's transactional producer on another (SlotTransactions), sync handlers on
@@ -17,9 +20,10 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from enum import Enum
+from types import MappingProxyType
 from typing import Any
 
 from confluent_kafka import KafkaException, Message
@@ -31,15 +35,15 @@ from keyrange.kafkalog import RepeatSummary
 from keyrange.kafkaquirks import Backoff
 from keyrange.ranges.pauses import HandoffPauses
 from keyrange.worker.attempts import AttemptRunner
-from keyrange.worker.committer import Committer
+from keyrange.worker.committer import CommitOutcome, Committer, SlotCommit
 from keyrange.worker.consumer import ThreadedConsumer
 from keyrange.worker.health import Health
 from keyrange.worker.intake import Intake, Job
-from keyrange.worker.outputs import OutputStage
-from keyrange.worker.partition import PartitionMetrics, PartitionState
+from keyrange.worker.outputs import Outputs
 from keyrange.worker.restorer import Prefetched, Restorer
 from keyrange.worker.scheduler import ClientScheduler
 from keyrange.worker.settings import WorkerSettings
+from keyrange.worker.slot import SlotMetrics, SlotState
 from keyrange.worker.snapshots import CHANGELOG_TOPIC_CONFIG
 from keyrange.worker.stats import WorkerStats
 from keyrange.worker.transactions import SlotTransactions, TransactionFailed
@@ -89,7 +93,8 @@ class Worker:
         self.health = health or Health()
         """What the liveness and readiness probes answer (health.py)."""
         self.health.max_abandoned = max(1, settings.concurrency // 2)
-        self._partitions: dict[int, PartitionState] = {}
+        self._slots: dict[int, SlotState] = {}
+        self._slots_view = MappingProxyType(self._slots)
         self._acquiring: dict[int, _AcquireTicket] = {}
         self._losing: dict[int, asyncio.Task[None]] = {}
         """Slots whose producer failed, being released (see `_slot_failed`)."""
@@ -104,7 +109,7 @@ class Worker:
         self._pool = ThreadPoolExecutor(max_workers=settings.concurrency, thread_name_prefix="keyrange-handler")
         self._scheduler: ClientScheduler[Job] | None = None
         self._attempts: AttemptRunner | None = None
-        self._outputs: OutputStage | None = None
+        self._outputs: Outputs | None = None
         self._intake: Intake | None = None
         self._committer: Committer | None = None
         self._tasks: list[asyncio.Task[None]] = []
@@ -119,7 +124,12 @@ class Worker:
     def held_slots(self) -> frozenset[int]:
         """Slots fully acquired and not released; a slot whose producer failed stays held until its
         release is done (its calls returned), so that nobody is told it is free while they run."""
-        return frozenset(p for p, ps in self._partitions.items() if not ps.revoked or p in self._losing)
+        return frozenset(s for s, slot in self._slots.items() if not slot.revoked or s in self._losing)
+
+    @property
+    def slots(self) -> Mapping[int, SlotState]:
+        """The held slots' state by slot, read-only (for probes and tests; the worker writes it)."""
+        return self._slots_view
 
     @property
     def partition_count(self) -> int:
@@ -148,14 +158,14 @@ class Worker:
         self._group_metadata = await self._consumer.open()
         limits = await until_reachable(lambda timeout: max_message_bytes(
             s.bootstrap, [s.sink, s.dlq, s.state], timeout, s.client_properties), stop, longest)
-        self._outputs = OutputStage(s, self._counts, limits)
+        self._outputs = Outputs(s, self._counts, limits)
         self._intake = Intake(count, s.restore_clock_slack_seconds, self._outputs, mapping=s.input_mapping)
         attempts = self._attempts = AttemptRunner(s, self.handler, self._outputs, self._pool, self.stats,
                                                   self.handoff_pauses)
         self.health.set_abandoned_source(lambda: attempts.abandoned, attempts.held_releases)
-        self._scheduler = ClientScheduler(attempts.run, s.concurrency, skip=lambda job: job.ps.revoked)
-        self._committer = Committer(s, self._partitions.values, self.stats, self._slot_failed)
-        for coro in (self._fetch_loop(), self._committer.run(), self._gauge_loop(), self.health.beat_forever()):
+        self._scheduler = ClientScheduler(attempts.run, s.concurrency, skip=lambda job: job.slot.revoked)
+        self._committer = Committer(s, self._slots.values, self.stats)
+        for coro in (self._fetch_loop(), self._commit_loop(), self._gauge_loop(), self.health.beat_forever()):
             self._tasks.append(loop.create_task(self._guard(coro)))
         self.health.started = True
 
@@ -169,9 +179,9 @@ class Worker:
         if self._stopping:
             return
         self._stopping = True
-        for ps in self._partitions.values():
-            ps.transactions.stop_retrying()  # a commit waiting for Kafka must not hold up the stop
-        held = list(self._partitions) + list(self._acquiring)
+        for slot in self._slots.values():
+            slot.transactions.stop_retrying()  # a commit waiting for Kafka must not hold up the stop
+        held = list(self._slots) + list(self._acquiring)
         try:
             await self.release(held)
         except Exception:
@@ -213,7 +223,7 @@ class Worker:
                     f"slot {slot} does not exist: topic {self.settings.topic!r} has {self.partition_count} partitions"
                 )
         await self._losses_released(wanted)
-        new = [s for s in wanted if s not in self._partitions and s not in self._acquiring]
+        new = [s for s in wanted if s not in self._slots and s not in self._acquiring]
         if not new:
             return
         tickets = {s: _AcquireTicket() for s in new}
@@ -247,12 +257,13 @@ class Worker:
             if ticket.cancelled or self._stopping:
                 await transactions[s].close()
                 continue
-            pm = PartitionMetrics(self.settings.metrics_consumer, self.settings.worker_id, s)
-            ps = PartitionState(s, restored[s], self.settings.ttl_seconds, time.time, pm, transactions[s])
+            partition = s  # a slot is one whole partition (for now)
             assert self._outputs is not None
-            ps.output_partition = self._outputs.output_partition(self.settings.sink, s)
-            self._partitions[s] = ps
-            assign[s] = restored[s].start_offset
+            self._slots[s] = SlotState(
+                s, partition, restored[s], self.settings.ttl_seconds, time.time,
+                SlotMetrics(self.settings.metrics_consumer, self.settings.worker_id, partition), transactions[s],
+                self._outputs.output_partition(self.settings.sink, partition))
+            assign[partition] = restored[s].start_offset
         await self._consumer.assign(assign)
         self._held_gauge.set(len(self.held_slots))
         log.info("acquired slots %s at offsets %s in %.0f ms (producers initialised %.0f ms, restore %.0f ms%s; "
@@ -323,50 +334,61 @@ class Worker:
             ticket = self._acquiring.get(s)
             if ticket is not None:
                 ticket.cancelled = True
-        states = [self._partitions[s] for s in sorted(targets) if s in self._partitions]
+        states = [self._slots[s] for s in sorted(targets) if s in self._slots]
         if not states:
             return
         began = time.monotonic()
-        for ps in states:
-            ps.revoked = True
-        await self._consumer.unassign([ps.partition for ps in states])
-        await asyncio.gather(*(ps.drained.wait() for ps in states))
+        for slot in states:
+            slot.revoke()
+        await self._consumer.unassign([slot.partition for slot in states])
+        await asyncio.gather(*(slot.drained() for slot in states))
         drained = time.monotonic()
         assert self._committer is not None
         if commit:
             # Only the released slots: the others commit on their interval, off the handoff's path.
-            await self._committer.commit_now(only={ps.partition for ps in states})
+            for outcome in await self._committer.commit_now(only={slot.slot for slot in states}):
+                self._slot_failed(outcome)
         await self._committer.idle(states)  # waits out a commit in flight; none starts before the removal
-        for ps in states:
-            ps.outputs.clear()
-            ps.dirty_state.clear()
-            if self._partitions.get(ps.partition) is ps:
-                del self._partitions[ps.partition]
-            ps.metrics.remove()
+        for slot in states:
+            slot.discard()
+            if self._slots.get(slot.slot) is slot:
+                del self._slots[slot.slot]
         committed = time.monotonic()
-        await asyncio.gather(*(ps.transactions.close() for ps in states))
+        await asyncio.gather(*(slot.transactions.close() for slot in states))
         self._held_gauge.set(len(self.held_slots))
         log.info("released slots %s in %.0f ms (in-flight calls %.0f ms, commit %.0f ms, producers closed %.0f ms)",
-                 [ps.partition for ps in states], (time.monotonic() - began) * 1000, (drained - began) * 1000,
+                 [slot.slot for slot in states], (time.monotonic() - began) * 1000, (drained - began) * 1000,
                  (committed - drained) * 1000, (time.monotonic() - committed) * 1000)
 
-    def _slot_failed(self, ps: PartitionState, exc: TransactionFailed) -> bool:
-        """The committer's news of a slot whose transaction failed: whether the worker goes on
-        without it (`on_slot_failure`). Called from the slot's transaction, which the release (a task
-        of its own) waits out."""
+    async def _commit_loop(self) -> None:
+        """Run the committer, acting on each slot whose transaction failed, until cancelled."""
+        assert self._committer is not None
+        while True:
+            self._slot_failed(await self._committer.run())
+
+    def _slot_failed(self, commit: SlotCommit) -> None:
+        """Act on a slot's commit outcome: nothing unless its producer failed just now (FENCED or
+        GAVE_UP); then, by `on_slot_failure`, raise its error (the worker, or the release, fails
+        with it) or release the slot without committing (and maybe acquire it again). The committer
+        commits nothing more of it either way."""
+        exc = commit.error
+        if exc is None or commit.outcome not in (CommitOutcome.FENCED, CommitOutcome.GAVE_UP):
+            return
         policy = self.on_slot_failure
         if not self._stopping and (policy is SlotFailure.STOP_WORKER
                                    or (policy is SlotFailure.REACQUIRE_IF_GAVE_UP and not exc.gave_up)):
-            return False
-        ps.lost = ps.revoked = True
+            raise exc
+        slot = self._slots.get(commit.slot.slot)
+        if slot is not commit.slot:
+            return  # released meanwhile: nothing of it is left to release
+        slot.revoke()
         if self._stopping:
-            return True  # the stop releases it; its uncommitted events run again from the committed offsets
+            return  # the stop releases it; its uncommitted events run again from the committed offsets
         again = policy is SlotFailure.REACQUIRE_IF_GAVE_UP
-        log.warning("%s; releasing slot %d without committing%s", exc, ps.partition,
+        log.warning("%s; releasing slot %d without committing%s", exc, slot.slot,
                     " and acquiring it again" if again else " (acquired again if it is still this worker's)")
-        self._losing[ps.partition] = asyncio.get_running_loop().create_task(
-            self._guard(self._release_lost(ps.partition, again)))
-        return True
+        self._losing[slot.slot] = asyncio.get_running_loop().create_task(
+            self._guard(self._release_lost(slot.slot, again)))
 
     async def _release_lost(self, slot: int, again: bool) -> None:
         try:
@@ -402,53 +424,52 @@ class Worker:
         scheduler, intake, attempts = self._scheduler, self._intake, self._attempts
         assert scheduler is not None and intake is not None and attempts is not None
         inline = self.handler.inline
-        partitions = self._partitions
-        consumed: dict[int, int] = {}
+        slots = self._slots  # by partition: a slot is one whole partition (for now)
+        consumed: dict[SlotState, int] = {}
         for m in messages:
             if m.error() is not None:
                 fetch_log.warning("fetch error: %s", m.error())
                 continue
             # A fetched record always has a partition and an offset (the stubs say Optional).
-            ps = partitions.get(m.partition())  # type: ignore[arg-type]
-            if ps is None or ps.revoked:
-                continue  # fetched just before a release: the new owner handles it
+            slot = slots.get(m.partition())  # type: ignore[arg-type]
             offset: int = m.offset()  # type: ignore[assignment]
-            if offset < ps.window.next_offset:
-                continue  # delivered again (e.g. after resume): already in the window
-            consumed[ps.partition] = consumed.get(ps.partition, 0) + 1
-            job = intake.admit(ps, m, offset)
+            # Not taken: fetched just before a release (the new owner handles it), or delivered
+            # again (e.g. after resume) and already in the window.
+            if slot is None or not slot.takes(offset):
+                continue
+            consumed[slot] = consumed.get(slot, 0) + 1
+            job = intake.admit(slot, m, offset)
             if job is not None:
                 client = job.event.client_id
                 # An inline handler runs here when its client is idle; a failed attempt is queued
                 # for its retries like any other job (attempts.py).
                 if not (inline and scheduler.can_run_now(client) and attempts.run_inline(job)):
                     scheduler.submit(client, job)
-        for p, n in consumed.items():
-            partitions[p].metrics.consumed.inc(n)
+        for slot, n in consumed.items():
+            slot.metrics.consumed.inc(n)
             self.stats.consumed += n
 
     async def _apply_backpressure(self) -> None:
         limits = self.settings.max_pending, self.settings.max_pending_bytes
-        to_pause = [ps for ps in self._partitions.values() if ps.wants_pause(*limits)]
-        to_resume = [ps for ps in self._partitions.values() if ps.wants_resume(*limits)]
+        to_pause = [slot for slot in self._slots.values() if slot.wants_pause(*limits)]
+        to_resume = [slot for slot in self._slots.values() if slot.wants_resume(*limits)]
         if to_pause:
-            await self._consumer.pause([ps.partition for ps in to_pause])
-            for ps in to_pause:
-                ps.paused = True
-                ps.metrics.paused.set(1)
+            await self._consumer.pause([slot.partition for slot in to_pause])
+            for slot in to_pause:
+                slot.set_paused(True)
             self.stats.pauses += len(to_pause)
         if to_resume:
-            await self._consumer.resume([ps.partition for ps in to_resume])
-            for ps in to_resume:
-                ps.paused = False
-                ps.metrics.paused.set(0)
+            await self._consumer.resume([slot.partition for slot in to_resume])
+            for slot in to_resume:
+                slot.set_paused(False)
 
     # --- committing --------------------------------------------------------------------------
 
     async def commit_now(self) -> None:
         """Commit one transaction with every finished output, state change and committable offset."""
         if self._committer is not None:
-            await self._committer.commit_now()
+            for outcome in await self._committer.commit_now():
+                self._slot_failed(outcome)
 
     # --- gauges ------------------------------------------------------------------------------
 
@@ -459,24 +480,17 @@ class Worker:
 
     async def update_gauges(self) -> None:
         """Refresh the per-partition gauges (dedup entries, pending, lag) and the stats snapshot."""
-        states = list(self._partitions.values())
-        highs = await self._consumer.high_watermarks([ps.partition for ps in states]) if states else {}
+        states = list(self._slots.values())
+        highs = await self._consumer.high_watermarks([slot.partition for slot in states]) if states else {}
         now_ms = time.time() * 1000
         lag_total = 0
         oldest_s = 0.0
-        for ps in states:
-            ps.metrics.dedup_entries.set(len(ps.dedup))
-            ps.metrics.pending.set(ps.window.pending)
-            high = highs.get(ps.partition, -1)
-            lag = max(0, high - ps.window.committable) if high >= 0 else 0
-            ps.metrics.lag.set(lag)
+        for slot in states:
+            lag, age_s = slot.report(highs.get(slot.partition, -1), now_ms)
             lag_total += lag
-            oldest = ps.window.oldest_timestamp_ms
-            age_s = max(0.0, (now_ms - oldest) / 1000) if oldest is not None else 0.0
-            ps.metrics.lag_seconds.set(age_s)
             oldest_s = max(oldest_s, age_s)
         self.stats.lag_records = lag_total
         self.stats.lag_seconds = oldest_s
-        self.stats.pending = sum(ps.window.pending for ps in states)
-        self.stats.dedup_entries = sum(len(ps.dedup) for ps in states)
+        self.stats.pending = sum(slot.pending for slot in states)
+        self.stats.dedup_entries = sum(slot.dedup_entries for slot in states)
 
