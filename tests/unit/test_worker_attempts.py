@@ -15,9 +15,8 @@ from prometheus_client import REGISTRY
 
 from keyrange.events import encode_input, parse_input
 from keyrange.handlers import Handler
-from keyrange.worker.attempts import AttemptRunner
+from keyrange.worker.attempts import AttemptRunner, Job
 from keyrange.worker.health import Health
-from keyrange.worker.intake import Job
 from keyrange.worker.outputs import Outputs
 from keyrange.worker.scheduler import ClientScheduler
 from keyrange.worker.settings import WorkerSettings

@@ -30,21 +30,78 @@ from __future__ import annotations
 import asyncio
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import NamedTuple
+from dataclasses import dataclass
+from typing import NamedTuple, Protocol
 
 from keyrange import metrics as metric_defs
-from keyrange.events import encode_processed, json_bytes
+from keyrange.events import ClientId, InputEvent, encode_processed, json_bytes
 from keyrange.handlers import Handler
+from keyrange.inputmapping import Headers
 from keyrange.ranges.pauses import HandoffPauses
 from keyrange.worker.context import ClientState, HandlerContext
 from keyrange.worker.deadlines import CallDeadlines
-from keyrange.worker.intake import Job
 from keyrange.worker.outputs import Outputs
 from keyrange.worker.settings import WorkerSettings
-from keyrange.worker.slot import SlotState
 from keyrange.worker.stats import WorkerStats
+from keyrange.worker.transactions import OutputRecord
 
 MAX_RETRY_BACKOFF_SECONDS = 2.0
+
+
+class AttemptSlot(Protocol):
+    """What running a job needs of its slot (slot.py's SlotState)."""
+
+    @property
+    def slot(self) -> int:
+        """The slot's identity."""
+
+    @property
+    def partition(self) -> int:
+        """The input topic's partition the slot reads."""
+
+    @property
+    def output_partition(self) -> int | None:
+        """Sink partition of the slot's processed records (None: the producer picks by key)."""
+
+    @property
+    def revoked(self) -> bool:
+        """Being released: nothing more of it starts."""
+
+    def call_started(self) -> bool:
+        """A handler call starts; False (and it does not) when the slot is revoked."""
+
+    def call_ended(self) -> None:
+        """A handler call that `call_started` ended."""
+
+    def state_of(self, client: ClientId) -> bytes | None:
+        """The client's committed state as JSON, or None."""
+
+    def finish_processed(self, offset: int, record: OutputRecord, client: ClientId, state_json: bytes | None,
+                         state_deleted: bool) -> None:
+        """A handled event's offset finishes with its processed record and its client's new state."""
+
+    def finish_dead_lettered(self, offset: int, record: OutputRecord | None, reason: str) -> None:
+        """The event's offset finishes with its dead letter (None: not written)."""
+
+
+@dataclass(slots=True)
+class Job:
+    """One event waiting for (or in) its handler call."""
+
+    slot: AttemptSlot
+    offset: int
+    event: InputEvent
+    key: bytes | None
+    value: bytes
+    started_s: float = 0.0
+    """When its first attempt started (wall clock, seconds); 0 before."""
+    attempts: int = 0
+    """Attempts made so far (an inline first attempt that failed leaves 1)."""
+    failure: str = ""
+    """The last failed attempt's error, for its dead letter."""
+    record: tuple[Headers, int] | None = None
+    """The record's headers and timestamp, which its dead letter keeps under an input mapping
+    (outputs.py); None under the default mapping."""
 
 
 class HandlerTimeout(Exception):
@@ -59,7 +116,7 @@ class HandlerTimeout(Exception):
 class AbandonedCall(NamedTuple):
     """A sync call that timed out and whose thread still runs."""
 
-    slot: SlotState
+    slot: AttemptSlot
     since: float
     """When it timed out (monotonic seconds)."""
 
@@ -117,20 +174,21 @@ class AttemptRunner:
 
     def run_inline(self, job: Job) -> bool:
         """Run an inline handler's first attempt now; False when it failed (queue `job` for its retries)."""
-        event = job.event
+        event, slot = job.event, job.slot
         started_s = self._started(job)
-        state = ClientState(job.slot.state_of(event.client_id))
+        state = ClientState(slot.state_of(event.client_id))
+        partition = slot.partition
         t0 = time.perf_counter()
         try:
-            result = self._handler.function(event.body, self._context(job, 1, state))
+            result = self._handler.function(event.body, self._context(job, partition, 1, state))
             finished_s = time.time()
             self._handler_seconds.observe(time.perf_counter() - t0)
-            key, value, state_json = self._encode(job, result, state, started_s, finished_s)
+            key, value, state_json, deleted = self._encode(job, partition, result, state, started_s, finished_s)
         except Exception as exc:  # noqa: BLE001 - retried (then dead-lettered) by the queued path
             self._handler_seconds.observe(time.perf_counter() - t0)
             job.attempts, job.failure = 1, f"{type(exc).__name__}: {exc}"
             return False
-        self._stage(job, key, value, state, state_json, 1)
+        self._stage(job, key, value, state_json, deleted, 1)
         return True
 
     async def _attempts(self, job: Job) -> None:
@@ -153,16 +211,17 @@ class AttemptRunner:
             state = ClientState(slot.state_of(job.event.client_id))
             t0 = time.perf_counter()
             try:
-                result = await self._call(job, self._context(job, attempt, state))
+                result = await self._call(job, self._context(job, slot.partition, attempt, state))
                 self._handler_seconds.observe(time.perf_counter() - t0)
-                key, value, state_json = self._encode(job, result, state, started_s, time.time())
+                key, value, state_json, deleted = self._encode(job, slot.partition, result, state, started_s,
+                                                               time.time())
             except Exception as exc:  # noqa: BLE001 - any handler failure is retried, then dead-lettered
                 self._handler_seconds.observe(time.perf_counter() - t0)
                 job.failure = f"{type(exc).__name__}: {exc}"
                 if isinstance(exc, HandlerTimeout):
                     running = exc.still_running
                 continue
-            self._stage(job, key, value, state, state_json, attempt)
+            self._stage(job, key, value, state_json, deleted, attempt)
             return
 
     @staticmethod
@@ -184,21 +243,26 @@ class AttemptRunner:
             self._pauses.started(job.slot.slot, started_s, event.created_ms)
         return started_s
 
-    def _context(self, job: Job, attempt: int, state: ClientState) -> HandlerContext:
+    def _context(self, job: Job, partition: int, attempt: int, state: ClientState) -> HandlerContext:
         s = self._settings
-        return HandlerContext(client_id=job.event.client_id, partition=job.slot.partition, offset=job.offset,
+        return HandlerContext(client_id=job.event.client_id, partition=partition, offset=job.offset,
                               attempt=attempt, worker=s.worker_id, config=s.handler_config, state=state)
 
-    def _encode(self, job: Job, result: object, state: ClientState, started_s: float,
-                finished_s: float) -> tuple[bytes, bytes, bytes | None]:
-        """The processed record's key and value, and the client's new state as JSON (None: unchanged
-        or deleted). Raises for a result or state that is not JSON-able, like a handler error."""
-        key, value = encode_processed(job.event, job.slot.partition, job.offset, self._settings.worker_id,
+    def _encode(self, job: Job, partition: int, result: object, state: ClientState, started_s: float,
+                finished_s: float) -> tuple[bytes, bytes, bytes | None, bool]:
+        """The processed record's key and value (the event read from input `partition`), the
+        client's new state as JSON (None: unchanged or deleted) and whether the handler deleted it.
+        Raises for a result or state that is not JSON-able, like a handler error."""
+        key, value = encode_processed(job.event, partition, job.offset, self._settings.worker_id,
                                       int(started_s * 1000), int(finished_s * 1000), result)
-        state_json = json_bytes(state.staged) if state.changed and state.staged is not None else None
-        return key, value, state_json
+        if not state.changed:
+            return key, value, None, False
+        staged = state.staged
+        if staged is None:
+            return key, value, None, True
+        return key, value, json_bytes(staged), False
 
-    def _stage(self, job: Job, key: bytes, value: bytes, state: ClientState, state_json: bytes | None,
+    def _stage(self, job: Job, key: bytes, value: bytes, state_json: bytes | None, deleted: bool,
                attempt: int) -> None:
         """Finish a handled event's offset with its outputs (dead-lettered when too large)."""
         slot, outputs = job.slot, self._outputs
@@ -209,7 +273,6 @@ class AttemptRunner:
                 slot.partition, job.offset, job.key, job.value, "output-too-large", too_large, attempt, job.event,
                 job.record), "output-too-large")
             return
-        deleted = state.changed and state.staged is None
         slot.finish_processed(job.offset, outputs.processed(slot.output_partition, key, value, state_json, deleted),
                               job.event.client_id, state_json, deleted)
 
@@ -235,7 +298,7 @@ class AttemptRunner:
         finally:
             deadlines.finish(call)
 
-    def _abandon(self, future: Future[object], slot: SlotState) -> None:
+    def _abandon(self, future: Future[object], slot: AttemptSlot) -> None:
         loop = asyncio.get_running_loop()
         self._abandoned[future] = AbandonedCall(slot, time.monotonic())
         self._abandoned_gauge.set(len(self._abandoned))

@@ -147,12 +147,18 @@ class Committer:
                     await self._an_end.wait()  # the next slot due, or a transaction ended
                 finally:
                     wake.cancel()
-        except BaseException:  # only its own: a release's commit (commit_now) is its caller's to end
-            started = list(self._started)
-            for task in started:
-                task.cancel()
-            await asyncio.gather(*started, return_exceptions=True)
+        except BaseException:
+            await self.cancel()
             raise
+
+    async def cancel(self) -> None:
+        """Cancel the transactions `run` started and wait for them to end: what `run` does when it
+        is cancelled or raises, and its caller does when it stops acting on a failure `run`
+        returned. Only `run`'s own: a release's commit (commit_now) is its caller's to end."""
+        started = list(self._started)
+        for task in started:
+            task.cancel()
+        await asyncio.gather(*started, return_exceptions=True)
 
     async def commit_now(self, only: Collection[int] | None = None) -> list[SlotCommit]:
         """Commit, for every held slot with something to commit (or those of them whose `slot` is

@@ -34,11 +34,11 @@ from keyrange.kafkaio import TopicSpec, ensure_topics, max_message_bytes, requir
 from keyrange.kafkalog import RepeatSummary
 from keyrange.kafkaquirks import Backoff
 from keyrange.ranges.pauses import HandoffPauses
-from keyrange.worker.attempts import AttemptRunner
+from keyrange.worker.attempts import AttemptRunner, Job
 from keyrange.worker.committer import CommitOutcome, Committer, SlotCommit
 from keyrange.worker.consumer import ThreadedConsumer
 from keyrange.worker.health import Health
-from keyrange.worker.intake import Intake, Job
+from keyrange.worker.intake import Intake
 from keyrange.worker.outputs import Outputs
 from keyrange.worker.restorer import Prefetched, Restorer
 from keyrange.worker.scheduler import ClientScheduler
@@ -362,9 +362,15 @@ class Worker:
 
     async def _commit_loop(self) -> None:
         """Run the committer, acting on each slot whose transaction failed, until cancelled."""
-        assert self._committer is not None
+        committer = self._committer
+        assert committer is not None
         while True:
-            self._slot_failed(await self._committer.run())
+            failed = await committer.run()
+            try:
+                self._slot_failed(failed)
+            except BaseException:
+                await committer.cancel()  # the worker fails: as when `run` raises
+                raise
 
     def _slot_failed(self, commit: SlotCommit) -> None:
         """Act on a slot's commit outcome: nothing unless its producer failed just now (FENCED or
@@ -425,29 +431,25 @@ class Worker:
         assert scheduler is not None and intake is not None and attempts is not None
         inline = self.handler.inline
         slots = self._slots  # by partition: a slot is one whole partition (for now)
-        consumed: dict[SlotState, int] = {}
         for m in messages:
             if m.error() is not None:
                 fetch_log.warning("fetch error: %s", m.error())
                 continue
             # A fetched record always has a partition and an offset (the stubs say Optional).
             slot = slots.get(m.partition())  # type: ignore[arg-type]
-            offset: int = m.offset()  # type: ignore[assignment]
-            # Not taken: fetched just before a release (the new owner handles it), or delivered
-            # again (e.g. after resume) and already in the window.
-            if slot is None or not slot.takes(offset):
-                continue
-            consumed[slot] = consumed.get(slot, 0) + 1
-            job = intake.admit(slot, m, offset)
+            if slot is None:
+                continue  # fetched just before a release: the new owner handles it
+            job = intake.admit(slot, m, m.offset())  # type: ignore[arg-type]
             if job is not None:
                 client = job.event.client_id
                 # An inline handler runs here when its client is idle; a failed attempt is queued
                 # for its retries like any other job (attempts.py).
                 if not (inline and scheduler.can_run_now(client) and attempts.run_inline(job)):
                     scheduler.submit(client, job)
-        for slot, n in consumed.items():
-            slot.metrics.consumed.inc(n)
-            self.stats.consumed += n
+        for slot in slots.values():
+            if n := slot.take_consumed():
+                slot.metrics.consumed.inc(n)
+                self.stats.consumed += n
 
     async def _apply_backpressure(self) -> None:
         limits = self.settings.max_pending, self.settings.max_pending_bytes

@@ -26,38 +26,47 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Set
+from typing import Protocol
 
 from confluent_kafka import Message
 
-from keyrange.events import BadEvent, ClientId, InputEvent, parse_input
-from keyrange.inputmapping import DEFAULT_MAPPING, Headers, InputMapping, InputParser
+from keyrange.events import BadEvent, ClientId, parse_input
+from keyrange.inputmapping import DEFAULT_MAPPING, InputMapping, InputParser
 from keyrange.ranges.slots import partition_for_client
+from keyrange.worker.attempts import AttemptSlot, Job
 from keyrange.worker.outputs import Outputs
-from keyrange.worker.slot import SlotState
+from keyrange.worker.slot import SlotMetrics
 
 log = logging.getLogger(__name__)
 
 
-@dataclass(slots=True)
-class Job:
-    """One event waiting for (or in) its handler call."""
+class IntakeSlot(AttemptSlot, Protocol):
+    """What the intake needs of a held slot (slot.py's SlotState); its jobs' slot is an AttemptSlot."""
 
-    slot: SlotState
-    offset: int
-    event: InputEvent
-    key: bytes | None
-    value: bytes
-    started_s: float = 0.0
-    """When its first attempt started (wall clock, seconds); 0 before."""
-    attempts: int = 0
-    """Attempts made so far (an inline first attempt that failed leaves 1)."""
-    failure: str = ""
-    """The last failed attempt's error, for its dead letter."""
-    record: tuple[Headers, int] | None = None
-    """The record's headers and timestamp, which its dead letter keeps under an input mapping
-    (outputs.py); None under the default mapping."""
+    @property
+    def metrics(self) -> SlotMetrics:
+        """The slot's metric children."""
+
+    @property
+    def placed_clients(self) -> Set[ClientId]:
+        """Clients found on their murmur2 partition here."""
+
+    @property
+    def stream_time(self) -> float:
+        """The newest event time the dedup window has seen (seconds)."""
+
+    def admit(self, offset: int, timestamp_ms: int, size_bytes: int) -> bool:
+        """Add a fetched offset; False when there is nothing to run (revoked, seen, finished earlier)."""
+
+    def first_seen(self, offset: int, uuid: str, event_s: float) -> bool:
+        """Whether `uuid` is new; a duplicate's offset finishes."""
+
+    def place(self, client: ClientId) -> None:
+        """Remember that `client` belongs here."""
+
+    def first_misplaced(self) -> bool:
+        """True the first time a misplaced client is found here."""
 
 
 class Intake:
@@ -75,7 +84,7 @@ class Intake:
         self._outputs = outputs
         self._wall_clock = wall_clock
 
-    def admit(self, slot: SlotState, m: Message, offset: int) -> Job | None:
+    def admit(self, slot: IntakeSlot, m: Message, offset: int) -> Job | None:
         """The job for record `m` at `offset` (the next one of `slot`), or None when it finished here."""
         timestamp_ms = m.timestamp()[1]
         value = m.value()
@@ -94,14 +103,17 @@ class Intake:
             self._check_placement(slot, event.client_id)
         # Event time is `created`; the record timestamp stands in when a producer left it out.
         event_s = (event.created_ms or timestamp_ms) / 1000
-        self._check_skew(slot, event_s)
+        if event_s > self._wall_clock() + self._skew_s:  # `_check_skew`, inline on the hot path
+            slot.metrics.skewed_ahead.inc()
+        elif event_s < slot.stream_time - self._skew_s:
+            slot.metrics.skewed_behind.inc()
         # parse_input always finds a uuid (only a mapping's `uuid: none` leaves it None).
         if not slot.first_seen(offset, event.uuid, event_s):  # type: ignore[arg-type]
             return None  # a duplicate: counted when its offset commits
         # A record with a value always has bytes (parse_input rejected None).
         return Job(slot, offset, event, m.key(), value)  # type: ignore[arg-type]
 
-    def _admit_mapped(self, parser: InputParser, slot: SlotState, m: Message, offset: int, value: bytes | None,
+    def _admit_mapped(self, parser: InputParser, slot: IntakeSlot, m: Message, offset: int, value: bytes | None,
                       timestamp_ms: int) -> Job | None:
         """`admit` after the skip, under a mapping other than the default (kept apart so that the
         default's per-event work stays what it was)."""
@@ -123,7 +135,7 @@ class Intake:
             return None  # a duplicate, as in `admit`
         return Job(slot, offset, event, key, value, record=record)  # type: ignore[arg-type]
 
-    def _check_placement(self, slot: SlotState, client_id: ClientId) -> None:
+    def _check_placement(self, slot: IntakeSlot, client_id: ClientId) -> None:
         expected = partition_for_client(client_id, self._partition_count)
         if expected == slot.partition:
             slot.place(client_id)
@@ -136,7 +148,7 @@ class Intake:
                 "default partitioner (librdkafka: partitioner=murmur2_random). Counted in "
                 "keyrange_misplaced_events_total; warned once per partition.", slot.partition, client_id, expected)
 
-    def _check_skew(self, slot: SlotState, event_s: float) -> None:
+    def _check_skew(self, slot: IntakeSlot, event_s: float) -> None:
         if event_s > self._wall_clock() + self._skew_s:
             slot.metrics.skewed_ahead.inc()
         elif event_s < slot.stream_time - self._skew_s:

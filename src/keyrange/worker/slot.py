@@ -106,10 +106,10 @@ class SlotState:
     """A held slot: commit window, dedup window, keyed state and outputs not yet committed."""
 
     __slots__ = (
-        "_committed_offset", "_committed_totals", "_dead_letters", "_dedup", "_dirty_state", "_drained", "_metrics",
-        "_output_partition", "_outputs", "_partition", "_paused", "_placed_clients", "_processed", "_restored_totals",
-        "_revoked", "_running", "_skip", "_slot", "_snapshots", "_store", "_store_offsets", "_store_view",
-        "_transactions", "_warned_misplaced", "_window",
+        "_committed_offset", "_committed_totals", "_consumed", "_dead_letters", "_dedup", "_dirty_state", "_drained",
+        "_metrics", "_output_partition", "_outputs", "_partition", "_paused", "_placed_clients", "_processed",
+        "_restored_totals", "_revoked", "_running", "_skip", "_slot", "_snapshots", "_store", "_store_offsets",
+        "_store_view", "_transactions", "_warned_misplaced", "_window",
     )
 
     def __init__(self, slot: int, partition: int, restored: RestoredPartition, ttl_seconds: float,
@@ -147,6 +147,8 @@ class SlotState:
         """Processed records in `_outputs` (counted once their transaction commits)."""
         self._dead_letters: list[str] = []
         """Reasons of the dead letters in `_outputs` (counted once their transaction commits)."""
+        self._consumed = 0
+        """Offsets admitted and not yet counted as consumed (`take_consumed`)."""
         self._revoked = False
         self._paused = False
         self._placed_clients: set[ClientId] = set()
@@ -270,24 +272,29 @@ class SlotState:
 
     # --- intake ------------------------------------------------------------------------------
 
-    def takes(self, offset: int) -> bool:
-        """Whether a record fetched at `offset` is new here: the slot is not revoked (else the new
-        owner handles it) and the offset is past those in the window (e.g. delivered again after a
-        resume)."""
-        return not self._revoked and offset >= self._window.next_offset
-
     def admit(self, offset: int, timestamp_ms: int, size_bytes: int) -> bool:
-        """Add a fetched offset to the window; False when an earlier owner finished it already
-        (its outputs exist): finished here with that outcome, its uuid joins the dedup window at
-        its place in the log, and it is not run again."""
-        self._window.add(offset, timestamp_ms, size_bytes)
+        """Add a fetched offset to the window (counted as consumed, see `take_consumed`); False when
+        there is nothing to run: the slot is revoked (fetched just before a release: the new owner
+        handles it), the offset is already in the window (delivered again, e.g. after a resume:
+        not counted), or an earlier owner finished it (its outputs exist: finished here with that
+        outcome, its uuid joins the dedup window at its place in the log)."""
+        window = self._window
+        if self._revoked or offset < window.next_offset:
+            return False
+        self._consumed += 1
+        window.add(offset, timestamp_ms, size_bytes)
         finished = self._skip.pop(offset, None)
         if finished is None:
             return True
         if finished.uuid is not None:
             self._dedup.add_if_new(finished.uuid, finished.created_s)
-        self._window.finish(offset, finished.outcome)
+        window.finish(offset, finished.outcome)
         return False
+
+    def take_consumed(self) -> int:
+        """Offsets admitted since the last call (for the consumed counters)."""
+        consumed, self._consumed = self._consumed, 0
+        return consumed
 
     def first_seen(self, offset: int, uuid: str, event_s: float) -> bool:
         """Whether `uuid` is new to the dedup window (it joins it); a duplicate's offset finishes
