@@ -229,9 +229,5 @@ class Committer:
             return SlotCommit(slot, CommitOutcome.GAVE_UP if exc.gave_up else CommitOutcome.FENCED, exc)
         self._transactions.inc()
         slot.committed(batch)
-        stats = self._stats
-        stats.processed += batch.processed
-        stats.dead_letters += len(batch.dead_letters)
-        if batch.totals is not None:
-            stats.duplicates += batch.duplicates
+        self._stats.note_committed(batch.processed, len(batch.dead_letters), batch.duplicates)
         return SlotCommit(slot, CommitOutcome.COMMITTED)

@@ -92,7 +92,6 @@ class Worker:
         """Told of every event's start: measures the pause of slots acquired after a handoff."""
         self.health = health or Health()
         """What the liveness and readiness probes answer (health.py)."""
-        self.health.max_abandoned = max(1, settings.concurrency // 2)
         self._slots: dict[int, SlotState] = {}
         self._slots_view = MappingProxyType(self._slots)
         self._acquiring: dict[int, _AcquireTicket] = {}
@@ -162,12 +161,13 @@ class Worker:
         self._intake = Intake(count, s.restore_clock_slack_seconds, self._outputs, mapping=s.input_mapping)
         attempts = self._attempts = AttemptRunner(s, self.handler, self._outputs, self._pool, self.stats,
                                                   self.handoff_pauses)
-        self.health.set_abandoned_source(lambda: attempts.abandoned, attempts.held_releases)
+        self.health.set_abandoned_source(lambda: attempts.abandoned, attempts.held_releases,
+                                         max_abandoned=s.concurrency // 2)
         self._scheduler = ClientScheduler(attempts.run, s.concurrency, skip=lambda job: job.slot.revoked)
         self._committer = Committer(s, self._slots.values, self.stats)
         for coro in (self._fetch_loop(), self._commit_loop(), self._gauge_loop(), self.health.beat_forever()):
             self._tasks.append(loop.create_task(self._guard(coro)))
-        self.health.started = True
+        self.health.mark_started()
 
     async def wait(self) -> None:
         """Return when the worker has stopped; raise the error that killed it, if any."""

@@ -39,6 +39,12 @@ class WorkerStats:
     _latency_skip: int = field(default=0, repr=False)
     """Latencies still to pass over before the next one kept."""
 
+    def note_committed(self, processed: int, dead_letters: int, duplicates: int) -> None:
+        """Count what one transaction committed (committer.py)."""
+        self.processed += processed
+        self.dead_letters += dead_letters
+        self.duplicates += duplicates
+
     def note_latency(self, seconds: float) -> None:
         """Record one created -> handler start latency (in the sample: MAX_LATENCY_SAMPLES)."""
         if self._latency_skip:
