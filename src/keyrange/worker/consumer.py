@@ -6,6 +6,9 @@ for records gives way as soon as another call is queued behind it. The
 consumer never joins a group: the range map, not Kafka, decides ownership, so partitions are
 `incremental_assign`ed explicitly and the group id only keys the committed offsets (a group's
 rebalances would fight the range map on any broker).
+
+The lag's log ends also come from the brokers' ListOffsets answers (`ListedEnds`): asked without
+waiting on the consumer's thread, one request at a time, and backed off while they fail.
 """
 
 from __future__ import annotations
