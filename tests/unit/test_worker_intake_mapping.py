@@ -56,7 +56,7 @@ class DeadLetters:
         self.letters.append((reason, record))
 
 
-def partition_state(partition: int) -> Any:
+def held_slot_of(partition: int) -> Any:
     """A held slot of `partition` whose metrics are counters read back here."""
     counters = SimpleNamespace(misplaced=Counter(), skewed_ahead=Counter(), skewed_behind=Counter())
     return SlotState(partition, partition, RestoredPartition(0), 10.0, lambda: NOW_MS / 1000 + 60,
@@ -66,9 +66,9 @@ def partition_state(partition: int) -> Any:
 def admit_all(mapping: InputMapping, records: list[Record], partition: int) -> tuple[Any, list[Any], DeadLetters]:
     outputs = DeadLetters()
     intake = Intake(PARTITIONS, 10.0, outputs, mapping=mapping)  # type: ignore[arg-type]
-    ps = partition_state(partition)
-    jobs = [intake.admit(ps, r, offset) for offset, r in enumerate(records)]
-    return ps, jobs, outputs
+    slot = held_slot_of(partition)
+    jobs = [intake.admit(slot, r, offset) for offset, r in enumerate(records)]
+    return slot, jobs, outputs
 
 
 def test_misplaced_is_counted_for_header_ids_and_not_for_keys() -> None:
@@ -76,14 +76,14 @@ def test_misplaced_is_counted_for_header_ids_and_not_for_keys() -> None:
     elsewhere = (home + 1) % PARTITIONS
     by_header = InputMapping(client_id="header:user", uuid="header:id", created="timestamp")
     records = [Record(b"k", b"{}", [("user", b"user-7"), ("id", f"e{i}".encode())]) for i in range(3)]
-    ps, jobs, _ = admit_all(by_header, records, elsewhere)
-    assert all(job is not None for job in jobs) and ps.metrics.misplaced.count == 3
-    ps, _, _ = admit_all(by_header, records, home)
-    assert ps.metrics.misplaced.count == 0
+    slot, jobs, _ = admit_all(by_header, records, elsewhere)
+    assert all(job is not None for job in jobs) and slot.metrics.misplaced.count == 3
+    slot, _, _ = admit_all(by_header, records, home)
+    assert slot.metrics.misplaced.count == 0
     by_key = InputMapping(client_id="key", uuid="header:id", created="timestamp")
     keyed = [Record(b"user-7", b"{}", [("id", f"e{i}".encode())]) for i in range(3)]
-    ps, _, _ = admit_all(by_key, keyed, elsewhere)
-    assert ps.metrics.misplaced.count == 0
+    slot, _, _ = admit_all(by_key, keyed, elsewhere)
+    assert slot.metrics.misplaced.count == 0
 
 
 def test_uuid_none_handles_a_resent_record_and_a_uuid_drops_it() -> None:

@@ -7,7 +7,7 @@ the records it produced (built by outputs.py, staged by the slot: slot.py).
 A failed attempt is retried after a backoff (doubling, capped) up to `max_retries` times, then the
 event is dead-lettered; the client's later events wait meanwhile (order), other clients do not.
 An attempt that has not returned after `handler_timeout_seconds` fails like an error, so a hung
-call cannot block its client, its partition's commits and every handoff of its slot forever. An
+call cannot block its client, its slot's commits and every handoff of its slot forever. An
 async call is cancelled; a sync call cannot be (Python cannot stop a thread), so its thread is
 left to finish on its own, its result ignored, and counted (`keyrange_handler_calls_abandoned`,
 and the age of the oldest in `keyrange_handler_call_abandoned_seconds`). Until that thread returns

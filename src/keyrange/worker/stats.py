@@ -28,7 +28,7 @@ class WorkerStats:
     duplicates: int = 0
     dead_letters: int = 0
     pauses: int = 0
-    """Times a partition was paused for backpressure."""
+    """Times a slot was paused for backpressure."""
     pending: int = 0
     lag_records: int = 0
     lag_seconds: float = 0.0
