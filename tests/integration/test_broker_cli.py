@@ -17,7 +17,7 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, Topi
 from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic, PartitionMetadata
 
 from keyrange.local.kafka import answers_api_versions
-from keyrange.local.kafka_setup import tools_dir
+from keyrange.toolsdir import tools_dir
 
 KAFKA_LIBS = tools_dir() / "kafka" / "libs"
 

@@ -15,7 +15,7 @@ import orjson
 import pytest
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows
 
-from keyrange.aggregation.source import KafkaStreamReader
+from keyrange.aggregation.kafka_datasource import KafkaStreamReader
 from tests.integration.aggregation_helpers import (
     make_topic,
     processed_records,
@@ -168,7 +168,7 @@ def test_available_now_stops_at_the_end_found_first_and_still_splits_batches(boo
 def test_end_probe_reaches_the_end_even_when_every_fetch_brings_little_and_polls_come_back_empty(bootstrap, topic_name):
     """A loaded machine's slow fetches, made here by tiny fetch sizes and 1 ms polls: an empty poll
     must not pass for the end (it did, and `--once` then stopped early)."""
-    from keyrange.aggregation.kafka_reader import EndProbe, ReaderSettings
+    from keyrange.aggregation.partition_reads import EndProbe, ReaderSettings
 
     make_topic(bootstrap, topic_name, 2)
     producer = transactional_producer(bootstrap)
