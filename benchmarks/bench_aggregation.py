@@ -215,7 +215,7 @@ def run(quick: bool) -> list[dict[str, Any]]:
     """Throughput and freshness rows."""
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     from keyrange.aggregation.session import spark_session
-    from keyrange.local.kafka import QUICK_START_JVM_OPTIONS, KafkaCluster
+    from keyrange.local.kafka_cluster import QUICK_START_JVM_OPTIONS, KafkaCluster
 
     with KafkaCluster(nodes=1, jvm_options=QUICK_START_JVM_OPTIONS) as kafka:
         began = time.monotonic()

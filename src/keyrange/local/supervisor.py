@@ -20,7 +20,7 @@ from pathlib import Path
 from keyrange.autoscale.load import LoadTracker
 from keyrange.autoscale.scrape import WorkerSample, bucket_delta, histogram_quantile, merged_lag, scrape
 from keyrange.kafkaio import TopicSpec, ensure_topics
-from keyrange.local.broker import EmbeddedBroker
+from keyrange.local.embedded_broker import EmbeddedBroker
 from keyrange.local.fleet import ProcessFleet
 from keyrange.local.monitoring import AlertingOptions, LocalAlertPath, without_lag_thresholds
 from keyrange.local.table import Totals, WorkerRow, render
