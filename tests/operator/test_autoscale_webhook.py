@@ -17,7 +17,8 @@ import pytest_asyncio
 
 from keyrange.autoscale.receiver import TOKEN_FILE_ENV, WEBHOOK_PATH
 from keyrange.commands.operator import side_services
-from keyrange.operator.rangecontrol import PlannedRescale, RangeStatus, ScaleOutcome, ScaleRequest
+from keyrange.operator.rangecontrol import PlannedRescale, RangeStatus, ScaleRequest
+from keyrange.ranges.planner import ScaleOutcome
 from keyrange.spec import StreamConsumerSpec
 from tests.alertmanager import alert as shop_alert
 from tests.alertmanager import payload
@@ -55,8 +56,8 @@ class SplittingControl:
         before = self.workers
         if request.direction == "up" and self.workers < self.spec.workers.max:
             self.workers += 1
-            return ScaleOutcome(True, before, self.workers)
-        return ScaleOutcome(False, before, before, f"workers.max ({self.spec.workers.max}) reached")
+            return ScaleOutcome(True, "", before, self.workers)
+        return ScaleOutcome(False, f"workers.max ({self.spec.workers.max}) reached", before, before)
 
     def update_spec(self, spec: StreamConsumerSpec) -> None:
         self.spec = spec

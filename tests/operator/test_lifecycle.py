@@ -78,7 +78,7 @@ async def test_planner_decisions_become_events_and_status_with_the_handoffs_paus
             control = operator.controls.get(NS, name)
             assert control is not None
             outcome = await asyncio.to_thread(control.request_scale, ScaleRequest("up", "TestAlert"))
-            assert outcome.accepted, outcome
+            assert outcome.applied, outcome
             two = await eventually(lambda: _status(cluster, name, phase="Running", workers=2), "2 workers",
                                    timeout=120)
 

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from keyrange.operator.rangecontrol import RangeControl, ScaleRequest, StaticRangeControl
+from keyrange.operator.rangecontrol import RangeControl, ScaleRequest
 from keyrange.operator.registry import ControlRegistry
 from keyrange.spec import StreamConsumerSpec, parse_spec
+from tests.static_range_control import StaticRangeControl
 
 SPEC = parse_spec({"kafka": {"topic": "t", "bootstrapServers": "k:9092", "partitions": 6},
                    "workers": {"min": 2, "max": 4}})
@@ -65,4 +66,4 @@ def test_static_control_follows_replicas_and_refuses_to_rescale() -> None:
     status = control.status()
     assert status.epoch == 1 and status.ranges == ((0, "0-2"), (1, "3-5"))
     outcome = control.request_scale(ScaleRequest("up", "test"))
-    assert not outcome.accepted and "spec.workers.replicas" in outcome.message
+    assert not outcome.applied and "spec.workers.replicas" in outcome.detail

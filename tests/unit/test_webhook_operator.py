@@ -14,11 +14,13 @@ import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
 from keyrange.autoscale.receiver import WEBHOOK_PATH
-from keyrange.operator.rangecontrol import RangeStatus, ScaleOutcome, ScaleRequest, StaticRangeControl
+from keyrange.operator.rangecontrol import RangeStatus, ScaleRequest
 from keyrange.operator.registry import ControlRegistry
 from keyrange.operator.scalewebhook import operator_receiver
+from keyrange.ranges.planner import ScaleOutcome
 from keyrange.spec import parse_spec
 from tests.alertmanager import alert, payload
+from tests.static_range_control import StaticRangeControl
 
 SPEC = {"kafka": {"topic": "events", "bootstrapServers": "kafka:9092"}, "workers": {"min": 1, "max": 4},
         "scaling": {"cooldownSeconds": 45}}
@@ -35,7 +37,7 @@ class ScalingControl:
         self.requests.append(request)
         before = self.workers
         self.workers = min(4, self.workers + (1 if request.direction == "up" else -1))
-        return ScaleOutcome(self.workers != before, before, self.workers)
+        return ScaleOutcome(self.workers != before, "", before, self.workers)
 
     def status(self) -> RangeStatus:
         return RangeStatus(epoch=1, workers=self.workers)
