@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from keyrange.operator.rangecontrol import PlannedRescale, RangeStatus, ScaleRequest
-from keyrange.ranges.planner import ScaleOutcome
+from keyrange.operator.rangecontrol import PlannedRescale, RangeStatus
+from keyrange.ranges.planner import Direction, ScaleOutcome
 from keyrange.ranges.rangemap import RangeMap
 from keyrange.spec import StreamConsumerSpec
 
@@ -33,7 +33,7 @@ class StaticRangeControl:
         """Remember the ready pods (reported in status only)."""
         self._ready = ready
 
-    def request_scale(self, request: ScaleRequest) -> ScaleOutcome:
+    def request_scale(self, direction: Direction, reason: str) -> ScaleOutcome:
         """Always refused: a static map does not rescale."""
         n = self._workers()
         return ScaleOutcome(False, "no range controller is running for this consumer; "

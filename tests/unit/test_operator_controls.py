@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from keyrange.operator.rangecontrol import RangeControl, ScaleRequest
+from keyrange.operator.rangecontrol import RangeControl
 from keyrange.operator.registry import ControlRegistry
 from keyrange.spec import StreamConsumerSpec, parse_spec
 from tests.static_range_control import StaticRangeControl
@@ -65,5 +65,5 @@ def test_static_control_follows_replicas_and_refuses_to_rescale() -> None:
     assert control.desired_workers() == 2
     status = control.status()
     assert status.epoch == 1 and status.ranges == ((0, "0-2"), (1, "3-5"))
-    outcome = control.request_scale(ScaleRequest("up", "test"))
+    outcome = control.request_scale("up", "test")
     assert not outcome.applied and "spec.workers.replicas" in outcome.detail

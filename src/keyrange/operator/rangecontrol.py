@@ -68,15 +68,6 @@ class PlannedRescale:
     decided_ms: int
 
 
-@dataclass(frozen=True)
-class ScaleRequest:
-    """A request to split (`up`) or merge (`down`), e.g. from an Alertmanager alert."""
-
-    direction: Direction
-    reason: str
-    """Why, for status and the Kubernetes Event (e.g. the alert name)."""
-
-
 class RangeControl(Protocol):
     """One consumer's range controller as the operator sees it."""
 
@@ -86,8 +77,10 @@ class RangeControl(Protocol):
     def workers_available(self, ready: int) -> None:
         """Tell the controller how many worker pods (ordinals 0..ready-1) are ready."""
 
-    def request_scale(self, request: ScaleRequest) -> ScaleOutcome:
-        """Ask for a split or a merge; the controller applies its planner's limits and cooldown."""
+    def request_scale(self, direction: Direction, reason: str) -> ScaleOutcome:
+        """Ask for a split (`up`) or a merge (`down`), `reason` saying why for status and the
+        Kubernetes Event (e.g. the alert name); the controller applies its planner's limits and
+        cooldown (`Controller.request_scale`'s contract)."""
 
     def update_spec(self, spec: StreamConsumerSpec) -> None:
         """The StreamConsumer's spec changed (limits, thresholds)."""

@@ -19,7 +19,7 @@ from typing import Any
 from keyrange.autoscale.receiver import WEBHOOK_PATH, AlertReceiver, Resolved, serve
 from keyrange.autoscale.tracker import AlertTracker, ConsumerRef
 from keyrange.operator.decisions import record_scaling_decision
-from keyrange.operator.rangecontrol import RangeControl, ScaleRequest
+from keyrange.operator.rangecontrol import RangeControl
 from keyrange.ranges.planner import Direction, ScaleOutcome
 from keyrange.spec import API_VERSION, KIND, parse_spec
 
@@ -34,7 +34,7 @@ class RangeControlTarget:
 
     async def request_scale(self, direction: Direction, reason: str) -> ScaleOutcome:
         """Ask the range control (in a thread: it may block on Kafka), then record the outcome."""
-        outcome = await asyncio.to_thread(self._control.request_scale, ScaleRequest(direction, reason))
+        outcome = await asyncio.to_thread(self._control.request_scale, direction, reason)
         ref = self._consumer
         await asyncio.to_thread(record_scaling_decision, self._memo.kube, ref.namespace, ref.name, outcome,
                                 reason, self._memo.clock())
