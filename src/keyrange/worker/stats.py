@@ -12,10 +12,8 @@ from dataclasses import dataclass, field
 MAX_LATENCY_SAMPLES = 4096
 """Latencies kept between two summaries. Past this, every other kept one is dropped and from then
 on only every 2nd (then 4th, ...) latency is kept: an even spread over the whole interval, whose
-sort for the summary's percentiles (on the event loop) takes well under a millisecond. Keeping
-every latency up to 200,000 cost a 30-45 ms stall of every client's events every summary (two
-sorts of 150,000 floats at 30,000 events/s), and 8% of the event loop's time in a hot-counter
-drain."""
+sort for the summary's percentiles runs on the event loop and must not stall every client's
+events (BENCHMARKS.md, "The summary line's stall")."""
 
 
 @dataclass

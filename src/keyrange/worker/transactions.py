@@ -34,6 +34,7 @@ from confluent_kafka import KafkaError, KafkaException, Message, Producer, Topic
 
 from keyrange.events import MAX_EVENT_BYTES
 from keyrange.kafkaquirks import Backoff, Failure, classify, kafka_error, outputs_acknowledged_before_offsets
+from keyrange.kafkaquirks import TransactionFailed as TransactionFailed  # its home; re-exported for the worker
 from keyrange.worker.callthread import CallThread
 from keyrange.worker.consumer import worker_client_id
 from keyrange.worker.settings import WorkerSettings
@@ -119,18 +120,6 @@ class CommitRetry:
     def recovered(self) -> None:
         if self.tries:
             log.warning("%s: the transaction committed after %d tries", self.who, self.tries + 1)
-
-
-class TransactionFailed(RuntimeError):
-    """A slot's producer hit a fatal error, e.g. fenced because another worker acquired the slot,
-    or gave up retrying (see `CommitRetry`): the slot's transaction did not commit."""
-
-    def __init__(self, message: str, gave_up: bool = False) -> None:
-        super().__init__(message)
-        self.gave_up = gave_up
-        """This worker gave the producer up (stuck, or no commit within COMMIT_DEADLINE_SECONDS, or
-        stopping); False: Kafka failed it (fenced by another producer of the slot, ...), which only
-        whoever assigns slots may overrule."""
 
 
 @dataclass(slots=True)
