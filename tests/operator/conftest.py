@@ -201,15 +201,20 @@ async def running_operator(release: Release, namespaces: list[str],
     async with as_operator(release):
         memo = operator_memo(settings, kube=operator_kube(release), range_control_factory=range_control_factory)
         stop: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        task = asyncio.create_task(kopf.operator(registry=registry, memo=memo, clusterwide=False,
-                                                 namespaces=namespaces, standalone=True, stop_flag=stop))
+        # kopf.operator() as its parts: when it stops, kopf waits up to 5 s for every task begun
+        # after it started, then cancels them, and the task that stops it here is one of those.
+        not_kopfs = set(asyncio.all_tasks())
+        tasks = await kopf.spawn_tasks(registry=registry, memo=memo, clusterwide=False, namespaces=namespaces,
+                                       standalone=True, stop_flag=stop)
+        task = asyncio.create_task(kopf.run_tasks(tasks, ignored=not_kopfs))
         try:
             yield memo
         finally:
-            # kopf waits up to 5 s for every task in the loop (including the test's own) when it stops.
+            current = asyncio.current_task()
+            if current is not None:
+                not_kopfs.add(current)
             stop.set_result(None)
-            with contextlib.suppress(asyncio.CancelledError):
-                await asyncio.wait_for(task, timeout=30)
+            await asyncio.wait_for(task, timeout=30)
             memo.controls.close_all()
 
 
