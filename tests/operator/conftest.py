@@ -31,6 +31,7 @@ from keyrange.operator.kube import Kube
 from keyrange.operator.registry import RangeControlFactory, default_range_control
 from keyrange.operator.settings import OperatorSettings
 from tests.operator.kubecluster import ROOT, ControlPlane, helm_binary
+from tests.parallel import stopped_after_its_last_test
 from tests.timeouts import tier_timeout
 
 T = TypeVar("T")
@@ -125,13 +126,12 @@ async def eventually(probe: Callable[[], Awaitable[T | None]], what: str, timeou
 
 
 @pytest.fixture(scope="session")
-def control_plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPlane]:
-    """One real control plane (etcd, kube-apiserver, kube-controller-manager) for the whole session."""
+def control_plane(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPlane]:
+    """One real control plane (etcd, kube-apiserver, kube-controller-manager) for the session's
+    tests that use it; down after the last of them (tests/parallel.py)."""
     plane = ControlPlane.up(tmp_path_factory.mktemp("kube"))
-    try:
+    with stopped_after_its_last_test(request, plane.down):
         yield plane
-    finally:
-        plane.down()
 
 
 def helm(plane: ControlPlane, home: Path, *args: str, check: bool = True) -> Any:
