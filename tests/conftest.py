@@ -23,7 +23,12 @@ from keyrange.local.embedded_broker import EmbeddedBroker
 from keyrange.local.kafka_cluster import QUICK_START_JVM_OPTIONS, KafkaCluster
 from tests.kafka_cluster_helpers import heal
 from tests.kafkaretry import wait_for_group_coordinator
-from tests.parallel import pytest_collection_modifyitems  # noqa: F401 - the hook: heavy fixtures' xdist groups
+from tests.parallel import (  # noqa: F401 - the hooks: heavy fixtures' xdist groups, and their early stop
+    pytest_collection_finish,
+    pytest_collection_modifyitems,
+    pytest_runtest_teardown,
+    stopped_after_its_last_test,
+)
 from tests.timeouts import SESSION_TEARDOWN_SECONDS, last_test_allowance
 
 pytest_runtest_protocol = last_test_allowance(SESSION_TEARDOWN_SECONDS)
@@ -82,11 +87,12 @@ def any_bootstrap(broker_engine: BrokerUnderTest) -> str:
 
 
 @pytest.fixture(scope="session")
-def _kafka_cluster3_session() -> Iterator[KafkaCluster]:
+def _kafka_cluster3_session(request: pytest.FixtureRequest) -> Iterator[KafkaCluster]:
     # Fault tests restart nodes under load: on 2 busy shared cores a restarted node was measured
     # taking over 90 s to serve again (it replays the metadata log while starved of CPU); this
     # bounds a hang, the wait itself is for the node to answer.
-    with KafkaCluster(nodes=3, jvm_options=QUICK_START_JVM_OPTIONS, start_timeout_seconds=240.0) as cluster:
+    with KafkaCluster(nodes=3, jvm_options=QUICK_START_JVM_OPTIONS, start_timeout_seconds=240.0) as cluster, \
+            stopped_after_its_last_test(request, cluster.stop):
         wait_for_group_coordinator(cluster.bootstrap)
         yield cluster
 

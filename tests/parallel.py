@@ -6,6 +6,10 @@ topic names that carry its process id (tests/conftest.py `topic_name`). What is 
 once per worker is started by one worker only: every test that uses it is put in one xdist group,
 which `--dist loadgroup` runs on a single worker. Without xdist the groups change nothing.
 
+Such a fixture is stopped as soon as the last test of its process that uses it has run
+(`stopped_after_its_last_test`), not at the session's end: its worker goes on with other tests for
+most of the run, and they do not share the machine with an idle cluster.
+
 xdist tells its scheduler a test's group by appending "@group" to the test's id on the worker. With
 pytest 9.2 its way of doing so no longer takes (pytest-dev/pytest-xdist#1386: the tests are spread
 as if ungrouped), so `pytest_collection_modifyitems` below appends it where xdist's did not.
@@ -13,7 +17,9 @@ as if ungrouped), so `pytest_collection_modifyitems` below appends it where xdis
 
 from __future__ import annotations
 
-from collections.abc import Generator
+import contextlib
+from collections import Counter
+from collections.abc import Callable, Generator, Iterator
 from typing import Any
 
 import pytest
@@ -25,6 +31,59 @@ HEAVY_FIXTURES = {
 }
 """Session fixture -> the xdist group of every test that uses it: the kube control plane (etcd,
 kube-apiserver, kube-controller-manager), the 3-node Kafka cluster, and the local Spark session."""
+
+
+_USES_LEFT: Counter[str] = Counter()
+"""Heavy fixture -> the tests of this process's collection that use it and have not run yet."""
+_DONE: set[str] = set()
+"""The tests whose use of a heavy fixture was counted off (a test run twice counts once)."""
+_STOPS: dict[str, Callable[[], None]] = {}
+"""Heavy fixture -> how to stop it early, while it runs (`stopped_after_its_last_test`)."""
+
+
+@contextlib.contextmanager
+def stopped_after_its_last_test(request: pytest.FixtureRequest, stop: Callable[[], None]) -> Iterator[None]:
+    """Around a HEAVY_FIXTURES fixture's yield: `stop` runs once the last test of this process
+    that uses the fixture has run and its module's fixtures are torn down (module docstring); at
+    the latest when the fixture is finalized. It runs once either way."""
+    stopped = False
+
+    def once() -> None:
+        nonlocal stopped
+        if not stopped:
+            stopped = True
+            stop()
+
+    _STOPS[request.fixturename] = once
+    try:
+        yield
+    finally:
+        _STOPS.pop(request.fixturename, None)
+        once()
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Count, per heavy fixture, the tests that use it (an xdist worker runs all of them or none)."""
+    _USES_LEFT.clear()
+    _DONE.clear()
+    for item in session.items:
+        _USES_LEFT.update(f for f in HEAVY_FIXTURES if f in getattr(item, "fixturenames", ()))
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> Generator[None, Any, Any]:
+    """After a test's teardown, stop each heavy fixture no test left in this process uses, once
+    no module fixture that may hold it is up (the next test is in another module, or none)."""
+    try:
+        return (yield)
+    finally:
+        if item.nodeid not in _DONE:
+            _DONE.add(item.nodeid)
+            _USES_LEFT.subtract(f for f in HEAVY_FIXTURES if f in getattr(item, "fixturenames", ()))
+        if nextitem is None or nextitem.getparent(pytest.Module) is not item.getparent(pytest.Module):
+            # A fixture no collected test names (one taken by getfixturevalue) waits for the session's end.
+            for fixture in [f for f in _STOPS if f in _USES_LEFT and _USES_LEFT[f] <= 0]:
+                _STOPS.pop(fixture)()
 
 
 @pytest.hookimpl(wrapper=True, tryfirst=True)

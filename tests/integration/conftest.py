@@ -16,6 +16,7 @@ import pytest
 
 from keyrange.local.kafka_cluster import QUICK_START_JVM_OPTIONS, KafkaCluster
 from tests.integration.aggregation_helpers import require_pyspark
+from tests.parallel import stopped_after_its_last_test
 from tests.timeouts import tier_timeout
 
 TIMEOUT_SECONDS = 300
@@ -25,10 +26,11 @@ pytest_collection_modifyitems = tier_timeout(Path(__file__).parent, TIMEOUT_SECO
 
 
 @pytest.fixture(scope="session")
-def spark() -> Iterator[Any]:
+def spark(request: pytest.FixtureRequest) -> Iterator[Any]:
     """The shared local[2] SparkSession with Spark's Kafka connector and the keyrange-kafka source.
 
-    One session serves every test that asks: local[2] costs ~5.5 s and ~630 MiB to start.
+    One session serves every test that asks: local[2] costs ~5.5 s and ~630 MiB to start. It stops
+    after the last of them (tests/parallel.py).
     """
     require_pyspark()
     # Spark's Python workers must run this very interpreter (same pyspark, same keyrange).
@@ -36,8 +38,8 @@ def spark() -> Iterator[Any]:
     from keyrange.aggregation.session import spark_session
 
     session = spark_session("local[2]", app_name="keyrange-tests")
-    yield session
-    session.stop()
+    with stopped_after_its_last_test(request, session.stop):
+        yield session
 
 
 @pytest.fixture

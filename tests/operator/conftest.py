@@ -31,6 +31,7 @@ from keyrange.operator.kube import Kube
 from keyrange.operator.registry import RangeControlFactory, default_range_control
 from keyrange.operator.settings import OperatorSettings
 from tests.operator.kubecluster import ROOT, ControlPlane, helm_binary
+from tests.parallel import stopped_after_its_last_test
 from tests.timeouts import tier_timeout
 
 T = TypeVar("T")
@@ -125,13 +126,12 @@ async def eventually(probe: Callable[[], Awaitable[T | None]], what: str, timeou
 
 
 @pytest.fixture(scope="session")
-def control_plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPlane]:
-    """One real control plane (etcd, kube-apiserver, kube-controller-manager) for the whole session."""
+def control_plane(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPlane]:
+    """One real control plane (etcd, kube-apiserver, kube-controller-manager) for the session's
+    tests that use it; down after the last of them (tests/parallel.py)."""
     plane = ControlPlane.up(tmp_path_factory.mktemp("kube"))
-    try:
+    with stopped_after_its_last_test(request, plane.down):
         yield plane
-    finally:
-        plane.down()
 
 
 def helm(plane: ControlPlane, home: Path, *args: str, check: bool = True) -> Any:
@@ -201,15 +201,20 @@ async def running_operator(release: Release, namespaces: list[str],
     async with as_operator(release):
         memo = operator_memo(settings, kube=operator_kube(release), range_control_factory=range_control_factory)
         stop: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        task = asyncio.create_task(kopf.operator(registry=registry, memo=memo, clusterwide=False,
-                                                 namespaces=namespaces, standalone=True, stop_flag=stop))
+        # kopf.operator() as its parts: when it stops, kopf waits up to 5 s for every task begun
+        # after it started, then cancels them, and the task that stops it here is one of those.
+        not_kopfs = set(asyncio.all_tasks())
+        tasks = await kopf.spawn_tasks(registry=registry, memo=memo, clusterwide=False, namespaces=namespaces,
+                                       standalone=True, stop_flag=stop)
+        task = asyncio.create_task(kopf.run_tasks(tasks, ignored=not_kopfs))
         try:
             yield memo
         finally:
-            # kopf waits up to 5 s for every task in the loop (including the test's own) when it stops.
+            current = asyncio.current_task()
+            if current is not None:
+                not_kopfs.add(current)
             stop.set_result(None)
-            with contextlib.suppress(asyncio.CancelledError):
-                await asyncio.wait_for(task, timeout=30)
+            await asyncio.wait_for(task, timeout=30)
             memo.controls.close_all()
 
 

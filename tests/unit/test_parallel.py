@@ -52,3 +52,59 @@ def test_the_tests_of_one_heavy_fixture_share_one_xdist_worker(tmp_path: Path) -
     assert "12 passed" in run.stdout, run.stdout + run.stderr
     workers = {(tmp_path / "ran_on" / f"spark-{i}").read_text() for i in range(6)}
     assert len(workers) == 1 and workers != {"main"}, workers
+
+
+EARLY_STOP_CONFTEST = """
+import os
+import pytest
+from tests.parallel import (pytest_collection_finish, pytest_collection_modifyitems, pytest_runtest_teardown,
+                            stopped_after_its_last_test)
+
+def note(what):
+    with open(os.environ["EVENTS"], "a") as out:
+        out.write(what + "\\n")
+
+@pytest.fixture(scope="session")
+def spark(request):
+    with stopped_after_its_last_test(request, lambda: note("stopped")):
+        yield "spark"
+"""
+
+EARLY_STOP_TESTS = {
+    "test_a_spark.py": """
+import pytest
+from conftest import note
+
+@pytest.fixture(scope="module")
+def held(spark):
+    yield spark
+    note("module fixture released")
+
+@pytest.mark.parametrize("i", range(2))
+def test_uses(held, i):
+    note(f"uses {i}")
+
+def test_plain_in_the_same_module():
+    note("plain")
+""",
+    "test_b_other.py": """
+from conftest import note
+
+def test_other():
+    note("other")
+""",
+}
+
+
+def test_a_heavy_fixture_stops_after_its_last_test_once_its_module_is_torn_down(tmp_path: Path) -> None:
+    (tmp_path / "conftest.py").write_text(EARLY_STOP_CONFTEST)
+    for name, text in EARLY_STOP_TESTS.items():
+        (tmp_path / name).write_text(text)
+    events = tmp_path / "events"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(tmp_path), os.environ.get("PYTHONPATH", "")]),
+           "EVENTS": str(events)}
+    run = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-p", "no:xdist", "-q",
+                          str(tmp_path)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    assert "4 passed" in run.stdout, run.stdout + run.stderr
+    assert events.read_text().splitlines() == [
+        "uses 0", "uses 1", "plain", "module fixture released", "stopped", "other"]
