@@ -8,7 +8,7 @@ from collections import Counter
 
 import pytest
 
-from keyrange.ranges.layout import HASH_SPACE, MAX_ROUTED_KEYS, SlotLayout, SlotRouter
+from keyrange.ranges.layout import HASH_SPACE, MAX_ROUTED_KEYS, SlotLayout, SlotRouter, slot_of_label
 from keyrange.ranges.slots import murmur2, partition_for_client
 
 
@@ -112,3 +112,14 @@ def test_the_router_agrees_with_the_layout_and_forgets_keys_past_its_bound() -> 
         router.slot_of(0, i.to_bytes(4, "big"))
         assert len(router) <= MAX_ROUTED_KEYS
     assert router.slot_of(0, keys[0]) == layout.slot_for_key(0, keys[0])
+
+
+def test_a_slot_label_names_the_slot_back() -> None:
+    layout = SlotLayout(3, 4)
+    for slot in range(layout.slot_count):
+        assert slot_of_label(layout.describe_slot(slot)) == slot
+    assert slot_of_label("7") == 7
+    with pytest.raises(ValueError, match="part 4 of 4"):
+        slot_of_label("1:4/4")
+    with pytest.raises(ValueError):
+        slot_of_label("one")

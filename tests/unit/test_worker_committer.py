@@ -23,7 +23,8 @@ class RecordingTransactions:
     def __init__(self) -> None:
         self.commits: list[list[OutputRecord]] = []
 
-    async def commit(self, records: list[OutputRecord], offsets: list[TopicPartition]) -> None:
+    async def commit(self, records: list[OutputRecord], offsets: list[TopicPartition],
+                     last: list[OutputRecord] | None = None) -> None:
         self.commits.append(records)
 
 
@@ -59,7 +60,8 @@ class GatedTransactions(RecordingTransactions):
         self.in_flight = 0
         self.most_in_flight = 0
 
-    async def commit(self, records: list[OutputRecord], offsets: list[TopicPartition]) -> None:
+    async def commit(self, records: list[OutputRecord], offsets: list[TopicPartition],
+                     last: list[OutputRecord] | None = None) -> None:
         self.in_flight += 1
         self.most_in_flight = max(self.most_in_flight, self.in_flight)
         self.began.set()
@@ -77,7 +79,8 @@ class CountingTransactions(RecordingTransactions):
         super().__init__()
         self.committed = asyncio.Condition()
 
-    async def commit(self, records: list[OutputRecord], offsets: list[TopicPartition]) -> None:
+    async def commit(self, records: list[OutputRecord], offsets: list[TopicPartition],
+                     last: list[OutputRecord] | None = None) -> None:
         await super().commit(records, offsets)
         async with self.committed:
             self.committed.notify_all()
@@ -151,7 +154,8 @@ def test_a_release_waits_out_its_slots_transaction_in_flight() -> None:
 
 
 class FailingTransactions(RecordingTransactions):
-    async def commit(self, records: list[OutputRecord], offsets: list[TopicPartition]) -> None:
+    async def commit(self, records: list[OutputRecord], offsets: list[TopicPartition],
+                     last: list[OutputRecord] | None = None) -> None:
         raise TransactionFailed("slot 0 was acquired by another worker")
 
 
@@ -219,7 +223,8 @@ class SlowTransactions(CountingTransactions):
         self.seconds = seconds
         self.began_at: list[float] = []
 
-    async def commit(self, records: list[OutputRecord], offsets: list[TopicPartition]) -> None:
+    async def commit(self, records: list[OutputRecord], offsets: list[TopicPartition],
+                     last: list[OutputRecord] | None = None) -> None:
         loop = asyncio.get_running_loop()
         self.began_at.append(loop.time())
         await asyncio.sleep(self.seconds)  # a transaction that outlasts the commit interval

@@ -26,6 +26,7 @@ from keyrange.local.monitoring import AlertingOptions, LocalAlertPath, without_l
 from keyrange.local.table import Totals, WorkerRow, render
 from keyrange.ranges.channel import ControlChannel, now_ms
 from keyrange.ranges.controller import Controller, ControllerStatus, ScaleResult
+from keyrange.ranges.layout import SlotLayout
 from keyrange.ranges.planner import Direction, ScalingLimits, SlotLag
 from keyrange.ranges.sizing import Load
 from keyrange.ranges.slots import format_slot_list
@@ -117,7 +118,7 @@ class Supervisor:
                                client_properties=self.client_properties,
                                replication_factor=spec.kafka.replication_factor)
         ControlChannel.ensure_topic(self.bootstrap, group, self.client_properties, spec.kafka.replication_factor)
-        slot_count = counts[spec.kafka.topic]
+        slot_count = SlotLayout.for_workers(counts[spec.kafka.topic], spec.workers.max).slot_count
         self.fleet = ProcessFleet(self.spec_file, self.bootstrap, self.run_dir / "logs", self.worker_args,
                                   max_workers=min(spec.workers.max, slot_count), spare=self.spare_workers)
         channel = ControlChannel(self.bootstrap, group, "keyrange-run", self.client_properties)

@@ -16,6 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal, Protocol
 
+from keyrange.ranges.layout import SlotLayout
 from keyrange.ranges.rangemap import RangeMap
 from keyrange.spec import StreamConsumerSpec
 
@@ -129,7 +130,7 @@ class StaticRangeControl:
     def _workers(self) -> int:
         spec = self._spec
         want = spec.workers.replicas or spec.workers.min
-        return max(1, min(want, spec.workers.max, spec.kafka.partitions))
+        return max(1, min(want, spec.workers.max))
 
     def desired_workers(self) -> int:
         """The fixed worker count."""
@@ -155,7 +156,8 @@ class StaticRangeControl:
 
     def status(self) -> RangeStatus:
         """The even map over the fixed worker count, epoch 1."""
-        m = RangeMap.even(self._spec.kafka.partitions, self._workers(), epoch=1)
+        m = RangeMap.even(SlotLayout.for_workers(self._spec.kafka.partitions, self._spec.workers.max).slot_count,
+                          self._workers(), epoch=1)
         return RangeStatus(epoch=m.epoch, workers=m.workers,
                            ranges=tuple((a.worker, str(a.range)) for a in m))
 

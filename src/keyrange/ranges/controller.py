@@ -37,6 +37,7 @@ from keyrange.ranges.handoff import (
     advance,
     begin,
 )
+from keyrange.ranges.layout import SlotLayout
 from keyrange.ranges.planner import Decision, Direction, Planner, ScalingLimits, SlotLag, range_lag
 from keyrange.ranges.rangemap import RangeMap
 from keyrange.ranges.sizing import LoadSource
@@ -149,12 +150,16 @@ class ScaleResult:
 class Controller:
     """Plans and publishes range maps for one consumer (see the module docstring)."""
 
-    def __init__(self, channel: ControlLog, slot_count: int, limits: ScalingLimits, lag_source: LagSource,
+    def __init__(self, channel: ControlLog, partitions: int, limits: ScalingLimits, lag_source: LagSource,
                  fleet: WorkerFleet | None = None, clock: Callable[[], float] = time.monotonic,
                  start_timeout_seconds: float = 60.0, warm_timeout_seconds: float = 10.0,
                  wall_clock_ms: Callable[[], int] = now_ms) -> None:
         self.channel = channel
-        self.slot_count = slot_count
+        self.partitions = partitions
+        """Partitions of the input topic."""
+        self.layout = SlotLayout.for_workers(partitions, limits.max_workers)
+        """How the partitions are cut into slots: for `workers.max` workers at first; a control topic
+        that holds a map keeps that map's layout (`start`)."""
         self.planner = Planner(limits)
         self.lag_source = lag_source
         self.fleet = fleet
@@ -195,14 +200,19 @@ class Controller:
         self.channel.claim_writer()
         self.channel.catch_up()
         pub = self.channel.state.publication
-        if pub is not None and pub.map.slot_count != self.slot_count:
-            raise UserError(
-                f"the control topic {self.channel.topic} maps {pub.map.slot_count} slots but the input topic has "
-                f"{self.slot_count} partitions; delete the control topic (and the consumer's committed offsets) "
-                "after changing the partition count"
-            )
+        if pub is not None:
+            try:
+                self.layout = SlotLayout.of_slot_count(self.partitions, pub.map.slot_count)
+            except ValueError as exc:
+                raise UserError(f"the control topic {self.channel.topic}: {exc}") from None
+            if self.layout.slot_count < self.planner.limits.max_workers:
+                log.warning("workers.max is %d but this consumer's range map has %d slots (%d partitions x %d), "
+                            "laid out when workers.max was lower: at most %d workers. A new groupId lays it out "
+                            "again.", self.planner.limits.max_workers, self.layout.slot_count, self.partitions,
+                            self.layout.per_partition, self.layout.slot_count)
         if pub is None:
-            first = RangeMap.even(self.slot_count, min(self.planner.limits.min_workers, self.slot_count))
+            slots = self.layout.slot_count
+            first = RangeMap.even(slots, min(self.planner.limits.min_workers, slots))
             pub = Publication(first, reason="initial map", published_ms=self.wall_clock_ms())
             self.channel.publish(pub)
             log.info("published %s (initial)", first.describe())

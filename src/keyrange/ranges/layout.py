@@ -20,6 +20,7 @@ dictionary lookup.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from keyrange.ranges.slots import murmur2
@@ -48,6 +49,11 @@ class SlotLayout:
         """The fewest slots per partition that give each of `max_workers` workers at least one slot:
         one per partition when the topic has at least as many partitions as workers."""
         return cls(partitions, max(1, -(-max_workers // partitions)))
+
+    @classmethod
+    def whole_partitions(cls, slots: Iterable[int]) -> SlotLayout:
+        """One slot per partition, with partitions enough to hold `slots` (where no layout is given)."""
+        return cls(max(slots, default=0) + 1)
 
     @classmethod
     def of_slot_count(cls, partitions: int, slot_count: int) -> SlotLayout:
@@ -108,6 +114,19 @@ class SlotLayout:
         if not 0 <= slot < self.slot_count:
             raise ValueError(f"slot {slot} does not exist: the layout has {self.slot_count} slots "
                              f"({self.partitions} partitions x {self.per_partition})")
+
+
+def slot_of_label(text: str) -> int:
+    """The slot a `describe_slot` text names (`3`, or `3:1/4` = slot 13): what the worker's metrics
+    carry in their `partition` label. ValueError when it is neither."""
+    partition, sep, rest = text.partition(":")
+    if not sep:
+        return int(partition)
+    part, _, parts = rest.partition("/")
+    p, b, n = int(partition), int(part), int(parts)
+    if not 0 <= b < n:
+        raise ValueError(f"bad slot label {text!r}: part {b} of {n}")
+    return p * n + b
 
 
 def _bound(part: int, parts: int) -> int:

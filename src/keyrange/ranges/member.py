@@ -70,6 +70,11 @@ class SlotOwner(Protocol):
         """Read ahead the logs a later `acquire(slots)` needs; return whether it succeeded."""
         ...
 
+    def use_slot_count(self, slot_count: int) -> None:
+        """Hold slots of a range map of `slot_count` slots (hash ranges of partitions when there
+        are more slots than partitions: layout.py)."""
+        ...
+
 
 class IdentityTaken(UserError):
     """Another process claimed this worker id after this one: this one stands down."""
@@ -135,6 +140,7 @@ class RangeMember:
         pub = self.channel.state.publication
         if pub is None:
             return
+        self.engine.use_slot_count(pub.map.slot_count)
         self._follow_prepare(pub.epoch)
         self._note_transit(pub)
         loop = asyncio.get_running_loop()

@@ -97,7 +97,7 @@ class AttemptRunner:
         held = [c for c in tuple(self._abandoned.values()) if c.ps.revoked]
         if not held:
             return None
-        slots = ", ".join(str(p) for p in sorted({c.ps.partition for c in held}))
+        slots = ", ".join(str(p) for p in sorted({c.ps.slot for c in held}))
         oldest = time.monotonic() - min(c.since for c in held)
         return (f"the release of slot {slots} waits for {len(held)} handler call(s) that timed out (the oldest "
                 f"{oldest:.0f} s ago) and still run: restart the worker to end them")
@@ -182,7 +182,7 @@ class AttemptRunner:
         self._latency.observe(latency_s)
         self._stats.note_latency(latency_s)
         if self._pauses is not None:
-            self._pauses.started(job.ps.partition, started_s, event.created_ms)
+            self._pauses.started(job.ps.slot, started_s, event.created_ms)
         return started_s
 
     def _context(self, job: Job, attempt: int, state: ClientState) -> HandlerContext:

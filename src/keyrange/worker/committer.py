@@ -49,6 +49,8 @@ class _Batch:
     """Where the snapshot this transaction writes starts, if it writes one."""
     names_snapshot: int | None
     """The snapshot start its totals record names (None: no totals record, or none named)."""
+    last: list[OutputRecord]
+    """A hash-range slot's totals record: its position, written once the rest was acknowledged."""
 
 
 class _SnapshotStart:
@@ -130,7 +132,7 @@ class Committer:
         transaction in flight (if any) has ended; the slots' transactions run in parallel. Raises
         what failed one of them (unless `slot_failed` took the slot)."""
         while True:  # chosen again after each wait: a slot may have been released meanwhile
-            chosen = [ps for ps in self._partitions() if only is None or ps.partition in only]
+            chosen = [ps for ps in self._partitions() if only is None or ps.slot in only]
             if not any(ps in self._in_flight for ps in chosen):
                 break
             await self.idle(chosen)
@@ -184,28 +186,34 @@ class Committer:
         snapshot = None
         names = None
         take_snapshot = ps.snapshots.due(len(ps.store))
+        last: list[OutputRecord] = []
         if committable > ps.committed_offset or take_snapshot or not ps.snapshots.named:
-            if committable > ps.committed_offset:
+            # A whole partition's position is the group's offset; a hash range's, its totals record
+            # (positions.py): the partition's other slots are at other offsets.
+            if committable > ps.committed_offset and ps.whole_partition:
                 offsets.append(TopicPartition(s.topic, ps.partition, committable))
             # A snapshot is every live client's state, then the totals record; it starts at its
             # first record (the totals record when no client has a state).
             written = ps.snapshot_records(s.state) if take_snapshot else []
             record, totals = ps.totals_record(s.state, committable)
-            written.append(record)
+            if ps.whole_partition:
+                written.append(record)
+            else:
+                last.append(record)
             if take_snapshot:
-                snapshot = written[0].delivered = _SnapshotStart()
+                snapshot = (written or last)[0].delivered = _SnapshotStart()
             records.extend(written)
-            changelog_records += len(written)
+            changelog_records += len(written) + len(last)
             names = ps.snapshots.start
-        if not records:
+        if not records and not last:
             return None
         return _Batch(ps, records, offsets, committable, processed, dead_letters, totals, changelog_records,
-                      snapshot, names)
+                      snapshot, names, last)
 
     async def _commit(self, batch: _Batch) -> None:
         ps = batch.ps
         try:
-            await ps.transactions.commit(batch.records, batch.offsets)
+            await ps.transactions.commit(batch.records, batch.offsets, batch.last)
         except TransactionFailed as exc:
             if not self._slot_failed(ps, exc):
                 raise

@@ -29,6 +29,7 @@ from keyrange.handlers import Handler
 from keyrange.kafkaio import TopicSpec, ensure_topics, max_message_bytes, require_topic, until_reachable
 from keyrange.kafkalog import RepeatSummary
 from keyrange.kafkaquirks import Backoff
+from keyrange.ranges.layout import SlotLayout, SlotRouter
 from keyrange.ranges.pauses import HandoffPauses
 from keyrange.worker.attempts import AttemptRunner
 from keyrange.worker.committer import Committer
@@ -40,7 +41,7 @@ from keyrange.worker.partition import PartitionMetrics, PartitionState
 from keyrange.worker.restorer import Prefetched, Restorer
 from keyrange.worker.scheduler import ClientScheduler
 from keyrange.worker.settings import WorkerSettings
-from keyrange.worker.snapshots import CHANGELOG_TOPIC_CONFIG
+from keyrange.worker.snapshots import CHANGELOG_TOPIC_CONFIG, slot_totals_key
 from keyrange.worker.stats import WorkerStats
 from keyrange.worker.transactions import SlotTransactions, TransactionFailed
 
@@ -90,6 +91,11 @@ class Worker:
         """What the liveness and readiness probes answer (health.py)."""
         self.health.max_abandoned = max(1, settings.concurrency // 2)
         self._partitions: dict[int, PartitionState] = {}
+        """Held slots by number."""
+        self._by_partition: dict[int, list[PartitionState]] = {}
+        """Held slots by input partition (several when slots are hash ranges of partitions)."""
+        self._layout: SlotLayout | None = None
+        self._router: SlotRouter | None = None
         self._acquiring: dict[int, _AcquireTicket] = {}
         self._losing: dict[int, asyncio.Task[None]] = {}
         """Slots whose producer failed, being released (see `_slot_failed`)."""
@@ -126,6 +132,31 @@ class Worker:
         """Partitions of the input topic (known after `start`)."""
         return self._counts[self.settings.topic]
 
+    @property
+    def layout(self) -> SlotLayout:
+        """How the input's partitions are cut into slots (after `start`; `use_layout` changes it)."""
+        assert self._layout is not None, "worker not started"
+        return self._layout
+
+    def use_slot_count(self, slot_count: int) -> None:
+        """Hold slots of a range map of `slot_count` slots (the member's, from the publication)."""
+        self.use_layout(SlotLayout.of_slot_count(self.partition_count, slot_count))
+
+    def use_layout(self, layout: SlotLayout) -> None:
+        """Hold slots of `layout` from now on (the range map's: layout.py). A worker holding slots
+        cannot change layouts: ValueError."""
+        if layout == self._layout:
+            return
+        if self._counts and layout.partitions != self.partition_count:
+            raise ValueError(f"a layout of {layout.partitions} partitions does not fit topic {self.settings.topic!r}, "
+                             f"which has {self.partition_count}")
+        if self._partitions or self._acquiring:
+            raise ValueError(f"cannot change the slot layout while holding slots {sorted(self._partitions)}")
+        self._layout = layout
+        self._router = SlotRouter(layout)
+        if self._restorer is not None:
+            self._restorer.layout = layout
+
     async def start(self, stop: asyncio.Event | None = None) -> None:
         """Check the input topic, create the output topics, and connect. While Kafka does not
         answer this waits for it (one log line per try) until `stop` is set (StopRequested)."""
@@ -143,7 +174,9 @@ class Worker:
         outputs = await until_reachable(lambda timeout: ensure_topics(
             s.bootstrap, specs, timeout, s.client_properties, s.replication_factor), stop, longest)
         self._counts = {s.topic: count, **outputs}
-        self._restorer = Restorer(s, self._counts)
+        self._layout = self._layout if self._layout is not None else SlotLayout(count)
+        self._router = SlotRouter(self._layout)
+        self._restorer = Restorer(s, self._counts, self._layout)
         self._restorer.connect_next_reader()
         self._group_metadata = await self._consumer.open()
         limits = await until_reachable(lambda timeout: max_message_bytes(
@@ -207,11 +240,12 @@ class Worker:
     async def acquire(self, slots: Iterable[int]) -> None:
         """Restore the slots' state and dedup window, then resume them from their committed offsets."""
         wanted = sorted(set(slots))
+        layout = self.layout
         for slot in wanted:
-            if not 0 <= slot < self.partition_count:
-                raise ValueError(
-                    f"slot {slot} does not exist: topic {self.settings.topic!r} has {self.partition_count} partitions"
-                )
+            if not 0 <= slot < layout.slot_count:
+                cut = f", cut into {layout.per_partition} slots each" if layout.splits_partitions else ""
+                raise ValueError(f"slot {slot} does not exist: topic {self.settings.topic!r} has "
+                                 f"{self.partition_count} partitions{cut}")
         await self._losses_released(wanted)
         new = [s for s in wanted if s not in self._partitions and s not in self._acquiring]
         if not new:
@@ -243,23 +277,45 @@ class Worker:
                 if self._acquiring.get(s) is ticket:
                     del self._acquiring[s]
         assign: dict[int, int] = {}
+        seek: dict[int, int] = {}
+        taken: list[int] = []
         for s, ticket in tickets.items():
             if ticket.cancelled or self._stopping:
                 await transactions[s].close()
                 continue
-            pm = PartitionMetrics(self.settings.metrics_consumer, self.settings.worker_id, s)
-            ps = PartitionState(s, restored[s], self.settings.ttl_seconds, time.time, pm, transactions[s])
+            p = layout.partition_of(s)
+            pm = PartitionMetrics(self.settings.metrics_consumer, self.settings.worker_id, layout.describe_slot(s))
+            ps = PartitionState(p, restored[s], self.settings.ttl_seconds, time.time, pm, transactions[s],
+                                slot=s, totals_key=slot_totals_key(layout, s))
             assert self._outputs is not None
-            ps.output_partition = self._outputs.output_partition(self.settings.sink, s)
+            ps.output_partition = self._outputs.output_partition(self.settings.sink, p)
             self._partitions[s] = ps
-            assign[s] = restored[s].start_offset
+            taken.append(s)
+            siblings = self._by_partition.setdefault(p, [])
+            start = restored[s].start_offset
+            if p in assign:
+                assign[p] = min(assign[p], start)
+            elif siblings:
+                # The partition is fetched for another slot already: back to where this one resumes
+                # (the others skip what they have seen: `_dispatch`).
+                seek[p] = min([start, seek.get(p, start), *(sibling.window.next_offset for sibling in siblings)])
+            else:
+                assign[p] = start
+            if siblings and siblings[0].paused:
+                ps.paused = True  # its partition is paused for a sibling's backpressure
+                pm.paused.set(1)
+            siblings.append(ps)
         await self._consumer.assign(assign)
+        if seek:
+            await self._consumer.seek(seek)
+            await self._consumer.pause([p for p in seek if self._by_partition[p][0].paused])
         self._held_gauge.set(len(self.held_slots))
         log.info("acquired slots %s at offsets %s in %.0f ms (producers initialised %.0f ms, restore %.0f ms%s; "
-                 "restored %d finished-after-commit offsets, %d uuids, %d client states)", sorted(assign), assign,
+                 "restored %d finished-after-commit offsets, %d uuids, %d client states)", taken,
+                 {layout.describe_slot(s): restored[s].start_offset for s in taken},
                  (time.monotonic() - began) * 1000, open_ms, restore_ms, " after a read-ahead" if prefetched else "",
-                 sum(len(restored[s].finished_offsets) for s in assign),
-                 sum(len(restored[s].seen) for s in assign), sum(len(restored[s].state) for s in assign))
+                 sum(len(restored[s].finished_offsets) for s in taken),
+                 sum(len(restored[s].seen) for s in taken), sum(len(restored[s].state) for s in taken))
 
     async def prefetch(self, slots: Iterable[int]) -> bool:
         """Read ahead the logs a later `acquire(slots)` restores from, while another worker still
@@ -329,25 +385,31 @@ class Worker:
         began = time.monotonic()
         for ps in states:
             ps.revoked = True
-        await self._consumer.unassign([ps.partition for ps in states])
+        # A partition stays assigned while another of its slots is held here.
+        await self._consumer.unassign(sorted({ps.partition for ps in states
+                                              if all(other.revoked for other in self._by_partition[ps.partition])}))
         await asyncio.gather(*(ps.drained.wait() for ps in states))
         drained = time.monotonic()
         assert self._committer is not None
         if commit:
             # Only the released slots: the others commit on their interval, off the handoff's path.
-            await self._committer.commit_now(only={ps.partition for ps in states})
+            await self._committer.commit_now(only={ps.slot for ps in states})
         await self._committer.idle(states)  # waits out a commit in flight; none starts before the removal
         for ps in states:
             ps.outputs.clear()
             ps.dirty_state.clear()
-            if self._partitions.get(ps.partition) is ps:
-                del self._partitions[ps.partition]
+            if self._partitions.get(ps.slot) is ps:
+                del self._partitions[ps.slot]
+                siblings = self._by_partition[ps.partition]
+                siblings.remove(ps)
+                if not siblings:
+                    del self._by_partition[ps.partition]
             ps.metrics.remove()
         committed = time.monotonic()
         await asyncio.gather(*(ps.transactions.close() for ps in states))
         self._held_gauge.set(len(self.held_slots))
         log.info("released slots %s in %.0f ms (in-flight calls %.0f ms, commit %.0f ms, producers closed %.0f ms)",
-                 [ps.partition for ps in states], (time.monotonic() - began) * 1000, (drained - began) * 1000,
+                 [ps.slot for ps in states], (time.monotonic() - began) * 1000, (drained - began) * 1000,
                  (committed - drained) * 1000, (time.monotonic() - committed) * 1000)
 
     def _slot_failed(self, ps: PartitionState, exc: TransactionFailed) -> bool:
@@ -362,10 +424,10 @@ class Worker:
         if self._stopping:
             return True  # the stop releases it; its uncommitted events run again from the committed offsets
         again = policy is SlotFailure.REACQUIRE_IF_GAVE_UP
-        log.warning("%s; releasing slot %d without committing%s", exc, ps.partition,
+        log.warning("%s; releasing slot %d without committing%s", exc, ps.slot,
                     " and acquiring it again" if again else " (acquired again if it is still this worker's)")
-        self._losing[ps.partition] = asyncio.get_running_loop().create_task(
-            self._guard(self._release_lost(ps.partition, again)))
+        self._losing[ps.slot] = asyncio.get_running_loop().create_task(
+            self._guard(self._release_lost(ps.slot, again)))
         return True
 
     async def _release_lost(self, slot: int, again: bool) -> None:
@@ -399,23 +461,22 @@ class Worker:
             await self._apply_backpressure()
 
     def _dispatch(self, messages: list[Message]) -> None:
-        scheduler, intake, attempts = self._scheduler, self._intake, self._attempts
-        assert scheduler is not None and intake is not None and attempts is not None
+        scheduler, intake, attempts, router = self._scheduler, self._intake, self._attempts, self._router
+        assert scheduler is not None and intake is not None and attempts is not None and router is not None
         inline = self.handler.inline
-        partitions = self._partitions
+        slots = self._slots_of_record
         consumed: dict[int, int] = {}
         for m in messages:
             if m.error() is not None:
                 fetch_log.warning("fetch error: %s", m.error())
                 continue
-            # A fetched record always has a partition and an offset (the stubs say Optional).
-            ps = partitions.get(m.partition())  # type: ignore[arg-type]
+            ps = slots(m, router)
             if ps is None or ps.revoked:
                 continue  # fetched just before a release: the new owner handles it
             offset: int = m.offset()  # type: ignore[assignment]
             if offset < ps.window.next_offset:
                 continue  # delivered again (e.g. after resume): already in the window
-            consumed[ps.partition] = consumed.get(ps.partition, 0) + 1
+            consumed[ps.slot] = consumed.get(ps.slot, 0) + 1
             job = intake.admit(ps, m, offset)
             if job is not None:
                 client = job.event.client_id
@@ -423,25 +484,54 @@ class Worker:
                 # for its retries like any other job (attempts.py).
                 if not (inline and scheduler.can_run_now(client) and attempts.run_inline(job)):
                     scheduler.submit(client, job)
-        for p, n in consumed.items():
-            partitions[p].metrics.consumed.inc(n)
+        for s, n in consumed.items():
+            self._partitions[s].metrics.consumed.inc(n)
             self.stats.consumed += n
+
+    def _slots_of_record(self, m: Message, router: SlotRouter) -> PartitionState | None:
+        """The held slot a fetched record belongs to, or None. A record of a partition cut into hash
+        ranges moves the partition's other held slots past its offset (commitwindow.py)."""
+        # A fetched record always has a partition and an offset (the stubs say Optional).
+        partition: int = m.partition()  # type: ignore[assignment]
+        held = self._by_partition.get(partition)
+        if held is None:
+            return None
+        if len(held) == 1 and held[0].whole_partition:
+            return held[0]
+        slot = router.slot_of(partition, m.key())
+        offset: int = m.offset()  # type: ignore[assignment]
+        mine = None
+        for ps in held:
+            if ps.slot == slot:
+                mine = ps
+            else:
+                ps.window.pass_offset(offset)
+        return mine
 
     async def _apply_backpressure(self) -> None:
         limits = self.settings.max_pending, self.settings.max_pending_bytes
-        to_pause = [ps for ps in self._partitions.values() if ps.wants_pause(*limits)]
-        to_resume = [ps for ps in self._partitions.values() if ps.wants_resume(*limits)]
+        # Per partition: the consumer pauses a partition, with every slot of it held here.
+        to_pause: list[int] = []
+        to_resume: list[int] = []
+        for p, held in self._by_partition.items():
+            paused = held[0].paused
+            if not paused and any(ps.wants_pause(*limits) for ps in held):
+                to_pause.append(p)
+            elif paused and all(ps.wants_resume(*limits) for ps in held):
+                to_resume.append(p)
         if to_pause:
-            await self._consumer.pause([ps.partition for ps in to_pause])
-            for ps in to_pause:
-                ps.paused = True
-                ps.metrics.paused.set(1)
+            await self._consumer.pause(to_pause)
+            for p in to_pause:
+                for ps in self._by_partition.get(p, []):
+                    ps.paused = True
+                    ps.metrics.paused.set(1)
             self.stats.pauses += len(to_pause)
         if to_resume:
-            await self._consumer.resume([ps.partition for ps in to_resume])
-            for ps in to_resume:
-                ps.paused = False
-                ps.metrics.paused.set(0)
+            await self._consumer.resume(to_resume)
+            for p in to_resume:
+                for ps in self._by_partition.get(p, []):
+                    ps.paused = False
+                    ps.metrics.paused.set(0)
 
     # --- committing --------------------------------------------------------------------------
 

@@ -23,7 +23,7 @@ class PartitionMetrics:
         "paused", "pending", "processed", "skewed_ahead", "skewed_behind",
     )
 
-    def __init__(self, consumer: str, worker: str, partition: int) -> None:
+    def __init__(self, consumer: str, worker: str, partition: int | str) -> None:
         self.labels = (consumer, worker, str(partition))
         self.consumed = metrics.EVENTS_CONSUMED.labels(*self.labels)
         self.processed = metrics.EVENTS_PROCESSED.labels(*self.labels)
@@ -55,8 +55,15 @@ class PartitionState:
 
     def __init__(self, partition: int, restored: RestoredPartition, ttl_seconds: float,
                  wall_clock: Callable[[], float], partition_metrics: PartitionMetrics,
-                 transactions: SlotTransactions) -> None:
+                 transactions: SlotTransactions, slot: int | None = None, totals_key: bytes = TOTALS_KEY) -> None:
         self.partition = partition
+        """The input partition the slot lies in (Kafka's: fetch, outputs, changelog)."""
+        self.slot = partition if slot is None else slot
+        """The slot's number in the range map: its partition, or a hash range of it (layout.py)."""
+        self.totals_key = totals_key
+        """The changelog key of its totals records (events.totals_key)."""
+        self.whole_partition = totals_key == TOTALS_KEY
+        """Whether the slot is its whole partition: its transactions commit the group's offset."""
         self.transactions = transactions
         """The slot's transactional producer, initialised (this worker fenced earlier owners)."""
         self.window = CommitWindow(restored.start_offset)
@@ -151,7 +158,7 @@ class PartitionState:
         headers = [(SOURCE_OFFSET_HEADER, str(committable).encode())]
         if self.snapshots.start is not None:
             headers.append((SNAPSHOT_HEADER, str(self.snapshots.start).encode()))
-        return OutputRecord(state_topic, self.partition, TOTALS_KEY, value, headers), totals
+        return OutputRecord(state_topic, self.partition, self.totals_key, value, headers), totals
 
     def snapshot_records(self, state_topic: str) -> list[OutputRecord]:
         """Every live client's state as changelog records (snapshots.py), each with the offset of the

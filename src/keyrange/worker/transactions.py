@@ -227,14 +227,19 @@ class SlotTransactions:
         except KafkaException as exc:
             log.debug("slot %d: no metadata before initialising (%s); init_transactions retries", self.slot, exc)
 
-    async def commit(self, records: list[OutputRecord], offsets: list[TopicPartition]) -> None:
+    async def commit(self, records: list[OutputRecord], offsets: list[TopicPartition],
+                     last: list[OutputRecord] | None = None) -> None:
         """Write `records` and commit `offsets` atomically; raise TransactionFailed if impossible
         (fenced: another worker acquired the slot), or not done within COMMIT_DEADLINE_SECONDS.
 
         The deadline is kept by the commit's own thread (`_Backoff`); should a producer call
         ignore its timeout, this gives the producer up CALL_STUCK_SECONDS later all the same,
-        leaving the call to its thread, so that no slot waits on a producer for longer."""
-        running = asyncio.get_running_loop().run_in_executor(self._executor, self._commit, records, offsets)
+        leaving the call to its thread, so that no slot waits on a producer for longer.
+
+        `last`: records that say where the slot's position is (a hash-range slot's totals record,
+        as offsets do for a whole partition): written only once `records` were acknowledged."""
+        running = asyncio.get_running_loop().run_in_executor(self._executor, self._commit, records, offsets,
+                                                             last or [])
         longest = COMMIT_DEADLINE_SECONDS + CALL_STUCK_SECONDS
         try:
             await asyncio.wait_for(asyncio.shield(running), longest)
@@ -250,7 +255,8 @@ class SlotTransactions:
                 "(a producer call did not return within its timeout): giving this producer up; the slot resumes "
                 "from the last committed offsets", gave_up=True) from None
 
-    def _commit(self, records: list[OutputRecord], offsets: list[TopicPartition]) -> None:
+    def _commit(self, records: list[OutputRecord], offsets: list[TopicPartition],
+                last: list[OutputRecord] | None = None) -> None:
         producer = self._producer
         if producer is None or not self._initialised:
             raise TransactionFailed(f"{self.transactional_id} is not open")
@@ -263,11 +269,10 @@ class SlotTransactions:
                 producer.begin_transaction()
                 for r in records:
                     self._produce(producer, r)
-                if offsets:
+                if offsets or last:
                     outputs_acknowledged_before_offsets(
                         lambda: self._flush(producer, retry),
-                        lambda: self._retrying(retry, "sending its offsets", OFFSETS_TIMEOUT_SECONDS,
-                                               lambda timeout: self._send_offsets(producer, offsets, timeout)))
+                        lambda: self._position(producer, retry, offsets, last or []))
                 self._retrying(retry, "committing", self._timeout, producer.commit_transaction)
                 retry.recovered()
                 return
@@ -280,6 +285,14 @@ class SlotTransactions:
                     self._retrying(retry, "aborting", self._timeout, producer.abort_transaction)
                 except (KafkaException, SystemError) as abort_exc:
                     raise self._failed(kafka_error(abort_exc), len(records)) from abort_exc
+
+    def _position(self, producer: Producer, retry: _Backoff, offsets: list[TopicPartition],
+                  last: list[OutputRecord]) -> None:
+        for r in last:
+            self._produce(producer, r)
+        if offsets:
+            self._retrying(retry, "sending its offsets", OFFSETS_TIMEOUT_SECONDS,
+                           lambda timeout: self._send_offsets(producer, offsets, timeout))
 
     def _send_offsets(self, producer: Producer, offsets: list[TopicPartition], timeout: float) -> None:
         """send_offsets_to_transaction, on a thread of its own so that a call that never returns
