@@ -83,7 +83,6 @@ def read_processed(bootstrap: str, topic: str, expect: int | None = None,
 def committed_offsets(bootstrap: str, topic: str, group: str) -> dict[int, int]:
     """The group's committed offset of every partition of `topic` (its first offset when none)."""
     from keyrange.kafkaio import partition_counts
-    from keyrange.ranges.layout import SlotLayout
     from keyrange.worker import WorkerSettings
     from keyrange.worker.logreader import LogReader
 

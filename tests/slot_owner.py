@@ -29,3 +29,6 @@ class FakeSlotOwner:
 
     def use_slot_count(self, slot_count: int) -> None:
         self.slot_count = slot_count
+
+    def committed_positions(self) -> dict[int, int]:
+        return {}

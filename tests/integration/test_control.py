@@ -79,6 +79,9 @@ class FakeEngine:
     def use_slot_count(self, slot_count: int) -> None:
         """The fake holds slot numbers whatever they are."""
 
+    def committed_positions(self) -> dict[int, int]:
+        return {}
+
 
 class NoLag:
     def slot_lag(self) -> Mapping[int, SlotLag]:

@@ -2,6 +2,8 @@
 `workers.max: 4` is cut into 4 hash-range slots, the planner spreads them over 4 workers under load
 and merges them back, and every guarantee holds (check_all: order, no loss, dedup, exact counts).
 
+The group's committed offset, which users' tools read, reaches the end of the log.
+
 `keyrange run`'s supervisor runs in this process; workers are `keyrange worker` subprocesses. The
 handler sleeps 10 ms with 2 permits per worker, about 200 ev/s a worker: the burst of 600 ev/s
 needs 3 or more. The test waits on conditions and asserts sizes and the guarantees, never how fast.
@@ -20,7 +22,7 @@ from keyrange.ranges.layout import SlotLayout
 from tests.checkers import check_all
 from tests.conftest import BrokerUnderTest
 from tests.integration.supervised import supervised, wait_for
-from tests.kafkatools import control_slot_count, read_counts, read_input_log, read_processed
+from tests.kafkatools import committed_offsets, control_slot_count, read_counts, read_input_log, read_processed
 
 SPEC = """apiVersion: keyrange.dev/v1alpha1
 kind: StreamConsumer
@@ -55,6 +57,10 @@ def test_one_partition_runs_on_four_workers_with_every_guarantee(
                  f"three or more workers on one partition: {controller.status().last_decision}", interval=0.2)
         run.finish_load(timeout_seconds=180)
         log = read_input_log(bootstrap, topic_name, run.totals.sent)
+        # Users' tools read the group's offset: the lowest of the partition's slots, so at the end
+        # of the log once every slot finished (the controller commits it every second).
+        wait_for(lambda: committed_offsets(bootstrap, topic_name, f"{topic_name}-g") == {0: len(log)}, 300,
+                 f"the group's committed offset to reach the end of the log ({len(log)})", interval=0.5)
         processed = read_processed(bootstrap, f"{topic_name}.processed", len({e.uuid for e in log}),
                                    timeout_seconds=120)
         counts = read_counts(bootstrap, topic_name, f"{topic_name}-g", covering=len(log))

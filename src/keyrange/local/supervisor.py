@@ -26,6 +26,7 @@ from keyrange.local.monitoring import AlertingOptions, LocalAlertPath, without_l
 from keyrange.local.table import Totals, WorkerRow, render
 from keyrange.ranges.channel import ControlChannel, now_ms
 from keyrange.ranges.controller import Controller, ControllerStatus, ScaleResult
+from keyrange.ranges.groupoffsets import GroupOffsetWriter
 from keyrange.ranges.layout import SlotLayout
 from keyrange.ranges.planner import Direction, ScalingLimits, SlotLag
 from keyrange.ranges.sizing import Load
@@ -125,7 +126,9 @@ class Supervisor:
         limits = ScalingLimits.from_spec(spec)
         if self.alerts is not None:
             limits = without_lag_thresholds(limits)
-        self.controller = Controller(channel, counts[spec.kafka.topic], limits, self, self.fleet)
+        offsets = GroupOffsetWriter(self.bootstrap, group, spec.kafka.topic, self.client_properties)
+        self.controller = Controller(channel, counts[spec.kafka.topic], limits, self, self.fleet,
+                                     group_offsets=offsets)
         self.controller.start()
         if self.alerts is not None:
             self.alerts.start(self)
@@ -144,7 +147,7 @@ class Supervisor:
         if self.fleet is not None:
             self.fleet.stop()
         if self.controller is not None:
-            self.controller.channel.close()
+            self.controller.close()
         if self.broker is not None:
             self.broker.stop()
 

@@ -37,6 +37,7 @@ from keyrange.operator.kafkasecrets import SecretReader, operator_client_propert
 from keyrange.operator.rangecontrol import HandoffSummary, PlannedRescale, RangeStatus, ScaleOutcome, ScaleRequest
 from keyrange.ranges.channel import ControlChannel, ControllerFenced, WorkerReport
 from keyrange.ranges.controller import Controller
+from keyrange.ranges.groupoffsets import GroupOffsetWriter
 from keyrange.ranges.planner import ScalingLimits, SlotLag
 from keyrange.ranges.sizing import Load
 from keyrange.spec import StreamConsumerSpec
@@ -148,7 +149,9 @@ class KafkaRangeControl:
         group = spec.group_id(self._name, self._namespace)
         ControlChannel.ensure_topic(bootstrap, group, properties, replication)
         channel = ControlChannel(bootstrap, group, f"keyrange-operator-{self._name}", properties)
-        controller = Controller(channel, counts[spec.kafka.topic], planner_limits(spec), self._lag, self._fleet)
+        offsets = GroupOffsetWriter(bootstrap, group, spec.kafka.topic, properties)
+        controller = Controller(channel, counts[spec.kafka.topic], planner_limits(spec), self._lag, self._fleet,
+                                group_offsets=offsets)
         controller.start()
         return controller
 
@@ -195,7 +198,7 @@ class KafkaRangeControl:
     def _disconnect(self) -> None:
         controller, self._controller = self._controller, None
         if controller is not None:
-            controller.channel.close()
+            controller.close()
 
     def desired_workers(self) -> int:
         """What the Controller's fleet was last told."""

@@ -26,6 +26,7 @@ from typing import Protocol
 
 from keyrange.errors import UserError
 from keyrange.ranges.channel import ControllerFenced, ControlState, Prepare, Publication, now_ms
+from keyrange.ranges.groupoffsets import lowest_positions
 from keyrange.ranges.handoff import (
     Action,
     Announce,
@@ -46,6 +47,20 @@ log = logging.getLogger(__name__)
 
 WAKE_CHECK_SECONDS = 0.05
 """How often an idle wait checks its stop event (a `request_scale` wakes it at once)."""
+GROUP_OFFSETS_EVERY_SECONDS = 1.0
+"""How often the group's offsets of hash-range slots are committed (as often as workers report)."""
+
+
+class GroupOffsetSink(Protocol):
+    """Where the consumer group's offsets per partition go (groupoffsets.GroupOffsetWriter)."""
+
+    def commit(self, offsets: Mapping[int, int]) -> None:
+        """Commit partition -> offset, forward only."""
+        ...
+
+    def close(self) -> None:
+        """Release the client."""
+        ...
 
 
 class LagSource(Protocol):
@@ -153,7 +168,8 @@ class Controller:
     def __init__(self, channel: ControlLog, partitions: int, limits: ScalingLimits, lag_source: LagSource,
                  fleet: WorkerFleet | None = None, clock: Callable[[], float] = time.monotonic,
                  start_timeout_seconds: float = 60.0, warm_timeout_seconds: float = 10.0,
-                 wall_clock_ms: Callable[[], int] = now_ms) -> None:
+                 wall_clock_ms: Callable[[], int] = now_ms,
+                 group_offsets: GroupOffsetSink | None = None) -> None:
         self.channel = channel
         self.partitions = partitions
         """Partitions of the input topic."""
@@ -175,6 +191,11 @@ class Controller:
         """How long a handoff waits for its new owners to read ahead, counted from when they run (a
         split's new worker may take longer than this to start); after that it goes on, and their
         acquire finishes the read-ahead (or restores in full if it failed)."""
+        self.group_offsets = group_offsets
+        """Commits the consumer group's offset per partition (groupoffsets.py): called with the lowest
+        position of each partition's slots while partitions are cut into hash ranges."""
+        self._positions: dict[int, int] = {}
+        self._positions_at = float("-inf")
         self._handoff: Handoff | None = None
         """The handoff's progress (handoff.py): set by `start`, replaced only once its actions are done."""
         self._lock = threading.RLock()
@@ -246,6 +267,7 @@ class Controller:
         publication. Thread-safe."""
         with self._lock:
             self.channel.poll(0.0)
+            self._commit_group_offsets()
             if self.handoff.in_flight:
                 return self._drive()
             self._lag = self.lag_source.slot_lag()
@@ -255,6 +277,24 @@ class Controller:
             if decision.next_map is None:
                 return self.publication
             return self._begin(decision)
+
+    def _commit_group_offsets(self) -> None:
+        """At most once a second, commit the group's offsets from the slots' reported positions."""
+        if self.group_offsets is None or not self.layout.splits_partitions:
+            return
+        now = self.clock()
+        if now - self._positions_at < GROUP_OFFSETS_EVERY_SECONDS:
+            return
+        self._positions_at = now
+        lowest = lowest_positions(self.layout, self._positions, self.channel.state.reports)
+        if lowest:
+            self.group_offsets.commit(lowest)
+
+    def close(self) -> None:
+        """Close the control channel and the group offsets' writer."""
+        self.channel.close()
+        if self.group_offsets is not None:
+            self.group_offsets.close()
 
     def _begin(self, decision: Decision, requested: str = "") -> Publication:
         self._handoff = begin(self.handoff, decision, self.wall_clock_ms(), requested,

@@ -34,7 +34,7 @@ import logging
 import os
 import socket
 import uuid
-from collections.abc import Collection, Set
+from collections.abc import Collection, Mapping, Set
 from typing import Protocol
 
 from confluent_kafka import KafkaException
@@ -73,6 +73,10 @@ class SlotOwner(Protocol):
     def use_slot_count(self, slot_count: int) -> None:
         """Hold slots of a range map of `slot_count` slots (hash ranges of partitions when there
         are more slots than partitions: layout.py)."""
+        ...
+
+    def committed_positions(self) -> Mapping[int, int]:
+        """Per held hash-range slot, the input offset its committed transactions count up to."""
         ...
 
 
@@ -270,7 +274,7 @@ class RangeMember:
             warm_epoch, warm = self._warm
             report = WorkerReport(self.worker, self._reported_epoch, frozenset(self.engine.held_slots), now_ms(),
                                   os.getpid(), warm, warm_epoch, self.pauses.last if self.pauses else None,
-                                  self.instance, self.claim)
+                                  self.instance, self.claim, dict(self.engine.committed_positions()))
             offset = await asyncio.to_thread(self.channel.report, report)
             if self.claim < 0:
                 self.claim = offset

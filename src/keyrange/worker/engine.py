@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import sys
 import time
 from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
@@ -96,6 +97,11 @@ class Worker:
         """Held slots by input partition (several when slots are hash ranges of partitions)."""
         self._layout: SlotLayout | None = None
         self._router: SlotRouter | None = None
+        self._fetches = 0
+        """Fetches started so far (the one in flight, if any, is number `_fetches`)."""
+        self._stale: dict[int, int] = {}
+        """Partition -> the last fetch whose records of it are stale: it was re-assigned from a lower
+        offset for a newly acquired slot after that fetch began (see `acquire`)."""
         self._acquiring: dict[int, _AcquireTicket] = {}
         self._losing: dict[int, asyncio.Task[None]] = {}
         """Slots whose producer failed, being released (see `_slot_failed`)."""
@@ -137,6 +143,12 @@ class Worker:
         """How the input's partitions are cut into slots (after `start`; `use_layout` changes it)."""
         assert self._layout is not None, "worker not started"
         return self._layout
+
+    def committed_positions(self) -> dict[int, int]:
+        """Per held hash-range slot, the input offset its committed transactions count up to (what
+        its member reports; a whole partition's is the group's committed offset, so none here)."""
+        return {s: ps.committed_offset for s, ps in self._partitions.items()
+                if not ps.whole_partition and not ps.revoked}
 
     def use_slot_count(self, slot_count: int) -> None:
         """Hold slots of a range map of `slot_count` slots (the member's, from the publication)."""
@@ -297,15 +309,23 @@ class Worker:
                 assign[p] = min(assign[p], start)
             elif siblings:
                 # The partition is fetched for another slot already: back to where this one resumes
-                # (the others skip what they have seen: `_dispatch`).
+                # (the others skip what they have seen: `_dispatch`). A fetch begun before the
+                # re-assignment may return records past that offset: dropped, they come again.
                 seek[p] = min([start, seek.get(p, start), *(sibling.window.next_offset for sibling in siblings)])
+                self._stale[p] = sys.maxsize  # until the re-assignment is queued behind the fetch in flight
             else:
                 assign[p] = start
             if siblings and siblings[0].paused:
                 ps.paused = True  # its partition is paused for a sibling's backpressure
                 pm.paused.set(1)
             siblings.append(ps)
-        await self._consumer.assign(assign)
+        try:
+            await self._consumer.assign(assign)
+        finally:
+            # The consumer's calls run in order on its thread: a fetch begun after the re-assignment
+            # is queued returns records from the new offsets (and if it is never queued, the
+            # partition's other slots must not wait).
+            self._stale.update(dict.fromkeys(seek, self._fetches))
         if seek:
             await self._consumer.seek(seek)
             await self._consumer.pause([p for p in seek if self._by_partition[p][0].paused])
@@ -455,8 +475,11 @@ class Worker:
 
     async def _fetch_loop(self) -> None:
         while not self._stopping:
+            self._fetches += 1
             messages = await self._consumer.fetch()
             if messages:
+                if self._stale:
+                    messages = self._fresh(messages)
                 self._dispatch(messages)
             await self._apply_backpressure()
 
@@ -487,6 +510,13 @@ class Worker:
         for s, n in consumed.items():
             self._partitions[s].metrics.consumed.inc(n)
             self.stats.consumed += n
+
+    def _fresh(self, messages: list[Message]) -> list[Message]:
+        """The fetched records not of a partition re-assigned after this fetch began."""
+        number = self._fetches
+        stale = {p for p, last in self._stale.items() if last >= number}
+        self._stale = {p: last for p, last in self._stale.items() if last > number}
+        return [m for m in messages if m.partition() not in stale] if stale else messages
 
     def _slots_of_record(self, m: Message, router: SlotRouter) -> PartitionState | None:
         """The held slot a fetched record belongs to, or None. A record of a partition cut into hash
