@@ -35,8 +35,8 @@ import orjson
 from confluent_kafka import Consumer, Producer, TopicPartition
 
 from benchmarks.harness import percentile, row
+from keyrange.aggregation.processed_stream import DEFAULT_TRIGGER_SECONDS
 from keyrange.aggregation.reference import Delivery, aggregate
-from keyrange.aggregation.sources import DEFAULT_TRIGGER_SECONDS
 from keyrange.kafkaio import TopicSpec, ensure_topics
 
 PARTITIONS = 12
@@ -131,7 +131,7 @@ def _jvm_cpu_seconds(spark: Any) -> float:
 
 def _throughput(spark: Any, bootstrap: str, records: int) -> list[dict[str, Any]]:
     from keyrange.aggregation import run_once
-    from keyrange.aggregation.sources import CONNECTOR, PYTHON_SOURCE
+    from keyrange.aggregation.processed_stream import CONNECTOR, PYTHON_SOURCE
 
     topic = "bench-throughput.processed"
     ensure_topics(bootstrap, [TopicSpec(topic, PARTITIONS)])
@@ -215,7 +215,7 @@ def run(quick: bool) -> list[dict[str, Any]]:
     """Throughput and freshness rows."""
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     from keyrange.aggregation.session import spark_session
-    from keyrange.local.kafka import QUICK_START_JVM_OPTIONS, KafkaCluster
+    from keyrange.local.kafka_cluster import QUICK_START_JVM_OPTIONS, KafkaCluster
 
     with KafkaCluster(nodes=1, jvm_options=QUICK_START_JVM_OPTIONS) as kafka:
         began = time.monotonic()

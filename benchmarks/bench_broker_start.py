@@ -13,8 +13,8 @@ import time
 from typing import Any
 
 from benchmarks.harness import row
-from keyrange.local.broker import EmbeddedBroker
-from keyrange.local.kafka import QUICK_START_JVM_OPTIONS, KafkaCluster
+from keyrange.local.embedded_broker import EmbeddedBroker
+from keyrange.local.kafka_cluster import QUICK_START_JVM_OPTIONS, KafkaCluster
 
 
 def _time(make: Any) -> tuple[float, float]:

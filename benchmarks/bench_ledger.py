@@ -2,13 +2,16 @@
 
 - throughput: a pre-produced backlog of ledger commands (1,000 clients, 1 % re-sent duplicates)
   drained by one `keyrange worker --handler ledger` process (ordered per client, deduplicated,
-  outputs + state + offsets in one transaction per commit interval), and by `benchmarks.rawloop`
-  (the same per-client counter in a dict) transactional and plain, each in its own process and
-  consumer group on the same topic, interleaved round by round. The rate is taken between 10 %
-  and 90 % of the backlog's offsets, as the group's committed offsets show (polled every 50 ms),
-  with the process's CPU time over the same span. On Kafka the ledger drains once more with the
-  broker's JVM on one core and the worker (or the raw loop) on the other (`harness.cores_apart`),
-  as when the brokers have machines of their own: what one worker does with one core to itself.
+  outputs + state + offsets in one transaction per commit interval), by `benchmarks.leanloop` (the
+  worker's per-event work in one plain loop: what the engine's structure costs is the gap), and by
+  `benchmarks.rawloop` (the same per-client counter in a dict) transactional and plain, each in its
+  own process and consumer group on the same topic, after a warm-up round, interleaved round by
+  round. The rate is taken between 10 % and 90 % of the backlog's offsets, as the group's committed
+  offsets show (polled every 50 ms), with the process's CPU time over the same span;
+  `python -m benchmarks.bench_ledger --drains [--quick] [--broker kafka|tansu]` runs these alone.
+  On Kafka the ledger drains once more with the broker's JVM on one core and the worker (or the
+  raw loop) on the other (`harness.cores_apart`), as when the brokers have machines of their own:
+  what one worker does with one core to itself.
 - hot counter: every command to one clientId (one partition, strictly serial read-modify-write
   of one counter: the interdependent-writes problem). A backlog drain gives the ceiling; then a
   paced stream (`keyrange produce --clients 1 --ledger`) at the goal's rate gives latency: created
@@ -19,6 +22,7 @@
 
 from __future__ import annotations
 
+import argparse
 import os
 import re
 import statistics
@@ -34,8 +38,10 @@ import orjson
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 
 from benchmarks.harness import (
+    BROKERS,
     can_place_apart,
     cores_apart,
+    format_table,
     load_average,
     percentile,
     process_cpu_seconds,
@@ -48,7 +54,9 @@ from keyrange.loadgen import LoadShape, Scheduled, generate, produce_all
 
 PARTITIONS = 12
 REPO = Path(__file__).resolve().parents[1]
-MODES = ("keyrange", "raw transactional", "raw plain")
+LEAN = "lean loop"
+"""`benchmarks.leanloop`: the worker's per-event work without its engine (issue 27, item 7)."""
+MODES = ("keyrange", LEAN, "raw transactional", "raw plain")
 MAPPED = "keyrange mapped"
 """A keyrange worker reading the ledger topic as another team's topic (issue 31, docs/input.md)."""
 MAPPED_FLAGS = ["--input-client-id", "key", "--input-uuid", "header:event-id", "--input-created", "timestamp"]
@@ -66,8 +74,7 @@ def run(quick: bool, brokers: tuple[str, ...] = ("tansu",)) -> list[dict[str, An
     rows: list[dict[str, Any]] = []
     for engine in brokers:
         with running_broker_processes(engine) as (bootstrap, broker_pids):
-            rows += bench_throughput(bootstrap, engine, events=50_000 if quick else 200_000, clients=1000,
-                                     rounds=1 if quick else 3, name="ledger")
+            rows += ledger_drains(bootstrap, engine, quick)
             if can_place_apart(broker_pids):
                 # In production the brokers have machines of their own; here they share the worker's
                 # 2 cores unless told apart.
@@ -84,6 +91,13 @@ def run(quick: bool, brokers: tuple[str, ...] = ("tansu",)) -> list[dict[str, An
     return rows
 
 
+def ledger_drains(bootstrap: str, engine: str, quick: bool) -> list[dict[str, Any]]:
+    """The ledger backlog (1,000 clients) drained by the worker, the lean loop and the raw loops,
+    side by side on shared cores: the row issue 27 item 7 reads."""
+    return bench_throughput(bootstrap, engine, events=50_000 if quick else 200_000, clients=1000,
+                            rounds=1 if quick else 3, name="ledger", warmup=not quick)
+
+
 def _env() -> dict[str, str]:
     # This checkout's src first: the venv's editable install may be another checkout's.
     return {**os.environ, "PYTHONPATH": f"{REPO / 'src'}{os.pathsep}{REPO}"}
@@ -98,7 +112,8 @@ def _command(mode: str, bootstrap: str, topic: str, group: str, commit_interval_
                 "--group", group, "--partitions", f"0-{PARTITIONS - 1}", "--handler", "ledger",
                 "--sink-topic", f"{topic}.{group}", "--commit-interval-ms", str(commit_interval_ms),
                 *pending, "--summary-seconds", "0", *(MAPPED_FLAGS if mode == MAPPED else [])]
-    cmd = [sys.executable, "-m", "benchmarks.rawloop", "--bootstrap", bootstrap, "--topic", topic,
+    module = "benchmarks.leanloop" if mode == LEAN else "benchmarks.rawloop"
+    cmd = [sys.executable, "-m", module, "--bootstrap", bootstrap, "--topic", topic,
            "--output", f"{topic}.{group}", "--group", group, "--partitions", str(PARTITIONS),
            "--commit-interval-ms", str(commit_interval_ms)]
     return [*cmd, "--transactional"] if mode == "raw transactional" else cmd
@@ -113,15 +128,25 @@ def _stop(process: subprocess.Popen[Any]) -> None:
         process.wait()
 
 
-def _committed_total(watcher: Consumer, tps: list[TopicPartition]) -> int:
-    """The group's committed offsets summed; 0 while Kafka's group coordinator is still loading
+def _committed_total(watcher: Consumer, tps: list[TopicPartition]) -> int | None:
+    """The group's committed offsets summed; None while Kafka's group coordinator is still loading
     (a new group's first lookups answer NOT_COORDINATOR)."""
     try:
         return sum(max(tp.offset, 0) for tp in watcher.committed(tps, timeout=30))
     except KafkaException as exc:
         if exc.args[0].retriable() or exc.args[0].code() == KafkaError.NOT_COORDINATOR:
-            return 0
+            return None
         raise
+
+
+def _coordinator_found(watcher: Consumer, tps: list[TopicPartition]) -> None:
+    """Wait until the group's committed offsets can be read: otherwise a drain that starts while
+    the coordinator loads would be done before its first reading (no 10-90 % span to time)."""
+    deadline = time.monotonic() + 60
+    while _committed_total(watcher, tps) is None:
+        if time.monotonic() > deadline:
+            raise TimeoutError("the group coordinator did not answer within 60 s")
+        time.sleep(0.1)
 
 
 class Drain(NamedTuple):
@@ -138,6 +163,7 @@ def drain(bootstrap: str, topic: str, mode: str, group: str, total: int) -> Drai
     ensure_topics(bootstrap, [TopicSpec(f"{topic}.{group}", PARTITIONS)], timeout_seconds=60)
     watcher = Consumer({"bootstrap.servers": bootstrap, "group.id": group, "log_level": 3})
     tps = [TopicPartition(topic, p) for p in range(PARTITIONS)]
+    _coordinator_found(watcher, tps)
     errors = tempfile.TemporaryFile()  # noqa: SIM115 - closed in the finally below, after the process
     process = subprocess.Popen(_command(mode, bootstrap, topic, group, 100), env=_env(),
                                stdout=subprocess.DEVNULL, stderr=errors)
@@ -149,7 +175,7 @@ def drain(bootstrap: str, topic: str, mode: str, group: str, total: int) -> Drai
             if process.poll() is not None:
                 errors.seek(0)
                 raise RuntimeError(f"{mode} exited with {process.returncode}: {errors.read()[-2000:].decode()}")
-            done = _committed_total(watcher, tps)
+            done = _committed_total(watcher, tps) or 0
             for share in (0.1, 0.9):
                 if share not in marks and done >= share * total:
                     marks[share] = (time.monotonic(), process_cpu_seconds(process))
@@ -162,27 +188,33 @@ def drain(bootstrap: str, topic: str, mode: str, group: str, total: int) -> Drai
     if len(marks) < 2:
         raise TimeoutError(f"{mode} did not drain {total:,} records in time")
     (t10, cpu10), (t90, cpu90) = marks[0.1], marks[0.9]
+    if t10 == t90:
+        raise RuntimeError(f"{mode}: 10 % and 90 % committed showed in one reading; nothing to time")
     span = 0.8 * total
     return Drain(span / max(t90 - t10, 1e-9), (cpu90 - cpu10) / span * 1e6, peak_rss_mib)
 
 
 def bench_throughput(bootstrap: str, engine: str, events: int, clients: int, rounds: int, name: str,
-                     modes: tuple[str, ...] = MODES, layout: str = "") -> list[dict[str, Any]]:
+                     modes: tuple[str, ...] = MODES, layout: str = "", warmup: bool = False) -> list[dict[str, Any]]:
     """Each mode drains the same backlog once per round, interleaved; medians and ranges.
-    `layout` says where the processes ran when they were placed on cores (see `cores_apart`)."""
+    `layout` says where the processes ran when they were placed on cores (see `cores_apart`);
+    `warmup`: one round first whose figures are not kept (a new broker's first drains are slow)."""
     topic = f"{name.replace(' ', '-')}-{time.monotonic_ns()}"
     ensure_topics(bootstrap, [TopicSpec(topic, PARTITIONS)], timeout_seconds=60)
     records = list(generate(LoadShape(clients=clients, duplicate_ratio=0.01, ledger=True, seed=21), count=events))
     produce_all(bootstrap, topic, records)
     results: dict[str, list[Drain]] = {m: [] for m in modes}
     loads: dict[str, list[str]] = {m: [] for m in modes}
-    for r in range(rounds):
+    for r in range(-1 if warmup else 0, rounds):
         for mode in modes:
-            loads[mode].append(load_average())
+            load = load_average()
             d = drain(bootstrap, topic, mode, f"{mode.replace(' ', '-')}-{r}", len(records))
-            results[mode].append(d)
-            print(f"   {engine} {name} round {r} {mode}: {d.rate:,.0f}/s, {d.cpu_us:.1f} us CPU/record, "
-                  f"peak RSS {d.peak_rss_mib:.0f} MiB ({loads[mode][-1]})", file=sys.stderr, flush=True)
+            if r >= 0:
+                loads[mode].append(load)
+                results[mode].append(d)
+            which = f"round {r}" if r >= 0 else "warm-up"
+            print(f"   {engine} {name} {which} {mode}: {d.rate:,.0f}/s, {d.cpu_us:.1f} us CPU/record, "
+                  f"peak RSS {d.peak_rss_mib:.0f} MiB ({load})", file=sys.stderr, flush=True)
     medians = {m: statistics.median(x.rate for x in results[m]) for m in modes}
     peaks = {m: max(x.peak_rss_mib for x in results[m]) for m in modes}
     rows = []
@@ -201,6 +233,13 @@ def bench_throughput(bootstrap: str, engine: str, events: int, clients: int, rou
             ">= 100,000 events/s" if keyrange and clients > 1 else None,
             baseline=medians["raw transactional"] if keyrange else None,
             notes=notes + ("; baseline: the transactional raw loop" if keyrange else ""), broker=engine))
+    if "keyrange" in results and LEAN in results:
+        cpu_us = {m: statistics.median(x.cpu_us for x in results[m]) for m in ("keyrange", LEAN)}
+        rows.append(row(f"{name}: keyrange CPU per record", cpu_us["keyrange"], "us", "<= 12 us (issue 27)",
+                        baseline=cpu_us[LEAN], broker=engine,
+                        notes=f"process CPU (all threads) over the 10-90 % span, median of {rounds}: keyrange "
+                              f"{[round(x.cpu_us, 1) for x in results['keyrange']]}, lean loop "
+                              f"{[round(x.cpu_us, 1) for x in results[LEAN]]}; baseline: the lean loop's"))
     if "keyrange" in peaks and "raw transactional" in peaks:
         # Not a goal of issue 11; kept in view because a worker pod's memory limit is 1 GiB (the chart).
         rows.append(row(f"{name}: keyrange worker peak RSS", peaks["keyrange"], "MiB",
@@ -386,8 +425,22 @@ def bench_hot_counter(bootstrap: str, engine: str, rate: int, seconds: int, roun
     ]
 
 
-if __name__ == "__main__":
-    from benchmarks.harness import format_table
+def main(argv: list[str] | None = None) -> int:
+    """Run this module's benchmarks, or with `--drains` only the side-by-side ledger drains
+    (`ledger_drains`), and print them as a table."""
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.bench_ledger", description=main.__doc__)
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--broker", choices=[*BROKERS, "both"], default="both")
+    parser.add_argument("--drains", action="store_true", help="only the ledger drains (issue 27, item 7)")
+    args = parser.parse_args(argv)
+    brokers = BROKERS if args.broker == "both" else (args.broker,)
+    rows: list[dict[str, Any]] = []
+    for engine in brokers if args.drains else ():
+        with running_broker_processes(engine) as (bootstrap, _):
+            rows += ledger_drains(bootstrap, engine, args.quick)
+    print(format_table(rows if args.drains else run(args.quick, brokers)))
+    return 0
 
-    chosen = tuple(a for a in ("kafka", "tansu") if a in sys.argv) or ("kafka", "tansu")
-    print(format_table(run("--quick" in sys.argv, chosen)))
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -2,7 +2,7 @@
 
 A slot's keyed-state changelog gets records on every commit (a totals record, and its clients'
 changed states). One partition's changelog is written as N commits of the real slot code write it
-(PartitionState and Committer, 1 event and 1 changed client of CLIENTS per commit, snapshots as
+(SlotState and Committer, 1 event and 1 changed client of CLIENTS per commit, snapshots as
 they fall due), produced to the broker without transactions (fast; a read_committed read sees
 the same records). The group's committed offset is set to N. Then a fresh process (so that its
 peak RSS is the acquire's alone) starts a Worker and acquires the slot, twice over: with the
@@ -29,9 +29,8 @@ from benchmarks.harness import load_average, row, running_broker
 from keyrange.kafkaio import TopicSpec, ensure_topics
 from keyrange.worker import WorkerSettings
 from keyrange.worker.committer import Committer
-from keyrange.worker.commitwindow import Outcome
-from keyrange.worker.partition import PartitionMetrics, PartitionState
 from keyrange.worker.restore import RestoredPartition
+from keyrange.worker.slot import SlotMetrics, SlotState
 from keyrange.worker.snapshots import CHANGELOG_TOPIC_CONFIG
 from keyrange.worker.stats import WorkerStats
 from keyrange.worker.transactions import OutputRecord
@@ -49,13 +48,15 @@ class _PlainWrites:
     """Stands in for a slot's SlotTransactions: produces the changelog records without a
     transaction; a snapshot's first record's delivery report comes before `commit` returns."""
 
-    def __init__(self, bootstrap: str) -> None:
+    def __init__(self, bootstrap: str, state_topic: str) -> None:
+        self._state_topic = state_topic
         self._producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 50, "batch.num.messages": 10_000,
                                    "queue.buffering.max.messages": 1_000_000, "log_level": 3})
         self.produced = 0
 
     async def commit(self, records: list[OutputRecord], offsets: list[TopicPartition]) -> None:
         wait = False
+        records = [r for r in records if r.topic == self._state_topic]  # not the processed records
         self.produced += len(records)
         for r in records:
             kwargs: dict[str, Any] = {"key": r.key, "value": r.value, "partition": r.partition,
@@ -82,16 +83,16 @@ class _PlainWrites:
 def write_changelog(settings: WorkerSettings, commits: int) -> int:
     """Write `commits` commits of one slot to its changelog; commit the group's offset; return
     the changelog records written."""
-    writes = _PlainWrites(settings.bootstrap)
-    ps = PartitionState(0, RestoredPartition(0), 10.0, time.time, PartitionMetrics("bench", "w0", 0),
-                        writes)  # type: ignore[arg-type]
-    committer = Committer(settings, lambda: [ps], WorkerStats())
+    writes = _PlainWrites(settings.bootstrap, settings.state)
+    slot = SlotState(0, 0, RestoredPartition(0), 10.0, time.time, SlotMetrics("bench", "w0", 0),
+                     writes, 0)  # type: ignore[arg-type]
+    committer = Committer(settings, lambda: [slot], WorkerStats())
 
     async def commit_all() -> None:
         for offset in range(commits):
-            ps.window.add(offset)
-            ps.change_state(offset % CLIENTS, str(offset).encode(), offset)
-            ps.window.finish(offset, Outcome.HANDLED)
+            slot.admit(offset, 0, 0)
+            processed = OutputRecord(settings.sink, 0, b"", b"")
+            slot.finish_processed(offset, processed, offset % CLIENTS, str(offset).encode(), False)
             await committer.commit_now()
 
     asyncio.run(commit_all())

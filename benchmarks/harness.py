@@ -17,8 +17,8 @@ from typing import Any
 
 from confluent_kafka import Consumer, TopicPartition
 
-from keyrange.local.broker import EmbeddedBroker
-from keyrange.local.kafka import KafkaCluster
+from keyrange.local.embedded_broker import EmbeddedBroker
+from keyrange.local.kafka_cluster import KafkaCluster
 from keyrange.local.supervisor import Supervisor
 from keyrange.worker.stats import percentile
 

@@ -24,6 +24,7 @@ import argparse
 import signal
 import sys
 import time
+from collections.abc import Callable
 from typing import Any
 
 import orjson
@@ -102,9 +103,14 @@ def run_loop(bootstrap: str, topic: str, output: str, group: str, partitions: in
     return handled
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Run the loop until SIGTERM or SIGINT."""
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.rawloop", description=__doc__,
+Loop = Callable[[str, str, str, str, int, bool, int, list[bool]], int]
+"""A benchmark loop: `run_loop`'s arguments, run until `stop[0]`; returns the records handled."""
+
+
+def serve(loop: Loop, prog: str, description: str | None, argv: list[str] | None = None) -> int:
+    """Run `loop` (this module's, or the lean loop's) with the command line's arguments until
+    SIGTERM or SIGINT."""
+    parser = argparse.ArgumentParser(prog=prog, description=description,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--bootstrap", required=True)
     parser.add_argument("--topic", required=True)
@@ -121,10 +127,10 @@ def main(argv: list[str] | None = None) -> int:
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
-    run_loop(args.bootstrap, args.topic, args.output, args.group, args.partitions, args.transactional,
-             args.commit_interval_ms, stop)
+    loop(args.bootstrap, args.topic, args.output, args.group, args.partitions, args.transactional,
+         args.commit_interval_ms, stop)
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(serve(run_loop, "python -m benchmarks.rawloop", __doc__))

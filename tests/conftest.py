@@ -19,8 +19,9 @@ from dataclasses import dataclass
 
 import pytest
 
-from keyrange.local.broker import EmbeddedBroker
-from keyrange.local.kafka import QUICK_START_JVM_OPTIONS, KafkaCluster
+from keyrange.local.embedded_broker import EmbeddedBroker
+from keyrange.local.kafka_cluster import QUICK_START_JVM_OPTIONS, KafkaCluster
+from tests.kafka_cluster_helpers import heal
 from tests.kafkaretry import wait_for_group_coordinator
 from tests.parallel import pytest_collection_modifyitems  # noqa: F401 - the hook: heavy fixtures' xdist groups
 from tests.timeouts import SESSION_TEARDOWN_SECONDS, last_test_allowance
@@ -94,7 +95,7 @@ def _kafka_cluster3_session() -> Iterator[KafkaCluster]:
 def kafka_cluster3(_kafka_cluster3_session: KafkaCluster) -> Iterator[KafkaCluster]:
     """The session's 3-node Apache Kafka cluster, healed after the test (see the module docstring)."""
     yield _kafka_cluster3_session
-    _kafka_cluster3_session.heal()
+    heal(_kafka_cluster3_session)
 
 
 @pytest.fixture

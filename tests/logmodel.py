@@ -154,7 +154,7 @@ class LiveRun:
 
 def restored_window(settings: WorkerSettings, reader: ModelReader, partition: int, committed: int,
                     now_s: float) -> tuple[TtlSet, RestoredPartition, Callable[[float], None]]:
-    """Restore `partition` from `committed` at `now_s` and fill a window as PartitionState does."""
+    """Restore `partition` from `committed` at `now_s` and fill a window as SlotState does."""
     counts = {settings.topic: partition + 1, settings.sink: partition + 1, settings.dlq: partition + 1}
     restored = restore_with(reader, settings, {partition: committed}, counts, now_s)[partition]  # type: ignore[arg-type]
     now = [now_s]

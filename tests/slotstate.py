@@ -3,14 +3,39 @@
 from __future__ import annotations
 
 import time
-from typing import cast
+from dataclasses import dataclass
+from typing import Any, cast
 
-from keyrange.worker.partition import PartitionMetrics, PartitionState
 from keyrange.worker.restore import RestoredPartition
-from keyrange.worker.transactions import SlotTransactions
+from keyrange.worker.slot import SlotMetrics, SlotState
+from keyrange.worker.transactions import OutputRecord, SlotTransactions
+
+STATE_TOPIC = "g.state"
 
 
-def held_slot(partition: int = 0) -> PartitionState:
-    """A held slot from offset 0 (staging outputs never uses its producer, so it has none)."""
-    return PartitionState(partition, RestoredPartition(0), 10.0, time.time, PartitionMetrics("c", "w0", partition),
-                          cast(SlotTransactions, None))
+def held_slot(slot: int = 0, transactions: Any = None, restored: RestoredPartition | None = None) -> SlotState:
+    """A held slot from offset 0, reading the partition of the same number (staging outputs never
+    uses its producer, so by default it has none)."""
+    return SlotState(slot, slot, restored or RestoredPartition(0), 10.0, time.time, SlotMetrics("c", "w0", slot),
+                     cast(SlotTransactions, transactions), slot)
+
+
+@dataclass
+class Staged:
+    """What a slot's next transaction carries, changelog records apart."""
+
+    outputs: list[OutputRecord]
+    changelog: list[OutputRecord]
+    processed: int
+    dead_letters: list[str]
+    committable: int
+
+
+def take_staged(slot: SlotState) -> Staged | None:
+    """Take the slot's next commit batch (as the committer does), None when it has nothing."""
+    batch = slot.take_batch("events", STATE_TOPIC)
+    if batch is None:
+        return None
+    return Staged([r for r in batch.records if r.topic != STATE_TOPIC],
+                  [r for r in batch.records if r.topic == STATE_TOPIC], batch.processed, batch.dead_letters,
+                  batch.committable)

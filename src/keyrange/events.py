@@ -24,11 +24,9 @@ MAX_EVENT_BYTES = 1_000_000
 
 
 def json_bytes(value: Any) -> bytes:
-    """`value` as compact JSON, in a bytes object of its own size. orjson (3.13) returns its working
-    buffer, which holds 4 KiB for any shorter output (4,097 bytes for a 149-byte record, measured
-    with tracemalloc). A worker holds two encoded values per event in flight (the processed record
-    and the client's new state) and one per client in its store, so a backlog of 200,000 events
-    grew a worker to 620 MiB. The copy costs about 0.1 us."""
+    """`value` as compact JSON, in a bytes object of its own size: orjson returns its whole working
+    buffer (kilobytes for a short record), and a worker holds thousands of encoded values
+    (BENCHMARKS.md, "Every encoded record held 4 KiB")."""
     return memoryview(orjson.dumps(value)).tobytes()
 
 # Dead-letter header names: stable, documented in docs/worker.md.

@@ -1,7 +1,7 @@
 """librdkafka's log lines, summarised: the first of a kind, then a count every minute.
 
-With a broker away, librdkafka logs a line per connection attempt per client (about 200 in 10 s
-for one worker at start), which buries the one line that says what is wrong. Every client keyrange
+With a broker away, librdkafka logs a line per connection attempt per client (hundreds a minute
+for one worker), which buries the one line that says what is wrong. Every client keyrange
 makes sends its log here (the `logger` client property), where a line is shown the first time, and
 repeats of it (same facility and text, digits aside: timestamps and ports differ) are counted and
 summarised once a minute.

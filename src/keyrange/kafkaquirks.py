@@ -2,7 +2,9 @@
 trying again, and the named workarounds for the embedded broker (tansu).
 
 Every caller of a Kafka client asks `classify` (after `kafka_error`, which unwraps confluent-kafka's
-SystemError) rather than matching error codes itself, and waits between tries with `Backoff`. A
+SystemError) rather than matching error codes itself, and waits between tries with `Backoff`; a
+slot's transaction that cannot commit raises `TransactionFailed` (the worker's slot producers raise
+it, the range member and the engine catch it). A
 tansu workaround is a function here whose name says what it does and whose docstring says why in
 one line; docs/kafka.md ("Client and broker quirks") keeps the history and the measurements.
 Callers: worker/transactions.py, worker/consumer.py, worker/engine.py, ranges/channel.py,
@@ -41,6 +43,18 @@ class Failure(enum.Enum):
     """The same call may simply be made again (a timeout, a coordinator moving)."""
     OTHER = "other"
     """None of the above flags: the call failed, and what follows is the caller's choice."""
+
+
+class TransactionFailed(RuntimeError):
+    """A slot's producer hit a fatal error, e.g. fenced because another worker acquired the slot,
+    or gave up retrying (worker/transactions.py `CommitRetry`): the slot's transaction did not commit."""
+
+    def __init__(self, message: str, gave_up: bool = False) -> None:
+        super().__init__(message)
+        self.gave_up = gave_up
+        """This worker gave the producer up (stuck, or no commit within COMMIT_DEADLINE_SECONDS, or
+        stopping); False: Kafka failed it (fenced by another producer of the slot, ...), which only
+        whoever assigns slots may overrule."""
 
 
 _FENCED_CODES = frozenset({KafkaError._FENCED, KafkaError.PRODUCER_FENCED})

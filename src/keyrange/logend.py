@@ -13,7 +13,7 @@ partition to its end twice.
 
 The reads that follow this rule: the worker's restores (worker/logreader.py), the demo's report
 (local/demo.py) and the tests' `read_topic`. The aggregation's end probe
-(aggregation/kafka_reader.py) differs on purpose: a streaming micro-batch must not wait for
+(aggregation/partition_reads.py) differs on purpose: a streaming micro-batch must not wait for
 transactions still open, so its end is the last stable offset the fetch responses report.
 """
 

@@ -17,10 +17,10 @@ from prometheus_client.utils import floatToGoString
 class LoopHistogram:
     """A Prometheus histogram for per-event observations from one thread (the worker's loop).
 
-    prometheus_client's Histogram takes a lock per bucket and per sum on every observation,
-    which measured ~10 us per event in the worker (two histograms); this one is a bisect and two
-    additions. It exposes the same `_bucket`/`_count`/`_sum` samples. Observe from one thread
-    only; a scrape may see a count one observation ahead of the sum, never a decrease.
+    prometheus_client's Histogram takes a lock per bucket and per sum on every observation, too
+    much for the worker's per-event path (BENCHMARKS.md); this one is a bisect and two additions.
+    It exposes the same `_bucket`/`_count`/`_sum` samples. Observe from one thread only; a scrape
+    may see a count one observation ahead of the sum, never a decrease.
     """
 
     def __init__(self, name: str, documentation: str, labelnames: Sequence[str],

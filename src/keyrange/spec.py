@@ -15,8 +15,8 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from keyrange.aggregation.processed_stream import DEFAULT_TRIGGER_SECONDS
 from keyrange.aggregation.retention import DEFAULT_MINUTES as DEFAULT_RETENTION_MINUTES
-from keyrange.aggregation.sources import DEFAULT_TRIGGER_SECONDS
 from keyrange.errors import UserError
 from keyrange.inputmapping import (
     CLIENT_ID_PATTERN,

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from keyrange.local.kafka import QUICK_START_JVM_OPTIONS, KafkaCluster
+from keyrange.local.kafka_cluster import QUICK_START_JVM_OPTIONS, KafkaCluster
 from tests.integration.aggregation_helpers import require_pyspark
 from tests.timeouts import tier_timeout
 

@@ -15,8 +15,8 @@ from typing import Any
 import pytest
 
 from keyrange.aggregation import read_results, run_once
+from keyrange.aggregation.processed_stream import CONNECTOR, PYTHON_SOURCE
 from keyrange.aggregation.reference import Delivery, aggregate
-from keyrange.aggregation.sources import CONNECTOR, PYTHON_SOURCE
 from tests.integration.aggregation_helpers import (
     make_topic,
     processed_records,

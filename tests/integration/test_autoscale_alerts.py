@@ -18,11 +18,12 @@ from pathlib import Path
 import pytest
 from prometheus_client import CollectorRegistry, Gauge, start_http_server
 
-from keyrange.autoscale.receiver import AlertReceiver, ScaleDecision, ScaleOutcome
+from keyrange.autoscale.receiver import AlertReceiver, ScaleDecision
 from keyrange.autoscale.rules import RuleOptions, render_rule_groups
-from keyrange.autoscale.tracker import ConsumerRef, Direction
+from keyrange.autoscale.tracker import ConsumerRef
 from keyrange.local.monitoring import ReceiverServer
 from keyrange.local.ports import free_port
+from keyrange.ranges.planner import Direction, ScaleOutcome
 from keyrange.spec import parse_spec
 from tests.integration.prometheus.stack import PrometheusStack
 
@@ -72,7 +73,7 @@ class RecordingController:
     def request_scale(self, direction: Direction, reason: str) -> ScaleOutcome:
         with self.lock:
             self.calls.append((time.monotonic(), direction, reason))
-        return ScaleOutcome(True, f"{direction} applied")
+        return ScaleOutcome(True, f"{direction} applied", 1, 2 if direction == "up" else 1)
 
     def directions(self) -> list[Direction]:
         with self.lock:

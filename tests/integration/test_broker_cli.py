@@ -16,8 +16,8 @@ import pytest
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic, PartitionMetadata
 
-from keyrange.local.kafka import answers_api_versions
-from keyrange.local.kafka_setup import tools_dir
+from keyrange.local.kafka_cluster import answers_api_versions
+from keyrange.toolsdir import tools_dir
 
 KAFKA_LIBS = tools_dir() / "kafka" / "libs"
 

@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from keyrange.local.kafka import KafkaCluster
+from keyrange.local.kafka_cluster import KafkaCluster
 from keyrange.ranges import channel as channel_module
 from keyrange.ranges.channel import ControlChannel, ControlWriteFailed, Publication
 from keyrange.ranges.rangemap import RangeMap

@@ -9,7 +9,6 @@ import time
 from collections.abc import Callable
 
 from keyrange.operator.clusterassigner import KafkaRangeControl
-from keyrange.operator.rangecontrol import ScaleRequest
 from keyrange.ranges.channel import ControlChannel
 from keyrange.spec import parse_spec
 
@@ -34,12 +33,12 @@ def test_a_range_control_fenced_by_another_controller_stands_down_instead_of_fen
         _wait_for(lambda: first.status().epoch == 1 and first.status().problem is None, "the first controller")
         second = KafkaRangeControl("release-b", "payments", spec, step_seconds=0.05, retry_seconds=0.2)
         _wait_for(lambda: second.status().epoch == 1, "the second controller")  # its claim fenced the first
-        refused = first.request_scale(ScaleRequest("up", "test"))
-        assert not refused.accepted
-        assert "another controller claimed it" in refused.message, refused.message
+        refused = first.request_scale("up", "test")
+        assert not refused.applied
+        assert "another controller claimed it" in refused.detail, refused.detail
         time.sleep(1.0)  # five of the first's retry periods: time enough to claim the role back, if it did
-        outcome = second.request_scale(ScaleRequest("up", "test"))
-        assert outcome.accepted, outcome.message
+        outcome = second.request_scale("up", "test")
+        assert outcome.applied, outcome.detail
         problem = first.status().problem
         assert problem is not None and f"consumer group {group!r}" in problem and "stop the other one" in problem
         assert second.status().problem is None

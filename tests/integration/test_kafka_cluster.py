@@ -10,7 +10,8 @@ from collections.abc import Callable
 from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from keyrange.local.kafka import KafkaCluster
+from keyrange.local.kafka_cluster import KafkaCluster
+from tests.kafka_cluster_helpers import leader_of
 
 
 def _wait_for(condition: Callable[[], bool], what: str, timeout_seconds: float = 60.0) -> None:
@@ -40,9 +41,9 @@ def test_a_killed_leader_is_replaced_without_losing_acknowledged_records(kafka_c
                          "enable.idempotence": True, "log_level": 0})
     _produce(producer, topic_name, range(0, 200))
 
-    leader = kafka_cluster3.leader_of(topic_name, 0)
+    leader = leader_of(kafka_cluster3, topic_name, 0)
     leader.kill()
-    _wait_for(lambda: kafka_cluster3.leader_of(topic_name, 0) is not leader, "a new leader")
+    _wait_for(lambda: leader_of(kafka_cluster3, topic_name, 0) is not leader, "a new leader")
     _produce(producer, topic_name, range(200, 400))
 
     consumer = Consumer({"bootstrap.servers": kafka_cluster3.bootstrap, "group.id": topic_name, "log_level": 0})

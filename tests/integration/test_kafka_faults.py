@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 from confluent_kafka.admin import AdminClient, ConfigResource
 
-from keyrange.local.kafka import KafkaCluster, KafkaNode
+from keyrange.local.kafka_cluster import KafkaCluster, KafkaNode
 from keyrange.ranges.channel import control_topic
 from tests.integration.fault_run import (
     INLINE,
@@ -30,6 +30,7 @@ from tests.integration.fault_run import (
     now_ms,
     wait_until,
 )
+from tests.kafka_cluster_helpers import leader_of, partition_replicas
 
 pytestmark = [
     pytest.mark.slow,
@@ -40,7 +41,7 @@ pytestmark = [
 
 def led_by(cluster: KafkaCluster, node: KafkaNode, topic: str) -> list[int]:
     """The partitions of `topic` that `node` leads, as the metadata says now."""
-    return [p for p, state in cluster.partitions(topic).items() if state.leader == node.node_id]
+    return [p for p, state in partition_replicas(cluster, topic).items() if state.leader == node.node_id]
 
 
 def test_sigkill_of_the_input_partitions_leader_mid_stream(kafka_cluster3: KafkaCluster, topic_name: str,
@@ -49,7 +50,7 @@ def test_sigkill_of_the_input_partitions_leader_mid_stream(kafka_cluster3: Kafka
     try:
         run.start()
         run.wait_handled(1000, "before the kill")
-        leader = kafka_cluster3.leader_of(topic_name, 0)
+        leader = leader_of(kafka_cluster3, topic_name, 0)
         killed_ms = now_ms()
         leader.kill()
         wait_until(lambda: not led_by(kafka_cluster3, leader, topic_name),
@@ -88,7 +89,7 @@ def test_rolling_restart_under_load(kafka_cluster3: KafkaCluster, topic_name: st
         run.start()
         run.wait_handled(1000, "before the first restart")
         # The input's leader first: its controlled shutdown hands leaderships over under load.
-        first = kafka_cluster3.leader_of(topic_name, 0)
+        first = leader_of(kafka_cluster3, topic_name, 0)
         for node in [first, *(n for n in kafka_cluster3.members if n is not first)][:restarted]:
             # SIGTERM: a controlled shutdown hands the node's leaderships over first, as a rolling
             # upgrade does; the next node goes only once this one serves and has handled events again.
@@ -112,20 +113,22 @@ def test_a_broker_frozen_past_its_session_timeout_then_resumed(kafka_cluster3: K
     try:
         run.start()
         run.wait_handled(1000, "before the freeze")
-        frozen = kafka_cluster3.leader_of(topic_name, 0)
+        frozen = leader_of(kafka_cluster3, topic_name, 0)
         frozen_ms = now_ms()
         frozen.pause()  # SIGSTOP: its sockets stay open, but nothing answers
         # broker.session.timeout.ms: the quorum fences it and its partitions get new leaders.
         wait_until(lambda: not led_by(kafka_cluster3, frozen, topic_name),
                    "the frozen node's input partitions to get new leaders")
         # replica.lag.time.max.ms: the leaders drop it from every in-sync replica set.
-        wait_until(lambda: all(frozen.node_id not in s.in_sync for s in kafka_cluster3.partitions(topic_name).values()),
+        wait_until(lambda: all(frozen.node_id not in s.in_sync
+                               for s in partition_replicas(kafka_cluster3, topic_name).values()),
                    "the frozen node to leave the in-sync replicas")
         shrunk_ms = now_ms()
         run.wait_handled(1000, "while the node is frozen")
         resumed_ms = now_ms()
         frozen.resume()
-        wait_until(lambda: all(frozen.node_id in s.in_sync for s in kafka_cluster3.partitions(topic_name).values()),
+        wait_until(lambda: all(frozen.node_id in s.in_sync
+                               for s in partition_replicas(kafka_cluster3, topic_name).values()),
                    "the resumed node to catch up and rejoin the in-sync replicas")
         run.wait_handled(1000, "after it resumed")
         done_ms = now_ms()
@@ -147,18 +150,18 @@ def test_keyranges_own_topics_survive_losing_a_broker(kafka_cluster3: KafkaClust
     try:
         run.start()
         # keyrange created these with the broker's defaults: 3 replicas, writes need 2 in sync.
-        replicas = {t: {len(s.replicas) for s in kafka_cluster3.partitions(t).values()} for t in own}
+        replicas = {t: {len(s.replicas) for s in partition_replicas(kafka_cluster3, t).values()} for t in own}
         assert replicas == {t: {3} for t in own}
         admin = AdminClient({"bootstrap.servers": kafka_cluster3.bootstrap, "log_level": 0})
         configs = admin.describe_configs([ConfigResource(ConfigResource.Type.TOPIC, t) for t in own])
         assert {r.name: f.result()["min.insync.replicas"].value for r, f in configs.items()} == dict.fromkeys(own, "2")
         run.wait_handled(1000, "before the broker is lost")
         # The node leading the control topic: the controller's and the workers' coordination.
-        lost = kafka_cluster3.leader_of(own[0], 0)
+        lost = leader_of(kafka_cluster3, own[0], 0)
         lost_ms = now_ms()
         lost.kill()
         wait_until(lambda: all(s.leader not in (-1, lost.node_id) and len(s.in_sync) == 2
-                               for t in own for s in kafka_cluster3.partitions(t).values()),
+                               for t in own for s in partition_replicas(kafka_cluster3, t).values()),
                    "every partition of keyrange's topics to be led with 2 replicas in sync")
         run.poison(5)  # written to the dead-letter topic while the broker is lost
         run.wait_handled(1000, "with a broker lost")

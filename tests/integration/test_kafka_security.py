@@ -19,12 +19,13 @@ import pytest
 from keyrange.aggregation import run_once
 from keyrange.kafkaio import KafkaSetupError, partition_counts
 from keyrange.loadgen import LoadShape
-from keyrange.local.kafka import QUICK_START_JVM_OPTIONS, KafkaCluster
+from keyrange.local.kafka_cluster import QUICK_START_JVM_OPTIONS, KafkaCluster
 from keyrange.local.load import LoadTotals, Phase, produce_phases
 from keyrange.local.supervisor import Supervisor
 from keyrange.spec import load_file
 from tests.checkers import check_all
 from tests.integration.aggregation_helpers import make_topic, processed_records, produce_processed
+from tests.kafka_cluster_helpers import bootstrap_for
 from tests.kafkatools import read_counts, read_input_log, read_processed
 
 USER, PASSWORD = "keyrange-app", "s3cret-scram-pw"
@@ -120,7 +121,7 @@ def secure_kafka(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SecureKaf
         format_args=["--add-scram", f"SCRAM-SHA-256=[name={USER},password={PASSWORD}]"],
     )
     with cluster:
-        yield SecureKafka(cluster, cluster.bootstrap_for("SECURE"), ca[1], cluster.bootstrap_for("ELSEWHERE"),
+        yield SecureKafka(cluster, bootstrap_for(cluster, "SECURE"), ca[1], bootstrap_for(cluster, "ELSEWHERE"),
                           untrusted_ca)
 
 

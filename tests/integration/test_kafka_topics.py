@@ -11,7 +11,7 @@ from confluent_kafka import Consumer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from keyrange.kafkaio import KafkaSetupError, TopicSpec, ensure_topics
-from keyrange.local.kafka import KafkaCluster
+from keyrange.local.kafka_cluster import KafkaCluster
 from keyrange.ranges.channel import ControlChannel, control_topic
 
 

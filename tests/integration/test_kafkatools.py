@@ -10,7 +10,7 @@ import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 
 from keyrange.kafkaio import TopicSpec, ensure_topics
-from keyrange.local.kafka import KafkaCluster
+from keyrange.local.kafka_cluster import KafkaCluster
 from tests.checkers import Counts
 from tests.integration.worker_cli_helpers import wait
 from tests.kafkaretry import RETRY_SECONDS

@@ -166,7 +166,7 @@ async def test_partitions_pause_past_max_pending_and_resume(bootstrap: str, topi
 
         def sample() -> bool:
             nonlocal max_seen, paused_gauge_seen, max_lag
-            max_seen = max([max_seen] + [ps.window.pending for ps in worker._partitions.values()])
+            max_seen = max([max_seen] + [slot.pending for slot in worker.slots.values()])
             paused_gauge_seen = paused_gauge_seen or any(gauge("keyrange_partition_paused", p) == 1 for p in "01")
             max_lag = max(max_lag, sum(gauge("keyrange_consumer_lag", p) for p in "01"))
             return worker.stats.processed >= sent

@@ -47,21 +47,21 @@ async def test_lag_counts_records_that_arrive_while_a_partition_is_paused(broker
     await worker.start()
     try:
         await worker.acquire([0])
-        await wait_for(lambda: worker._partitions[0].paused, what="partition 0 to pause for backpressure")
+        await wait_for(lambda: worker.slots[0].paused, what="partition 0 to pause for backpressure")
         # Nothing finishes behind the gate: the committable offset stays at 0, so the lag is the end.
-        assert worker._partitions[0].window.committable == 0
+        assert worker.slots[0].committable == 0
         await asyncio.to_thread(produce_stream, bootstrap, topic_name, WHILE_PAUSED, 1, 40, 0.0, False, 8)
-        assert worker._partitions[0].paused
+        assert worker.slots[0].paused
         if broker_engine.engine == "kafka":
             await wait_until_async(lag, BEFORE + WHILE_PAUSED, "the lag to count the records produced "
                                    "while the partition was paused")
         else:
             await wait_until_async(lag, BEFORE, "the lag to count the records produced before the pause",
                                    at_least=True)
-        assert worker._partitions[0].paused
+        assert worker.slots[0].paused
         gate.set()
         await wait_for(lambda: worker.stats.processed >= BEFORE + WHILE_PAUSED, what="every event")
-        await wait_for(lambda: worker._partitions[0].window.committable == BEFORE + WHILE_PAUSED,
+        await wait_for(lambda: worker.slots[0].committable == BEFORE + WHILE_PAUSED,
                        what="every offset committable")
         await wait_until_async(lag, 0, "the lag to fall to 0")
     finally:

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from keyrange.local.kafka import KafkaCluster
+from keyrange.local.kafka_cluster import KafkaCluster
 from keyrange.worker.transactions import CALL_STUCK_SECONDS, COMMIT_DEADLINE_SECONDS
 from tests.checkers import check_all, first_occurrences
 from tests.integration.worker_cli_helpers import PARTITIONS, metric_sum, start, wait, worker_command

@@ -21,10 +21,10 @@ from typing import Any
 
 import pytest
 
-import keyrange.local.kafka as kafka_module
+import keyrange.local.kafka_cluster as kafka_module
 from keyrange.kafkaio import TopicSpec, ensure_topics
 from keyrange.loadgen import LoadShape
-from keyrange.local.kafka import QUICK_START_JVM_OPTIONS, KafkaCluster
+from keyrange.local.kafka_cluster import QUICK_START_JVM_OPTIONS, KafkaCluster
 from keyrange.local.load import LoadTotals, Phase, produce_phases
 from keyrange.ranges.channel import ControlChannel
 from keyrange.ranges.controller import Controller

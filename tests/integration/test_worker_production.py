@@ -60,7 +60,7 @@ async def test_a_release_does_not_wait_for_a_hung_call(bootstrap: str, topic_nam
     await worker.start()
     try:
         await worker.acquire([0])
-        await wait_for(lambda: worker._partitions[0].running == 1, what="the hung call to start")
+        await wait_for(lambda: worker.slots[0].running == 1, what="the hung call to start")
         began = time.monotonic()
         await worker.release([0])  # the in-flight attempt times out; a released slot is not retried here
         assert time.monotonic() - began < 10
@@ -181,7 +181,7 @@ async def test_memory_is_bounded_in_bytes_not_only_in_events(bootstrap: str, top
 
     def sample() -> bool:
         nonlocal peak
-        peak = max([peak] + [ps.window.pending_bytes for ps in worker._partitions.values()])
+        peak = max([peak] + [slot.pending_bytes for slot in worker.slots.values()])
         return worker.stats.processed >= 400
 
     await worker.start()

@@ -42,9 +42,9 @@ async def test_a_slot_released_while_paused_fetches_again_when_it_comes_back(boo
     await worker.start()
     try:
         await worker.acquire([0])
-        await wait_for(lambda: worker._partitions[0].paused, what="partition 0 to pause for backpressure")
+        await wait_for(lambda: worker.slots[0].paused, what="partition 0 to pause for backpressure")
         release = asyncio.ensure_future(worker.release([0]))
-        await wait_for(lambda: worker._partitions.get(0) is None or worker._partitions[0].revoked,
+        await wait_for(lambda: worker.slots.get(0) is None or worker.slots[0].revoked,
                        what="the release to revoke the slot")
         gate.set()  # the in-flight calls finish, the release commits them
         await release
@@ -114,13 +114,13 @@ async def test_a_duplicate_after_the_committed_offset_is_judged_at_its_place_in_
     await first.start()
     try:
         await first.acquire([0])
-        window = first._partitions[0].window
-        await wait_for(lambda: window.next_offset == len(records) and window.committable == 60
-                       and len(window._done) == len(records) - 61,
+        slot = first.slots[0]
+        await wait_for(lambda: slot.next_offset == len(records) and slot.committable == 60
+                       and slot.finished_ahead == len(records) - 61,
                        what="everything past offset 60 finished while e60's client is held up")
         await first.commit_now()
         releasing = asyncio.ensure_future(first.release([0]))
-        await wait_for(lambda: first._partitions.get(0) is None or first._partitions[0].revoked, what="revoked")
+        await wait_for(lambda: first.slots.get(0) is None or first.slots[0].revoked, what="revoked")
         worker_handlers.release_blocked.set()
         await releasing
     finally:

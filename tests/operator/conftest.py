@@ -25,7 +25,7 @@ import pytest
 import pytest_asyncio
 import yaml
 
-from keyrange.local.broker import EmbeddedBroker
+from keyrange.local.embedded_broker import EmbeddedBroker
 from keyrange.operator.handlers import operator_memo, register_handlers
 from keyrange.operator.kube import Kube
 from keyrange.operator.registry import RangeControlFactory, default_range_control

@@ -17,7 +17,8 @@ import pytest_asyncio
 
 from keyrange.autoscale.receiver import TOKEN_FILE_ENV, WEBHOOK_PATH
 from keyrange.commands.operator import side_services
-from keyrange.operator.rangecontrol import PlannedRescale, RangeStatus, ScaleOutcome, ScaleRequest
+from keyrange.operator.rangecontrol import PlannedRescale, RangeStatus
+from keyrange.ranges.planner import Direction, ScaleOutcome
 from keyrange.spec import StreamConsumerSpec
 from tests.alertmanager import alert as shop_alert
 from tests.alertmanager import payload
@@ -42,7 +43,7 @@ class SplittingControl:
     """A range control that splits up to workers.max (the real controller's contract, no Kafka)."""
 
     def __init__(self, spec: StreamConsumerSpec) -> None:
-        self.spec, self.workers, self.requests = spec, spec.workers.min, list[ScaleRequest]()
+        self.spec, self.workers, self.requests = spec, spec.workers.min, list[tuple[Direction, str]]()
 
     def desired_workers(self) -> int:
         return self.workers
@@ -50,13 +51,13 @@ class SplittingControl:
     def workers_available(self, ready: int) -> None:
         pass
 
-    def request_scale(self, request: ScaleRequest) -> ScaleOutcome:
-        self.requests.append(request)
+    def request_scale(self, direction: Direction, reason: str) -> ScaleOutcome:
+        self.requests.append((direction, reason))
         before = self.workers
-        if request.direction == "up" and self.workers < self.spec.workers.max:
+        if direction == "up" and self.workers < self.spec.workers.max:
             self.workers += 1
-            return ScaleOutcome(True, before, self.workers)
-        return ScaleOutcome(False, before, before, f"workers.max ({self.spec.workers.max}) reached")
+            return ScaleOutcome(True, "", before, self.workers)
+        return ScaleOutcome(False, f"workers.max ({self.spec.workers.max}) reached", before, before)
 
     def update_spec(self, spec: StreamConsumerSpec) -> None:
         self.spec = spec

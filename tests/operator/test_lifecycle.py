@@ -18,7 +18,6 @@ from prometheus_client import REGISTRY
 
 from keyrange.loadgen import LoadShape, generate, produce_all
 from keyrange.local.load import Phase, produce_phases
-from keyrange.operator.rangecontrol import ScaleRequest
 from tests.checkers import check_all, first_occurrences
 from tests.kafkatools import committed_offsets, read_counts, read_input_log, read_processed
 from tests.operator.conftest import SC_PATH, Api, Release, create_namespace, eventually, running_operator
@@ -77,8 +76,8 @@ async def test_planner_decisions_become_events_and_status_with_the_handoffs_paus
             # As the alert webhook does: a requested split, which its requester records (not the planner).
             control = operator.controls.get(NS, name)
             assert control is not None
-            outcome = await asyncio.to_thread(control.request_scale, ScaleRequest("up", "TestAlert"))
-            assert outcome.accepted, outcome
+            outcome = await asyncio.to_thread(control.request_scale, "up", "TestAlert")
+            assert outcome.applied, outcome
             two = await eventually(lambda: _status(cluster, name, phase="Running", workers=2), "2 workers",
                                    timeout=120)
 

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from keyrange.aggregation import connector
-from keyrange.aggregation.session import SparkSetupError
-from keyrange.aggregation.sources import (
+from keyrange.aggregation.environment import SparkSetupError
+from keyrange.aggregation.processed_stream import (
     CONNECTOR,
     END_OF_RANGE_WAIT_MS,
     PYTHON_SOURCE,

@@ -2,7 +2,7 @@
 
 import base64
 
-from keyrange.local.kafka import new_cluster_id
+from keyrange.local.kafka_cluster import new_cluster_id
 
 
 def test_cluster_ids_never_start_with_a_dash_and_are_uuids() -> None:

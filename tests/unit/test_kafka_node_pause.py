@@ -6,7 +6,7 @@ import signal
 import subprocess
 import sys
 
-from keyrange.local.kafka import wait_until_stopped
+from keyrange.local.kafka_cluster import wait_until_stopped
 
 BUSY_THREADS = """
 import threading

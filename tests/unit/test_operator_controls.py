@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from keyrange.operator.rangecontrol import RangeControl, ScaleRequest, StaticRangeControl
+from keyrange.operator.rangecontrol import RangeControl
 from keyrange.operator.registry import ControlRegistry
 from keyrange.spec import StreamConsumerSpec, parse_spec
+from tests.static_range_control import StaticRangeControl
 
 SPEC = parse_spec({"kafka": {"topic": "t", "bootstrapServers": "k:9092", "partitions": 6},
                    "workers": {"min": 2, "max": 4}})
@@ -64,5 +65,5 @@ def test_static_control_follows_replicas_and_refuses_to_rescale() -> None:
     assert control.desired_workers() == 2
     status = control.status()
     assert status.epoch == 1 and status.ranges == ((0, "0-2"), (1, "3-5"))
-    outcome = control.request_scale(ScaleRequest("up", "test"))
-    assert not outcome.accepted and "spec.workers.replicas" in outcome.message
+    outcome = control.request_scale("up", "test")
+    assert not outcome.applied and "spec.workers.replicas" in outcome.detail

@@ -20,14 +20,14 @@ from keyrange.autoscale.receiver import (
     WEBHOOK_PATH,
     AlertReceiver,
     ScaleDecision,
-    ScaleOutcome,
     WebhookTokenError,
     describe,
     load_token,
 )
-from keyrange.autoscale.tracker import ConsumerRef, Direction
+from keyrange.autoscale.tracker import ConsumerRef
 from keyrange.errors import UserError
 from keyrange.local.monitoring import ReceiverServer
+from keyrange.ranges.planner import Direction, ScaleOutcome
 from tests.alertmanager import alert, payload
 
 PAYMENTS = ConsumerRef("shop", "payments")
@@ -46,7 +46,8 @@ class Controller:
         if self.fails:
             raise RuntimeError("controller is broken")
         self.calls.append((direction, reason))
-        return ScaleOutcome(self.applies, "split 0-11 into 0-5, 6-11" if self.applies else "cooldown")
+        return ScaleOutcome(self.applies, "split 0-11 into 0-5, 6-11" if self.applies else "cooldown",
+                            1, 2 if self.applies else 1)
 
 
 class AsyncController(Controller):

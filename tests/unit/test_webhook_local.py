@@ -17,10 +17,8 @@ from typing import Any
 import pytest
 import yaml
 
-from keyrange.autoscale.receiver import ScaleOutcome
-from keyrange.autoscale.tracker import Direction
 from keyrange.local.monitoring import AlertingOptions, LocalAlertPath, without_lag_thresholds
-from keyrange.ranges.planner import Planner, ScalingLimits, SlotLag
+from keyrange.ranges.planner import Direction, Planner, ScaleOutcome, ScalingLimits, SlotLag
 from keyrange.ranges.rangemap import RangeMap
 from keyrange.spec import parse_document
 from tests.alertmanager import alert, payload
@@ -37,7 +35,7 @@ class Target:
 
     def request_scale(self, direction: Direction, reason: str) -> ScaleOutcome:
         self.calls.append(direction)
-        return ScaleOutcome(True, "ok")
+        return ScaleOutcome(True, "ok", 1, 2)
 
 
 def _tool(name: str) -> str:

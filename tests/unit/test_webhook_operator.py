@@ -14,11 +14,13 @@ import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
 from keyrange.autoscale.receiver import WEBHOOK_PATH
-from keyrange.operator.rangecontrol import RangeStatus, ScaleOutcome, ScaleRequest, StaticRangeControl
+from keyrange.operator.rangecontrol import RangeStatus
 from keyrange.operator.registry import ControlRegistry
 from keyrange.operator.scalewebhook import operator_receiver
+from keyrange.ranges.planner import Direction, ScaleOutcome
 from keyrange.spec import parse_spec
 from tests.alertmanager import alert, payload
+from tests.static_range_control import StaticRangeControl
 
 SPEC = {"kafka": {"topic": "events", "bootstrapServers": "kafka:9092"}, "workers": {"min": 1, "max": 4},
         "scaling": {"cooldownSeconds": 45}}
@@ -29,13 +31,13 @@ class ScalingControl:
     """A range control that accepts splits up to 4 workers."""
 
     def __init__(self) -> None:
-        self.workers, self.requests = 1, list[ScaleRequest]()
+        self.workers, self.requests = 1, list[tuple[Direction, str]]()
 
-    def request_scale(self, request: ScaleRequest) -> ScaleOutcome:
-        self.requests.append(request)
+    def request_scale(self, direction: Direction, reason: str) -> ScaleOutcome:
+        self.requests.append((direction, reason))
         before = self.workers
-        self.workers = min(4, self.workers + (1 if request.direction == "up" else -1))
-        return ScaleOutcome(self.workers != before, before, self.workers)
+        self.workers = min(4, self.workers + (1 if direction == "up" else -1))
+        return ScaleOutcome(self.workers != before, "", before, self.workers)
 
     def status(self) -> RangeStatus:
         return RangeStatus(epoch=1, workers=self.workers)
@@ -101,7 +103,7 @@ async def notify(client: TestClient[Any, Any], *alerts: dict[str, Any]) -> dict[
 async def test_a_split_is_recorded_in_status_and_as_an_event(client: TestClient[Any, Any], kube: RecordingKube,
                                                              control: ScalingControl) -> None:
     body = await notify(client, alert())
-    assert [r.direction for r in control.requests] == ["up"]
+    assert [direction for direction, _ in control.requests] == ["up"]
     assert body["decisions"][0]["applied"] is True
     (where, changes), = kube.patches
     assert where == "shop/payments"

@@ -3,6 +3,7 @@ logs, quotas and librdkafka's log lines tell them apart; a client.id the user gi
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 from keyrange.worker.consumer import consumer_config
@@ -26,7 +27,7 @@ def test_a_slot_producer_names_its_slot() -> None:
         return RecordingProducer()
 
     slot = SlotTransactions(SETTINGS, 7, group_metadata=None, make_producer=make_producer)  # type: ignore[arg-type]
-    slot._created.result()
+    asyncio.run(slot.open())  # after the producer is created
     assert configs[0]["client.id"] == "keyrange-worker-2-slot-7"
     assert configs[0]["transactional.id"] != configs[0]["client.id"]
 

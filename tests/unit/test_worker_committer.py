@@ -1,18 +1,18 @@
-"""The committer: which slots a commit carries (no Kafka: each slot's transactions are recorded)."""
+"""The committer: which slots a commit carries, and what it returns for each (no Kafka: each slot's
+transactions are recorded; the slots are SlotState, the committer's fake is at its producer seam)."""
 
 from __future__ import annotations
 
 import asyncio
-import time
 
 from confluent_kafka import TopicPartition
 
-from keyrange.worker.committer import Committer
-from keyrange.worker.partition import PartitionMetrics, PartitionState
-from keyrange.worker.restore import RestoredPartition
+from keyrange.worker.committer import CommitOutcome, Committer, SlotCommit
 from keyrange.worker.settings import WorkerSettings
+from keyrange.worker.slot import SlotState
 from keyrange.worker.stats import WorkerStats
 from keyrange.worker.transactions import OutputRecord, TransactionFailed
+from tests.slotstate import held_slot
 
 SETTINGS = WorkerSettings(bootstrap="127.0.0.1:1", topic="events", group_id="g", worker_id="w0")
 
@@ -28,12 +28,9 @@ class RecordingTransactions:
         self.commits.append(records)
 
 
-def slot_with_a_state_change(slot: int) -> tuple[PartitionState, RecordingTransactions]:
+def slot_with_a_state_change(n: int) -> tuple[SlotState, RecordingTransactions]:
     transactions = RecordingTransactions()
-    ps = PartitionState(slot, RestoredPartition(0), 10.0, time.time, PartitionMetrics("c", "w0", slot),
-                        transactions)  # type: ignore[arg-type]
-    ps.dirty_state[1000 + slot] = (b"1", 0)
-    return ps, transactions
+    return slot(n, transactions), transactions
 
 
 def test_a_release_commits_only_the_released_slots_and_the_others_commit_on_their_interval() -> None:
@@ -41,11 +38,11 @@ def test_a_release_commits_only_the_released_slots_and_the_others_commit_on_thei
     (kept, kept_txn), (released, released_txn) = slot_with_a_state_change(0), slot_with_a_state_change(1)
     committer = Committer(SETTINGS, lambda: [kept, released], WorkerStats())
 
-    asyncio.run(committer.commit_now(only={1}))
+    outcomes = asyncio.run(committer.commit_now(only={1}))
+    assert outcomes == [SlotCommit(released, CommitOutcome.COMMITTED)]
     assert len(released_txn.commits) == 1 and kept_txn.commits == []
-    assert kept.dirty_state  # still staged, not lost
 
-    asyncio.run(committer.commit_now())
+    asyncio.run(committer.commit_now())  # the kept slot's change was still staged, not lost
     assert len(kept_txn.commits) == 1 and len(released_txn.commits) == 1  # nothing new on slot 1
     assert [r.key for r in kept_txn.commits[0]] == [b"1000"]
 
@@ -90,11 +87,11 @@ class CountingTransactions(RecordingTransactions):
             await asyncio.wait_for(self.committed.wait_for(lambda: len(self.commits) >= n), 5.0)
 
 
-def slot(n: int, transactions: RecordingTransactions) -> PartitionState:
-    ps = PartitionState(n, RestoredPartition(0), 10.0, time.time, PartitionMetrics("c", "w0", n),
-                        transactions)  # type: ignore[arg-type]
-    ps.dirty_state[1000 + n] = (b"1", 0)
-    return ps
+def slot(n: int, transactions: RecordingTransactions) -> SlotState:
+    """A held slot `n` with one state change staged (client 1000 + n)."""
+    held = held_slot(n, transactions)
+    held.change_state(1000 + n, b"1", 0)
+    return held
 
 
 async def stopped(commit_loop: asyncio.Task[None]) -> None:
@@ -115,13 +112,13 @@ def test_a_slot_stuck_in_its_transaction_holds_up_neither_the_other_slots_commit
         await asyncio.wait_for(stuck_txn.began.wait(), 5.0)
         await flowing_txn.wait_for_commits(1)
 
-        stuck.dirty_state[2000] = (b"2", 1)  # staged behind the stuck transaction
+        stuck.change_state(2000, b"2", 1)  # staged behind the stuck transaction
         for more in range(2, 5):  # the other slot commits on every interval meanwhile
-            flowing.dirty_state[1000 + more] = (b"x", more)
+            flowing.change_state(1000 + more, b"x", more)
             await flowing_txn.wait_for_commits(more)
         assert stuck_txn.most_in_flight == 1 and stuck_txn.commits == []
 
-        flowing.dirty_state[1999] = (b"last", 9)
+        flowing.change_state(1999, b"last", 9)
         await asyncio.wait_for(committer.commit_now(only={1}), 5.0)  # a release of the other slot
         await asyncio.wait_for(committer.idle([flowing]), 5.0)
         assert [r.key for r in flowing_txn.commits[-1]] == [b"1999"]
@@ -138,11 +135,11 @@ def test_a_slot_stuck_in_its_transaction_holds_up_neither_the_other_slots_commit
 def test_a_release_waits_out_its_slots_transaction_in_flight() -> None:
     async def scenario() -> None:
         txn = GatedTransactions()
-        ps = slot(0, txn)
-        committer = Committer(FAST, lambda: [ps], WorkerStats())
+        held = slot(0, txn)
+        committer = Committer(FAST, lambda: [held], WorkerStats())
         running = asyncio.create_task(committer.run())
         await asyncio.wait_for(txn.began.wait(), 5.0)
-        waiting = asyncio.create_task(committer.idle([ps]))
+        waiting = asyncio.create_task(committer.idle([held]))
         await asyncio.sleep(0.05)  # ten intervals: idle must still wait, as the transaction has not ended
         assert not waiting.done()
         txn.gate.set()
@@ -154,43 +151,67 @@ def test_a_release_waits_out_its_slots_transaction_in_flight() -> None:
 
 
 class FailingTransactions(RecordingTransactions):
+    """A slot's producer fenced by another worker: every commit fails."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.tries = 0
+
     async def commit(self, records: list[OutputRecord], offsets: list[TopicPartition],
                      last: list[OutputRecord] | None = None) -> None:
+        self.tries += 1
         raise TransactionFailed("slot 0 was acquired by another worker")
 
 
-def test_a_failed_interval_transaction_the_worker_cannot_go_on_without_fails_the_commit_loop() -> None:
+def test_a_failed_interval_transaction_is_returned_by_the_commit_loop_to_act_on() -> None:
     async def scenario() -> None:
-        committer = Committer(FAST, lambda: [slot(0, FailingTransactions())], WorkerStats(),
-                              slot_failed=lambda ps, exc: False)
-        try:
-            await asyncio.wait_for(committer.run(), 5.0)
-        except TransactionFailed as exc:
-            assert "acquired by another worker" in str(exc)
-        else:
-            raise AssertionError("the commit loop went on")
+        failing = slot(0, FailingTransactions())
+        committer = Committer(FAST, lambda: [failing], WorkerStats())
+        failed = await asyncio.wait_for(committer.run(), 5.0)
+        assert failed.slot is failing and failed.outcome is CommitOutcome.FENCED
+        assert failed.error is not None and "acquired by another worker" in str(failed.error)
 
     asyncio.run(scenario())
 
 
-def test_a_failed_transaction_of_a_slot_the_worker_gives_up_leaves_the_commit_loop_running() -> None:
+def test_a_slot_whose_transaction_failed_never_commits_again_and_the_others_go_on() -> None:
     async def scenario() -> None:
-        given_up: list[int] = []
         flowing_txn = CountingTransactions()
-        failing, flowing = slot(0, FailingTransactions()), slot(1, flowing_txn)
-
-        def slot_failed(ps: PartitionState, exc: TransactionFailed) -> bool:
-            given_up.append(ps.partition)
-            ps.lost = True
-            return True
-
-        committer = Committer(FAST, lambda: [failing, flowing], WorkerStats(), slot_failed)
-        running = asyncio.create_task(committer.run())
+        failing_txn = FailingTransactions()
+        failing, flowing = slot(0, failing_txn), slot(1, flowing_txn)
+        committer = Committer(FAST, lambda: [failing, flowing], WorkerStats())
+        failed = await asyncio.wait_for(committer.run(), 5.0)
+        assert failed.slot is failing
+        running = asyncio.create_task(committer.run())  # goes on: the engine acted on the failure
         await flowing_txn.wait_for_commits(1)
-        flowing.dirty_state[1500] = (b"y", 3)
+        failing.change_state(1600, b"z", 4)
+        flowing.change_state(1500, b"y", 3)
         await flowing_txn.wait_for_commits(2)
-        assert given_up == [0] and not running.done()
+        assert not running.done() and failing_txn.tries == 1
+        assert await committer.commit_now() == [SlotCommit(failing, CommitOutcome.SLOT_LOST),
+                                                SlotCommit(flowing, CommitOutcome.COMMITTED)]
+        assert failing_txn.tries == 1
         await stopped(running)
+
+    asyncio.run(scenario())
+
+
+class GivenUpTransactions(RecordingTransactions):
+    async def commit(self, records: list[OutputRecord], offsets: list[TopicPartition],
+                     last: list[OutputRecord] | None = None) -> None:
+        raise TransactionFailed("slot 2: no commit within 60 s", gave_up=True)
+
+
+def test_a_release_s_commit_returns_each_slot_s_outcome_fenced_or_given_up() -> None:
+    async def scenario() -> None:
+        fenced, given_up = slot(0, FailingTransactions()), slot(2, GivenUpTransactions())
+        fine = slot(3, RecordingTransactions())
+        committer = Committer(FAST, lambda: [fenced, given_up, fine], WorkerStats())
+        outcomes = await committer.commit_now()
+        assert [(o.slot, o.outcome) for o in outcomes] == [
+            (fenced, CommitOutcome.FENCED), (given_up, CommitOutcome.GAVE_UP), (fine, CommitOutcome.COMMITTED)]
+        assert outcomes[1].error is not None and outcomes[1].error.gave_up
+        assert [o.outcome for o in await committer.commit_now(only={0, 2})] == [CommitOutcome.SLOT_LOST] * 2
 
     asyncio.run(scenario())
 
@@ -198,12 +219,12 @@ def test_a_failed_transaction_of_a_slot_the_worker_gives_up_leaves_the_commit_lo
 def test_a_commit_waiting_for_a_slots_transaction_leaves_out_the_slot_released_meanwhile() -> None:
     async def scenario() -> None:
         txn = GatedTransactions()
-        ps = slot(0, txn)
-        held = [ps]
+        only = slot(0, txn)
+        held = [only]
         committer = Committer(FAST, lambda: list(held), WorkerStats())
         running = asyncio.create_task(committer.run())
         await asyncio.wait_for(txn.began.wait(), 5.0)
-        ps.dirty_state[3000] = (b"3", 2)  # staged behind the transaction in flight
+        only.change_state(3000, b"3", 2)  # staged behind the transaction in flight
         waiting = asyncio.create_task(committer.commit_now())
         await asyncio.sleep(0)
         held.clear()  # released while commit_now waits: its producer is closed, no transaction may start
@@ -240,12 +261,12 @@ def test_a_slot_whose_transaction_outlasted_the_interval_starts_its_next_one_as_
 
     async def scenario() -> None:
         txn = SlowTransactions(interval * 1.2)
-        ps = slot(0, txn)
-        committer = Committer(settings, lambda: [ps], WorkerStats())
+        held = slot(0, txn)
+        committer = Committer(settings, lambda: [held], WorkerStats())
         running = asyncio.create_task(committer.run())
         while not txn.began_at:
             await asyncio.sleep(0.01)
-        ps.dirty_state[2000] = (b"2", 1)  # finished while the first transaction is in flight
+        held.change_state(2000, b"2", 1)  # finished while the first transaction is in flight
         await txn.wait_for_commits(2)
         first, second = txn.began_at[:2]
         assert second - (first + txn.seconds) < interval / 2, (

@@ -12,7 +12,7 @@ def test_liveness_follows_the_heartbeat_and_stuck_threads() -> None:
     health = Health(stale_after_seconds=30, max_abandoned=2, abandoned=lambda: stuck[0], clock=lambda: now[0])
     assert health.liveness() == (True, "starting") and health.readiness() == (False, "starting")
     health.beat()
-    health.started = True
+    health.mark_started()
     assert health.liveness() == (True, "ok") and health.readiness() == (True, "ok")
     now[0] += 31
     alive, why = health.liveness()

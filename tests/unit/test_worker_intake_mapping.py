@@ -10,9 +10,9 @@ from typing import Any
 from keyrange.events import DLQ_SOURCE_TIMESTAMP
 from keyrange.inputmapping import InputMapping, record_headers
 from keyrange.ranges.slots import partition_for_client
-from keyrange.worker.commitwindow import CommitWindow
-from keyrange.worker.dedup import TtlSet
 from keyrange.worker.intake import Intake
+from keyrange.worker.restore import RestoredPartition
+from keyrange.worker.slot import SlotState
 
 PARTITIONS = 12
 NOW_MS = 1_800_000_000_000
@@ -46,29 +46,29 @@ class Counter:
 
 
 class DeadLetters:
-    """Stands in for the OutputStage: records each dead letter's reason and kept record."""
+    """Stands in for Outputs: records each dead letter's reason and kept record."""
 
     def __init__(self) -> None:
         self.letters: list[tuple[str, Any]] = []
 
-    def dead_letter(self, ps: Any, offset: int, key: Any, value: Any, reason: str, detail: str, attempts: int,
+    def dead_letter(self, partition: int, offset: int, key: Any, value: Any, reason: str, detail: str, attempts: int,
                     record: Any = None) -> None:
         self.letters.append((reason, record))
 
 
-def partition_state(partition: int) -> Any:
-    return SimpleNamespace(window=CommitWindow(0), skip={}, placed_clients=set(), partition=partition,
-                           dedup=TtlSet(10.0, lambda: NOW_MS / 1000 + 60), warned_misplaced=False,
-                           metrics=SimpleNamespace(misplaced=Counter(), skewed_ahead=Counter(),
-                                                   skewed_behind=Counter()))
+def held_slot_of(partition: int) -> Any:
+    """A held slot of `partition` whose metrics are counters read back here."""
+    counters = SimpleNamespace(misplaced=Counter(), skewed_ahead=Counter(), skewed_behind=Counter())
+    return SlotState(partition, partition, RestoredPartition(0), 10.0, lambda: NOW_MS / 1000 + 60,
+                     counters, None, partition)  # type: ignore[arg-type]
 
 
 def admit_all(mapping: InputMapping, records: list[Record], partition: int) -> tuple[Any, list[Any], DeadLetters]:
     outputs = DeadLetters()
     intake = Intake(PARTITIONS, 10.0, outputs, mapping=mapping)  # type: ignore[arg-type]
-    ps = partition_state(partition)
-    jobs = [intake.admit(ps, r, offset) for offset, r in enumerate(records)]
-    return ps, jobs, outputs
+    slot = held_slot_of(partition)
+    jobs = [intake.admit(slot, r, offset) for offset, r in enumerate(records)]
+    return slot, jobs, outputs
 
 
 def test_misplaced_is_counted_for_header_ids_and_not_for_keys() -> None:
@@ -76,14 +76,14 @@ def test_misplaced_is_counted_for_header_ids_and_not_for_keys() -> None:
     elsewhere = (home + 1) % PARTITIONS
     by_header = InputMapping(client_id="header:user", uuid="header:id", created="timestamp")
     records = [Record(b"k", b"{}", [("user", b"user-7"), ("id", f"e{i}".encode())]) for i in range(3)]
-    ps, jobs, _ = admit_all(by_header, records, elsewhere)
-    assert all(job is not None for job in jobs) and ps.metrics.misplaced.count == 3
-    ps, _, _ = admit_all(by_header, records, home)
-    assert ps.metrics.misplaced.count == 0
+    slot, jobs, _ = admit_all(by_header, records, elsewhere)
+    assert all(job is not None for job in jobs) and slot.metrics.misplaced.count == 3
+    slot, _, _ = admit_all(by_header, records, home)
+    assert slot.metrics.misplaced.count == 0
     by_key = InputMapping(client_id="key", uuid="header:id", created="timestamp")
     keyed = [Record(b"user-7", b"{}", [("id", f"e{i}".encode())]) for i in range(3)]
-    ps, _, _ = admit_all(by_key, keyed, elsewhere)
-    assert ps.metrics.misplaced.count == 0
+    slot, _, _ = admit_all(by_key, keyed, elsewhere)
+    assert slot.metrics.misplaced.count == 0
 
 
 def test_uuid_none_handles_a_resent_record_and_a_uuid_drops_it() -> None:

@@ -17,11 +17,9 @@ from confluent_kafka import TopicPartition
 from confluent_kafka.admin._listoffsets import ListOffsetsResultInfo
 
 from keyrange.kafkaquirks import Backoff
-from keyrange.worker.consumer import ThreadedConsumer
-from keyrange.worker.settings import WorkerSettings
+from keyrange.worker.consumer import ListedEnds
 from tests.unit.worker_fakes import FakeClock
 
-SETTINGS = WorkerSettings(bootstrap="127.0.0.1:1", topic="events", group_id="g", worker_id="w0")
 UNREACHABLE = -1001
 
 
@@ -42,44 +40,41 @@ class AnsweringAdmin:
         return answers
 
 
-def consumer_with(admin: AnsweringAdmin, clock: FakeClock) -> ThreadedConsumer:
-    consumer = ThreadedConsumer(SETTINGS)
-    consumer._admin = admin  # type: ignore[assignment]
-    consumer._listing_backoff = Backoff(1.0, 60.0, clock)
-    return consumer
+def consumer_with(admin: AnsweringAdmin, clock: FakeClock) -> ListedEnds:
+    """The log ends a worker's consumer asks `admin` for (ThreadedConsumer.high_watermarks)."""
+    return ListedEnds("events", admin, Backoff(1.0, 60.0, clock))
 
 
-def gauge_tick(consumer: ThreadedConsumer) -> None:
+def gauge_tick(consumer: ListedEnds) -> dict[int, int]:
     """What `high_watermarks` does with ListOffsets on every gauge tick."""
-    consumer._take_listed_ends()
-    consumer._ask_list_offsets([0, 1])
+    return dict(consumer.tick([0, 1]))
 
 
 def test_answered_requests_are_asked_again_at_every_tick() -> None:
     admin, clock = AnsweringAdmin(42), FakeClock()
     consumer = consumer_with(admin, clock)
-    for _ in range(3):
+    for _ in range(2):
         gauge_tick(consumer)
+    assert gauge_tick(consumer) == {0: 42, 1: 42}
     assert admin.asked == 3
-    assert consumer._listed_ends == {0: 42, 1: 42}
 
 
 def test_unreachable_leaders_back_the_requests_off_doubling_to_a_minute() -> None:
     admin, clock = AnsweringAdmin(UNREACHABLE), FakeClock()
     consumer = consumer_with(admin, clock)
-    gauge_tick(consumer)
+    ends = gauge_tick(consumer)
     asked_at = []
     for _ in range(400):  # 400 one-second ticks
         clock.now += 1.0
         before = admin.asked
-        gauge_tick(consumer)
+        ends = gauge_tick(consumer)
         if admin.asked > before:
             asked_at.append(clock.now - 100.0)
     gaps = [b - a for a, b in pairwise(asked_at)]
     # Each answer is taken at the next tick, then the wait: 1, 2, 4, 8, 16, 32 s, then 60 s.
     assert gaps[:5] == [3.0, 5.0, 9.0, 17.0, 33.0]
     assert set(gaps[5:]) == {61.0}
-    assert consumer._listed_ends == {}, "an unreachable leader's -1001 is no end"
+    assert ends == {}, "an unreachable leader's -1001 is no end"
 
 
 def test_one_answer_ends_the_backoff() -> None:
@@ -95,6 +90,5 @@ def test_one_answer_ends_the_backoff() -> None:
     gauge_tick(consumer)  # this one was answered: asked again at once
     asked = admin.asked
     clock.now += 1.0
-    gauge_tick(consumer)
+    assert gauge_tick(consumer) == {0: 7, 1: 7}
     assert admin.asked == asked + 1
-    assert consumer._listed_ends == {0: 7, 1: 7}

@@ -5,7 +5,6 @@ changelog does. No Kafka: a slot's transactions append to an in-memory log."""
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import Callable
 
 import pytest
@@ -16,13 +15,14 @@ from keyrange.logend import Span
 from keyrange.worker import snapshots
 from keyrange.worker.committer import Committer
 from keyrange.worker.commitwindow import Outcome
-from keyrange.worker.partition import PartitionMetrics, PartitionState
 from keyrange.worker.restore import OutputEntry, ParsedLogs, RestoredPartition, fold_logs
 from keyrange.worker.settings import WorkerSettings
+from keyrange.worker.slot import SlotState
 from keyrange.worker.snapshots import SnapshotSchedule, changelog_starts
 from keyrange.worker.stats import WorkerStats
 from keyrange.worker.transactions import OutputRecord
 from tests.fake_message import FakeMessage
+from tests.slotstate import held_slot
 
 SETTINGS = WorkerSettings(bootstrap="127.0.0.1:1", topic="events", group_id="g", worker_id="w0")
 STATE = (SETTINGS.state, 0)
@@ -132,30 +132,29 @@ SLOW_AT = 2600
 """The event that is still running at the end: the committed offset stays there, later events finish."""
 
 
-def run_slot(transactions: ChangelogTransactions) -> tuple[PartitionState, list[OutputEntry]]:
+def run_slot(transactions: ChangelogTransactions) -> tuple[SlotState, list[OutputEntry]]:
     """A slot handles EVENTS events of CLIENTS counters (every 9th deletes its client's state),
     committing every 7 events; the event at SLOW_AT and its client's later ones never finish."""
-    ps = PartitionState(0, RestoredPartition(0), 10.0, time.time, PartitionMetrics("c", "w0", 0),
-                        transactions)  # type: ignore[arg-type]
-    committer = Committer(SETTINGS, lambda: [ps], WorkerStats())
+    slot = held_slot(0, transactions)
+    committer = Committer(SETTINGS, lambda: [slot], WorkerStats())
     counters: dict[int, int] = {}
     after_committed: list[OutputEntry] = []
     slow = SLOW_AT % CLIENTS
 
     async def scenario() -> None:
         for offset in range(EVENTS):
-            ps.window.add(offset)
+            assert slot.admit(offset, 0, 0)
             client = offset % CLIENTS
             if offset >= SLOW_AT and client == slow:
                 continue
             if offset % 9 == 0:
                 counters.pop(client, None)
                 state = None
-                ps.change_state(client, None, offset)
             else:
                 counters[client] = state = counters.get(client, 0) + 1
-                ps.change_state(client, str(state).encode(), offset)
-            ps.window.finish(offset, Outcome.HANDLED)
+            processed = OutputRecord(SETTINGS.sink, 0, b"", b"")  # not in the changelog
+            slot.finish_processed(offset, processed, client, None if state is None else str(state).encode(),
+                                state is None)
             if offset >= SLOW_AT:  # finished past the committed offset: its processed record carries the state
                 after_committed.append(OutputEntry(0, offset, f"u{offset}", 0.0, (client, state), Outcome.HANDLED))
             if offset % 7 == 0:
@@ -163,8 +162,8 @@ def run_slot(transactions: ChangelogTransactions) -> tuple[PartitionState, list[
         await committer.commit_now()
 
     asyncio.run(scenario())
-    assert ps.committed_offset == SLOW_AT
-    return ps, after_committed
+    assert slot.committed_offset == SLOW_AT
+    return slot, after_committed
 
 
 def restored_from(log: list[FakeMessage], first: int, outputs: list[OutputEntry]) -> RestoredPartition:
@@ -178,7 +177,7 @@ def test_a_restore_from_the_named_snapshot_restores_what_the_whole_changelog_doe
         monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(snapshots, "SNAPSHOT_FLOOR", 10)
     transactions = ChangelogTransactions()
-    ps, outputs = run_slot(transactions)
+    slot, outputs = run_slot(transactions)
     log = transactions.log
     start = changelog_starts(LogOnlyReader(log), SETTINGS.state, {0: SLOW_AT})[STATE]  # type: ignore[arg-type]
     assert start > 0, "no snapshot was named"
@@ -186,9 +185,9 @@ def test_a_restore_from_the_named_snapshot_restores_what_the_whole_changelog_doe
     assert len([r for r in log if r.offset() >= start]) <= bound < len(log) // 5
 
     whole, from_snapshot = restored_from(log, 0, outputs), restored_from(log, start, outputs)
-    assert from_snapshot.state == whole.state == {c: int(v) for c, v in ps.store.items()}
-    assert from_snapshot.totals == whole.totals == ps.committed_totals
+    assert from_snapshot.state == whole.state == {c: int(v) for c, v in slot.states.items()}
+    assert from_snapshot.totals == whole.totals == slot.committed_totals
     assert from_snapshot.totals.handled == SLOW_AT
     # The next owner names the same snapshot, and counts the records since it towards the next.
-    assert from_snapshot.snapshot_start == ps.snapshots.start
-    assert from_snapshot.state_offsets == ps.store_offsets
+    assert from_snapshot.snapshot_start == slot.snapshot_start
+    assert from_snapshot.state_offsets == slot.state_offsets

@@ -12,29 +12,37 @@ from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
 from keyrange.events import SOURCE_OFFSET_HEADER
 from keyrange.worker import transactions
-from keyrange.worker.partition import PartitionMetrics, PartitionState
-from keyrange.worker.restore import RestoredPartition
 from keyrange.worker.settings import WorkerSettings
 from keyrange.worker.transactions import OutputRecord, SlotTransactions, TransactionFailed
+from tests.slotstate import held_slot, take_staged
 from tests.unit.worker_fakes import FakeClock, RecordingProducer
 
 SETTINGS = WorkerSettings(bootstrap="127.0.0.1:1", topic="events", group_id="g", worker_id="w0")
 
 
-def open_slot(slot: int, producer: RecordingProducer) -> SlotTransactions:
+async def opened_slot(slot: int, producer: RecordingProducer) -> SlotTransactions:
     """A slot's transactions, initialised, writing through `producer` instead of Kafka."""
     output = SlotTransactions(SETTINGS, slot, group_metadata=None, make_producer=lambda _: producer)  # type: ignore[arg-type,return-value]
-    output._created.result()
-    producer.calls.clear()  # the connection made on creation
-    output._initialised = True
+    await output.open()
+    producer.calls.clear()  # the connection made on creation, and the initialisation
     return output
+
+
+def open_slot(slot: int, producer: RecordingProducer) -> SlotTransactions:
+    """`opened_slot`, from a test without a running loop."""
+    return asyncio.run(opened_slot(slot, producer))
+
+
+def commit(output: SlotTransactions, records: list[OutputRecord], offsets: list[TopicPartition]) -> None:
+    """Commit through the public seam, from a thread without a running loop."""
+    asyncio.run(output.commit(records, offsets))
 
 
 def test_offsets_join_the_transaction_only_after_every_output_was_acknowledged() -> None:
     producer = RecordingProducer()
     output = open_slot(0, producer)
     records = [OutputRecord("events.processed", 0, b"1", b"{}"), OutputRecord("g.state", 0, b"1", b"5")]
-    output._commit(records, [TopicPartition("events", 0, 10)])
+    commit(output, records, [TopicPartition("events", 0, 10)])
     assert producer.calls == ["begin", "produce events.processed", "produce g.state", "flush",
                               "send_offsets", "commit"]
 
@@ -47,20 +55,22 @@ def test_a_slot_is_initialised_over_a_broker_connection_already_up() -> None:
     connected before its slot is acquired."""
     producer = RecordingProducer()
     output = SlotTransactions(SETTINGS, 3, group_metadata=None, make_producer=lambda _: producer)  # type: ignore[arg-type,return-value]
-    output._created.result()
+    deadline = time.monotonic() + 10
+    while len(producer.calls) < 2 and time.monotonic() < deadline:  # created on the slot's thread
+        time.sleep(0.01)
     assert producer.calls == ["metadata events.processed", "metadata events.processed"]
     asyncio.run(output.open())
     assert producer.calls == ["metadata events.processed", "metadata events.processed", "init"]
 
 
 def test_changelog_records_carry_the_source_offset_of_the_last_change() -> None:
-    ps = PartitionState(3, RestoredPartition(0), 10.0, time.time, PartitionMetrics("c", "w0", 3),
-                        transactions=None)  # type: ignore[arg-type]  # no transaction in this test
-    ps.dirty_state[1001] = (b"7", 12)
-    ps.dirty_state[1001] = (b"9", 15)
-    ps.dirty_state[1002] = (None, 14)
-    records, _, _ = ps.take_outputs("g.state")
-    assert [(r.topic, r.partition, r.key, r.value, r.headers) for r in records] == [
+    slot = held_slot(3)  # no transaction in this test
+    slot.change_state(1001, b"7", 12)
+    slot.change_state(1001, b"9", 15)
+    slot.change_state(1002, None, 14)
+    staged = take_staged(slot)
+    assert staged is not None and staged.outputs == []
+    assert [(r.topic, r.partition, r.key, r.value, r.headers) for r in staged.changelog] == [
         ("g.state", 3, b"1001", b"9", [(SOURCE_OFFSET_HEADER, b"15")]),
         ("g.state", 3, b"1002", None, [(SOURCE_OFFSET_HEADER, b"14")]),
     ]
@@ -93,13 +103,13 @@ def test_a_producer_stuck_behind_an_unfinished_call_fails_the_slot_instead_of_re
     output = open_slot(5, producer)
     outcome: list[BaseException] = []
 
-    def commit() -> None:
+    def committing() -> None:
         try:
-            output._commit([OutputRecord("events.processed", 5, b"1", b"{}")], [TopicPartition("events", 5, 10)])
+            commit(output, [OutputRecord("events.processed", 5, b"1", b"{}")], [TopicPartition("events", 5, 10)])
         except BaseException as exc:  # noqa: BLE001 - handed to the test's thread
             outcome.append(exc)
 
-    worker = threading.Thread(target=commit, daemon=True)
+    worker = threading.Thread(target=committing, daemon=True)
     worker.start()
     worker.join(20)
     assert not worker.is_alive(), f"still retrying after 20 s: {producer.calls[-5:]}"
@@ -121,13 +131,13 @@ class UnansweredOffsetsProducer(RecordingProducer):
 def commit_in_thread(output: SlotTransactions) -> tuple[threading.Thread, list[BaseException]]:
     outcome: list[BaseException] = []
 
-    def commit() -> None:
+    def committing() -> None:
         try:
-            output._commit([OutputRecord("events.processed", 5, b"1", b"{}")], [TopicPartition("events", 5, 10)])
+            commit(output, [OutputRecord("events.processed", 5, b"1", b"{}")], [TopicPartition("events", 5, 10)])
         except BaseException as exc:  # noqa: BLE001 - handed to the test's thread
             outcome.append(exc)
 
-    thread = threading.Thread(target=commit, daemon=True)
+    thread = threading.Thread(target=committing, daemon=True)
     thread.start()
     return thread, outcome
 
@@ -237,7 +247,7 @@ async def test_a_send_offsets_that_never_returns_gives_its_producer_up(monkeypat
     monkeypatch.setattr(transactions, "OFFSETS_TIMEOUT_SECONDS", 0.2)
     monkeypatch.setattr(transactions, "CALL_STUCK_SECONDS", 0.3)
     producer = NeverReturningOffsetsProducer()
-    output = open_slot(5, producer)
+    output = await opened_slot(5, producer)
     try:
         thread, outcome = commit_in_thread(output)
         thread.join(10)
@@ -253,7 +263,7 @@ async def test_a_send_offsets_that_never_returns_gives_its_producer_up(monkeypat
 
 def test_a_transaction_s_calls_never_wait_past_its_deadline() -> None:
     clock, give_up = FakeClock(), threading.Event()
-    retry = transactions._Backoff("slot 1", give_up, threading.Event(), clock)
+    retry = transactions.CommitRetry("slot 1", give_up, threading.Event(), clock)
     deadline = transactions.COMMIT_DEADLINE_SECONDS
     assert retry.timeout(30.0, "flushing") == 30.0
     clock.now += deadline - 12.0
@@ -270,7 +280,7 @@ def test_a_transaction_s_calls_never_wait_past_its_deadline() -> None:
 
 def test_a_producer_given_up_starts_no_other_call_but_a_stopping_worker_still_commits() -> None:
     stopping, abandoned = threading.Event(), threading.Event()
-    retry = transactions._Backoff("slot 1", stopping, abandoned, FakeClock())
+    retry = transactions.CommitRetry("slot 1", stopping, abandoned, FakeClock())
     stopping.set()  # SIGTERM: no more retries, but the release's last commit goes through
     assert retry.timeout(30.0, "committing") == 30.0
     abandoned.set()
@@ -283,7 +293,7 @@ def test_the_last_commit_of_a_stopping_worker_goes_through() -> None:
     producer = RecordingProducer()
     output = open_slot(2, producer)
     output.stop_retrying()
-    output._commit([OutputRecord("events.processed", 2, b"1", b"{}")], [TopicPartition("events", 2, 10)])
+    commit(output, [OutputRecord("events.processed", 2, b"1", b"{}")], [TopicPartition("events", 2, 10)])
     assert producer.calls[-1] == "commit"
 
 
@@ -327,7 +337,8 @@ async def test_a_commit_whose_call_ignores_its_timeout_gives_its_producer_up(mon
     monkeypatch.setattr(transactions, "COMMIT_DEADLINE_SECONDS", 0.3)
     monkeypatch.setattr(transactions, "CALL_STUCK_SECONDS", 0.2)
     producer = HungFlushProducer()
-    output = open_slot(5, producer)
+    others = set(threading.enumerate())
+    output = await opened_slot(5, producer)
     try:
         with pytest.raises(TransactionFailed, match=r"did not end within 0\.5 s") as raised:
             await asyncio.wait_for(output.commit([OutputRecord("events.processed", 5, b"1", b"{}")],
@@ -336,7 +347,10 @@ async def test_a_commit_whose_call_ignores_its_timeout_gives_its_producer_up(mon
         # The release does not wait behind the hung call, nor touches the producer again.
         await asyncio.wait_for(output.close(), 1)
         producer.released.set()
-        output._executor.shutdown(wait=True)  # the call returned: its thread stops, starting nothing else
+        # The call returned: the slot's thread ends, starting nothing else.
+        (thread,) = [t for t in set(threading.enumerate()) - others if t.name == "keyrange-slot-5"]
+        thread.join(10)
+        assert not thread.is_alive()
         assert producer.calls == ["begin", "produce events.processed", "flush"]
     finally:
         producer.released.set()
@@ -345,7 +359,7 @@ async def test_a_commit_whose_call_ignores_its_timeout_gives_its_producer_up(mon
 async def test_a_producer_whose_transaction_failed_is_closed_without_a_flush(monkeypatch: Any) -> None:
     monkeypatch.setattr(transactions, "COMMIT_DEADLINE_SECONDS", 0.2)
     producer = StalledOutputsProducer()
-    output = open_slot(4, producer)
+    output = await opened_slot(4, producer)
     with pytest.raises(TransactionFailed):
         await output.commit([OutputRecord("events.processed", 4, b"1", b"{}")], [TopicPartition("events", 4, 10)])
     flushes = len(producer.flush_timeouts)

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from keyrange.aggregation.session import SparkSetupError, check_environment
+from keyrange.aggregation.environment import SparkSetupError, check_environment
 from keyrange.aggregation.store import AggregateResults, read_results
 
 if TYPE_CHECKING:

@@ -14,8 +14,8 @@ import os
 from collections.abc import Mapping
 from pathlib import Path
 
-from keyrange.aggregation.session import SparkSetupError
-from keyrange.local.kafka_setup import tools_dir
+from keyrange.aggregation.environment import SparkSetupError
+from keyrange.toolsdir import tools_dir
 
 ARTIFACT = "org.apache.spark:spark-sql-kafka-0-10_2.13"
 JARS_ENV = "KEYRANGE_SPARK_JARS"

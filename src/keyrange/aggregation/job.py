@@ -17,8 +17,8 @@ from typing import Any
 
 from keyrange.aggregation import retention, store
 from keyrange.aggregation.batch import AggregationSummary, BatchAggregator, ProgressCallback
+from keyrange.aggregation.processed_stream import CONNECTOR, DEFAULT_TRIGGER_SECONDS, StreamSettings, processed_stream
 from keyrange.aggregation.session import spark_session
-from keyrange.aggregation.sources import CONNECTOR, DEFAULT_TRIGGER_SECONDS, StreamSettings, processed_stream
 from keyrange.errors import UserError
 from keyrange.kafkaio import partition_counts
 

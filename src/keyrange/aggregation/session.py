@@ -1,39 +1,20 @@
-"""Starting Spark for keyrange, with the environment problems turned into one-line errors."""
+"""Starting Spark for keyrange (`spark_session`), with the environment checked first (`environment`).
+
+The aggregation job (`job`), `keyrange aggregate` and the benchmarks call `spark_session`.
+"""
 
 from __future__ import annotations
 
-import importlib.util
 import os
-import shutil
 import sys
 from typing import Any
 
-from keyrange.errors import UserError
+from keyrange.aggregation.connector import spark_jars_conf
+from keyrange.aggregation.environment import check_environment
 
 LOCAL_DRIVER_MEMORY = "2g"
 """Heap of a local session's JVM (driver and executor in one); `--conf spark.driver.memory=...`
 overrides it."""
-
-
-class SparkSetupError(UserError, RuntimeError):
-    """Spark cannot start here: pyspark, pyarrow or Java is missing."""
-
-
-def check_environment() -> None:
-    """Raise SparkSetupError naming what is missing and how to install it."""
-    missing = [m for m in ("pyspark", "pyarrow") if importlib.util.find_spec(m) is None]
-    if missing:
-        raise SparkSetupError(
-            f"{' and '.join(missing)} not installed; the aggregation job needs the spark extra: "
-            "pip install 'keyrange[spark]'"
-        )
-    java_home = os.environ.get("JAVA_HOME")
-    has_java = bool(java_home and os.access(os.path.join(java_home, "bin", "java"), os.X_OK))
-    if not has_java and shutil.which("java") is None:
-        raise SparkSetupError(
-            "Java is not installed (Spark needs Java 17 or 21); install a JRE "
-            "(e.g. apt-get install openjdk-17-jre-headless) or set JAVA_HOME"
-        )
 
 
 def spark_session(master: str | None = "local[2]", app_name: str = "keyrange-aggregate",
@@ -54,8 +35,7 @@ def spark_session(master: str | None = "local[2]", app_name: str = "keyrange-agg
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     from pyspark.sql import SparkSession
 
-    from keyrange.aggregation.connector import spark_jars_conf
-    from keyrange.aggregation.source import register
+    from keyrange.aggregation.kafka_datasource import register
 
     local = master is not None and master.startswith("local")
     if shuffle_partitions is None:
@@ -73,11 +53,10 @@ def spark_session(master: str | None = "local[2]", app_name: str = "keyrange-agg
         # columns first; a few open writers per task (one per minute touched) need no sort.
         .config("spark.sql.maxConcurrentOutputFileWriters", "16")
         # Each micro-batch is cached for the few passes over it (bounded by the micro-batch cap)
-        # and dropped after: compressing the cache doubled the CPU of the job's one Kafka read
-        # (measured: 9.8 against 6.0 CPU seconds for 1M records), to save memory it has.
+        # and dropped after: compressing it costs CPU to save memory it has (BENCHMARKS.md).
         .config("spark.sql.inMemoryColumnarStorage.compressed", "false")
-        # A micro-batch's queries generate ~45 classes; Spark keeps 100, so the next batch's
-        # identical code was evicted and compiled again (30-45 classes per batch, 8 with this).
+        # Spark's code cache is smaller than a micro-batch's generated classes: the next batch's
+        # identical code would be evicted and compiled again (BENCHMARKS.md, Aggregation).
         .config("spark.sql.codegen.cache.maxEntries", "1000")
         # A set of minutes in a query as a hash set passed by reference, not one comparison per
         # value compiled into the generated code (new code whenever the minutes change).

@@ -38,12 +38,12 @@ from keyrange.autoscale.tracker import (
     Alert,
     AlertTracker,
     ConsumerRef,
-    Direction,
     PayloadError,
     ScaleRequest,
     parse_payload,
 )
 from keyrange.errors import UserError
+from keyrange.ranges.planner import Direction, ScaleOutcome
 
 WEBHOOK_PATH = "/alertmanager/webhook"
 TOKEN_ENV = "KEYRANGE_WEBHOOK_TOKEN"
@@ -57,35 +57,11 @@ class WebhookTokenError(UserError):
     """No usable bearer token was configured for the receiver."""
 
 
-@dataclass(frozen=True)
-class ScaleOutcome:
-    """What a controller did with a scale request."""
-
-    applied: bool
-    """True if a new range map was published (a split or merge started)."""
-    detail: str
-    """One human line: the new map, or why not (cooldown, workers.max reached, ...)."""
-
-
-class ScaleReply(Protocol):
-    """What a controller answers (`ScaleOutcome`, or the range controller's `ScaleResult`)."""
-
-    @property
-    def applied(self) -> bool:
-        """True if a split or merge started."""
-        ...
-
-    @property
-    def detail(self) -> str:
-        """The new map, or why nothing happened."""
-        ...
-
-
 class ScaleTarget(Protocol):
     """A consumer's range controller, as the receiver sees it (sync or async);
     `keyrange.ranges.controller.Controller` is one."""
 
-    def request_scale(self, direction: Direction, reason: str) -> ScaleReply | Awaitable[ScaleReply]:
+    def request_scale(self, direction: Direction, reason: str) -> ScaleOutcome | Awaitable[ScaleOutcome]:
         """Split (`up`) or merge (`down`) once, within workers.min/max and the cooldown."""
         ...
 

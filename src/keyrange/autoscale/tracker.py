@@ -27,8 +27,8 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from keyrange.autoscale.rules import CONSUMER_LABEL, NAMESPACE_LABEL, SCALE_LABEL
+from keyrange.ranges.planner import Direction
 
-Direction = Literal["up", "down"]
 DEFAULT_NAMESPACE = "default"
 """The namespace of an alert without a namespace label (local `keyrange run` rules set one)."""
 

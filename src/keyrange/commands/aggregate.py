@@ -16,8 +16,8 @@ import threading
 from types import FrameType
 from typing import Any
 
+from keyrange.aggregation.processed_stream import CONNECTOR, DEFAULT_TRIGGER_SECONDS, SOURCES
 from keyrange.aggregation.retention import DEFAULT_MINUTES
-from keyrange.aggregation.sources import CONNECTOR, DEFAULT_TRIGGER_SECONDS, SOURCES
 from keyrange.commands.kafkaargs import add_kafka_arguments, kafka_properties
 from keyrange.errors import UserError
 
@@ -83,7 +83,7 @@ def run(args: argparse.Namespace) -> int:
                "retention_minutes": args.retention_minutes}
     if args.max_records_per_batch is not None:
         reading["max_records_per_batch"] = args.max_records_per_batch
-    from keyrange.aggregation.session import check_environment
+    from keyrange.aggregation.environment import check_environment
 
     check_environment()
     from keyrange.aggregation import job

@@ -14,7 +14,7 @@ import threading
 from typing import Protocol
 
 from keyrange.errors import UserError
-from keyrange.local.broker import EmbeddedBroker
+from keyrange.local.embedded_broker import EmbeddedBroker
 
 DEFAULT_TANSU_STORAGE = "memory://tansu/"
 
@@ -47,7 +47,7 @@ def _broker(args: argparse.Namespace) -> _Broker:
         raise UserError("--storage is a tansu setting; Apache Kafka keeps its logs in a temporary folder")
     if args.nodes < 1:
         raise UserError(f"--nodes must be at least 1, got {args.nodes}")
-    from keyrange.local.kafka import KafkaCluster
+    from keyrange.local.kafka_cluster import KafkaCluster
 
     return KafkaCluster(nodes=args.nodes, port=args.port)
 

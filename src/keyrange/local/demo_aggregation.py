@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
 from keyrange.aggregation import AggregateResults, SparkSetupError, read_results, run_once
-from keyrange.aggregation.sources import PYTHON_SOURCE
+from keyrange.aggregation.processed_stream import PYTHON_SOURCE
 from keyrange.errors import UserError
 
 if TYPE_CHECKING:

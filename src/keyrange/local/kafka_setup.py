@@ -16,18 +16,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from keyrange.errors import UserError
+from keyrange.toolsdir import tools_dir
 
 
 class KafkaSetupMissing(UserError, RuntimeError):
     """Java or the Apache Kafka jars are not installed."""
-
-
-def tools_dir() -> Path:
-    """The project's tools folder: `$KEYRANGE_TOOLS`, else `.tools` at the root of this checkout."""
-    configured = os.environ.get("KEYRANGE_TOOLS")
-    if configured:
-        return Path(configured)
-    return Path(__file__).resolve().parents[3] / ".tools"
 
 
 def _has_broker_jars(libs: Path) -> bool:

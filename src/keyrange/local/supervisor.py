@@ -20,15 +20,15 @@ from pathlib import Path
 from keyrange.autoscale.load import LoadTracker
 from keyrange.autoscale.scrape import WorkerSample, bucket_delta, histogram_quantile, merged_lag, scrape
 from keyrange.kafkaio import TopicSpec, ensure_topics
-from keyrange.local.broker import EmbeddedBroker
+from keyrange.local.embedded_broker import EmbeddedBroker
 from keyrange.local.fleet import ProcessFleet
 from keyrange.local.monitoring import AlertingOptions, LocalAlertPath, without_lag_thresholds
 from keyrange.local.table import Totals, WorkerRow, render
 from keyrange.ranges.channel import ControlChannel, now_ms
-from keyrange.ranges.controller import Controller, ControllerStatus, ScaleResult
+from keyrange.ranges.controller import Controller, ControllerStatus
 from keyrange.ranges.groupoffsets import GroupOffsetWriter
 from keyrange.ranges.layout import SlotLayout
-from keyrange.ranges.planner import Direction, ScalingLimits, SlotLag
+from keyrange.ranges.planner import Direction, ScaleOutcome, ScalingLimits, SlotLag
 from keyrange.ranges.sizing import Load
 from keyrange.ranges.slots import format_slot_list
 from keyrange.spec import StreamConsumer
@@ -161,7 +161,7 @@ class Supervisor:
         """LoadSource for the controller: rates and busy fractions over the last scrapes."""
         return self._load.load()
 
-    def request_scale(self, direction: Direction, reason: str) -> ScaleResult:
+    def request_scale(self, direction: Direction, reason: str) -> ScaleOutcome:
         """One split or merge now (the alert webhook's entry point), within limits and cooldown."""
         assert self.controller is not None, "supervisor not started"
         return self.controller.request_scale(direction, reason)

@@ -34,11 +34,11 @@ from keyrange.errors import UserError
 from keyrange.kafkaio import TopicSpec, ensure_topics
 from keyrange.kafkaquirks import LONGEST_RETRY_SECONDS, Backoff
 from keyrange.operator.kafkasecrets import SecretReader, operator_client_properties, read_secret_key
-from keyrange.operator.rangecontrol import HandoffSummary, PlannedRescale, RangeStatus, ScaleOutcome, ScaleRequest
+from keyrange.operator.rangecontrol import HandoffSummary, PlannedRescale, RangeStatus
 from keyrange.ranges.channel import ControlChannel, ControllerFenced, WorkerReport
 from keyrange.ranges.controller import Controller
 from keyrange.ranges.groupoffsets import GroupOffsetWriter
-from keyrange.ranges.planner import ScalingLimits, SlotLag
+from keyrange.ranges.planner import Direction, ScaleOutcome, ScalingLimits, SlotLag
 from keyrange.ranges.sizing import Load
 from keyrange.spec import StreamConsumerSpec
 
@@ -207,18 +207,17 @@ class KafkaRangeControl:
     def workers_available(self, ready: int) -> None:
         """Unused: the Controller learns that a worker runs from its report on the control topic."""
 
-    def request_scale(self, request: ScaleRequest) -> ScaleOutcome:
+    def request_scale(self, direction: Direction, reason: str) -> ScaleOutcome:
         """Split or merge now (within limits and cooldown), through the Controller."""
         controller = self._controller
         n = self._fleet.workers
         if controller is None or self._fenced is not None:
-            return ScaleOutcome(False, n, n, self._problem or "the range controller is still starting")
+            return ScaleOutcome(False, self._problem or "the range controller is still starting", n, n)
         try:
-            result = controller.request_scale(request.direction, request.reason)
+            return controller.request_scale(direction, reason)
         except ControllerFenced as exc:
             self._stand_down(exc)
-            return ScaleOutcome(False, n, n, self._problem or str(exc))
-        return ScaleOutcome(result.applied, result.from_workers, result.to_workers, result.detail)
+            return ScaleOutcome(False, self._problem or str(exc), n, n)
 
     def update_spec(self, spec: StreamConsumerSpec) -> None:
         """New limits apply at the next step; a new broker, topic, group or client properties reconnects."""

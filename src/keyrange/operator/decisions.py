@@ -14,8 +14,9 @@ from typing import Any
 import kopf
 
 from keyrange.operator.kube import Kube
-from keyrange.operator.rangecontrol import PlannedRescale, ScaleOutcome
+from keyrange.operator.rangecontrol import PlannedRescale
 from keyrange.operator.status import scaling_record
+from keyrange.ranges.planner import ScaleOutcome
 from keyrange.spec import API_VERSION, KIND
 
 SCALED_REASON = "Rescaled"
@@ -30,14 +31,14 @@ def record_scaling_decision(kube: Kube, namespace: str, name: str, outcome: Scal
     consumer = kube.get(API_VERSION, KIND, namespace, name)
     if consumer is None:
         return  # deleted meanwhile: nothing to record on
-    verb = "scaling" if outcome.accepted else "not scaling"
+    verb = "scaling" if outcome.applied else "not scaling"
     message = f"{verb} from {outcome.from_workers} to {outcome.to_workers} workers ({reason})"
-    if outcome.message:
-        message += f": {outcome.message}"
+    if outcome.detail:
+        message += f": {outcome.detail}"
     record = scaling_record(outcome.from_workers, outcome.to_workers, reason, message, now)
     kube.patch(API_VERSION, KIND, namespace, name, {"status": {"lastScaling": record}}, subresource="status")
-    kube.event(consumer, SCALED_REASON if outcome.accepted else REFUSED_REASON, message, now,
-               "Normal" if outcome.accepted else "Warning")
+    kube.event(consumer, SCALED_REASON if outcome.applied else REFUSED_REASON, message, now,
+               "Normal" if outcome.applied else "Warning")
 
 
 def record_planner_decision(kube: Kube, consumer: dict[str, Any], patch: kopf.Patch, decision: PlannedRescale) -> None:

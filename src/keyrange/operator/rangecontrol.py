@@ -13,11 +13,10 @@ range map and the two-phase handoff; the operator owns pods. They meet here:
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Literal, Protocol
+from dataclasses import dataclass
+from typing import Protocol
 
-from keyrange.ranges.layout import SlotLayout
-from keyrange.ranges.rangemap import RangeMap
+from keyrange.ranges.planner import Direction, ScaleOutcome
 from keyrange.spec import StreamConsumerSpec
 
 
@@ -69,26 +68,6 @@ class PlannedRescale:
     decided_ms: int
 
 
-@dataclass(frozen=True)
-class ScaleRequest:
-    """A request to split (`up`) or merge (`down`), e.g. from an Alertmanager alert."""
-
-    direction: Literal["up", "down"]
-    reason: str
-    """Why, for status and the Kubernetes Event (e.g. the alert name)."""
-
-
-@dataclass(frozen=True)
-class ScaleOutcome:
-    """What the controller did with a ScaleRequest."""
-
-    accepted: bool
-    from_workers: int
-    to_workers: int
-    message: str = field(default="")
-    """Why it was refused (cooldown, bounds) or what it will do."""
-
-
 class RangeControl(Protocol):
     """One consumer's range controller as the operator sees it."""
 
@@ -98,8 +77,10 @@ class RangeControl(Protocol):
     def workers_available(self, ready: int) -> None:
         """Tell the controller how many worker pods (ordinals 0..ready-1) are ready."""
 
-    def request_scale(self, request: ScaleRequest) -> ScaleOutcome:
-        """Ask for a split or a merge; the controller applies its planner's limits and cooldown."""
+    def request_scale(self, direction: Direction, reason: str) -> ScaleOutcome:
+        """Ask for a split (`up`) or a merge (`down`), `reason` saying why for status and the
+        Kubernetes Event (e.g. the alert name); the controller applies its planner's limits and
+        cooldown (`Controller.request_scale`'s contract)."""
 
     def update_spec(self, spec: StreamConsumerSpec) -> None:
         """The StreamConsumer's spec changed (limits, thresholds)."""
@@ -113,53 +94,3 @@ class RangeControl(Protocol):
 
     def close(self) -> None:
         """Stop background work; the consumer was deleted or the operator is stopping."""
-
-
-class StaticRangeControl:
-    """An even range map over a fixed worker count, with no Kafka and no lag-driven planning.
-
-    The cluster uses `clusterassigner.KafkaRangeControl`; this one stands in where the operator runs
-    without Kafka (tests of the operator and of the alert webhook, via `operator_memo`'s factory).
-    It follows `workers.replicas` (or `workers.min`) and refuses scale requests with a clear message.
-    """
-
-    def __init__(self, spec: StreamConsumerSpec) -> None:
-        self._spec = spec
-        self._ready = 0
-
-    def _workers(self) -> int:
-        spec = self._spec
-        want = spec.workers.replicas or spec.workers.min
-        return max(1, min(want, spec.workers.max))
-
-    def desired_workers(self) -> int:
-        """The fixed worker count."""
-        return self._workers()
-
-    def workers_available(self, ready: int) -> None:
-        """Remember the ready pods (reported in status only)."""
-        self._ready = ready
-
-    def request_scale(self, request: ScaleRequest) -> ScaleOutcome:
-        """Always refused: a static map does not rescale."""
-        n = self._workers()
-        return ScaleOutcome(False, n, n, "no range controller is running for this consumer; "
-                                         "set spec.workers.replicas to change the worker count")
-
-    def update_spec(self, spec: StreamConsumerSpec) -> None:
-        """Adopt the new bounds and fixed count."""
-        self._spec = spec
-
-    def take_decisions(self) -> list[PlannedRescale]:
-        """None: a static map never rescales."""
-        return []
-
-    def status(self) -> RangeStatus:
-        """The even map over the fixed worker count, epoch 1."""
-        m = RangeMap.even(SlotLayout.for_workers(self._spec.kafka.partitions, self._spec.workers.max).slot_count,
-                          self._workers(), epoch=1)
-        return RangeStatus(epoch=m.epoch, workers=m.workers,
-                           ranges=tuple((a.worker, str(a.range)) for a in m))
-
-    def close(self) -> None:
-        """Nothing runs in the background."""

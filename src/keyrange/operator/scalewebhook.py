@@ -13,12 +13,14 @@ from __future__ import annotations
 import asyncio
 import logging
 import socket
+from dataclasses import replace
 from typing import Any
 
-from keyrange.autoscale.receiver import WEBHOOK_PATH, AlertReceiver, Resolved, ScaleOutcome, serve
-from keyrange.autoscale.tracker import AlertTracker, ConsumerRef, Direction
+from keyrange.autoscale.receiver import WEBHOOK_PATH, AlertReceiver, Resolved, serve
+from keyrange.autoscale.tracker import AlertTracker, ConsumerRef
 from keyrange.operator.decisions import record_scaling_decision
-from keyrange.operator.rangecontrol import RangeControl, ScaleRequest
+from keyrange.operator.rangecontrol import RangeControl
+from keyrange.ranges.planner import Direction, ScaleOutcome
 from keyrange.spec import API_VERSION, KIND, parse_spec
 
 log = logging.getLogger(__name__)
@@ -32,12 +34,12 @@ class RangeControlTarget:
 
     async def request_scale(self, direction: Direction, reason: str) -> ScaleOutcome:
         """Ask the range control (in a thread: it may block on Kafka), then record the outcome."""
-        outcome = await asyncio.to_thread(self._control.request_scale, ScaleRequest(direction, reason))
+        outcome = await asyncio.to_thread(self._control.request_scale, direction, reason)
         ref = self._consumer
         await asyncio.to_thread(record_scaling_decision, self._memo.kube, ref.namespace, ref.name, outcome,
                                 reason, self._memo.clock())
-        detail = outcome.message or f"{outcome.from_workers} -> {outcome.to_workers} workers"
-        return ScaleOutcome(outcome.accepted, detail)
+        detail = outcome.detail or f"{outcome.from_workers} -> {outcome.to_workers} workers"
+        return replace(outcome, detail=detail)
 
 
 def operator_resolver(memo: Any) -> Any:

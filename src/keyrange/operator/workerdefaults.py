@@ -20,7 +20,7 @@ from keyrange.errors import UserError
 
 DEFAULT_RESOURCES: dict[str, dict[str, str]] = {"requests": {"cpu": "250m", "memory": "256Mi"},
                                                 "limits": {"memory": "1Gi"}}
-"""Measured: a worker at ~500 ledger events/s holds 60-80 MiB and about a quarter of a core; the
+"""A worker's footprint at the kata's rate, measured (BENCHMARKS.md, "Why the code does X"); the
 limit leaves room for maxPending events per held partition and the state of many clients."""
 
 

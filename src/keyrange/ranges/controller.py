@@ -39,7 +39,7 @@ from keyrange.ranges.handoff import (
     begin,
 )
 from keyrange.ranges.layout import SlotLayout
-from keyrange.ranges.planner import Decision, Direction, Planner, ScalingLimits, SlotLag, range_lag
+from keyrange.ranges.planner import Decision, Direction, Planner, ScaleOutcome, ScalingLimits, SlotLag, range_lag
 from keyrange.ranges.rangemap import RangeMap
 from keyrange.ranges.sizing import LoadSource
 
@@ -150,18 +150,6 @@ class ControllerStatus:
     """Where the current handoff is (handoff.py)."""
 
 
-@dataclass(frozen=True)
-class ScaleResult:
-    """What `request_scale` did."""
-
-    applied: bool
-    """True when a split or merge started."""
-    detail: str
-    """The planner's reason, or why nothing happened (cooldown, limits, a rescale in progress)."""
-    from_workers: int
-    to_workers: int
-
-
 class Controller:
     """Plans and publishes range maps for one consumer (see the module docstring)."""
 
@@ -242,7 +230,7 @@ class Controller:
             self.fleet.scale_to(max(pub.map.workers, max(pub.awaiting, default=-1) + 1))
         return pub
 
-    def request_scale(self, direction: Direction, reason: str) -> ScaleResult:
+    def request_scale(self, direction: Direction, reason: str) -> ScaleOutcome:
         """Split ("up") or merge ("down") once now, skipping the lag thresholds but not the limits or
         the cooldown (the alert webhook calls this). Thread-safe; returns what happened."""
         if direction not in ("up", "down"):
@@ -252,15 +240,15 @@ class Controller:
             pub = self.publication
             before = pub.map.workers
             if self.handoff.in_flight:
-                return ScaleResult(False, f"a rescale is in progress ({pub.map.describe()})", before, before)
+                return ScaleOutcome(False, f"a rescale is in progress ({pub.map.describe()})", before, before)
             decision = self.planner.decide(pub.map, self._lag, self.clock(), direction)
             log.info("scale %s requested (%s): %s", direction, reason, decision.reason)
             self.last_decision = decision.reason
             if decision.next_map is None:
-                return ScaleResult(False, decision.reason, before, before)
+                return ScaleOutcome(False, decision.reason, before, before)
             self._begin(decision, reason)
             self._wake.set()  # the run loop follows the handoff from now on, not at its next idle tick
-            return ScaleResult(True, decision.reason, before, decision.next_map.workers)
+            return ScaleOutcome(True, decision.reason, before, decision.next_map.workers)
 
     def step(self) -> Publication:
         """Read the control topic, advance a pending rescale or plan the next one; return the newest

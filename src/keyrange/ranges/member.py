@@ -40,12 +40,11 @@ from typing import Protocol
 from confluent_kafka import KafkaException
 
 from keyrange.errors import UserError
-from keyrange.kafkaquirks import Backoff
+from keyrange.kafkaquirks import Backoff, TransactionFailed
 from keyrange.ranges.channel import ControlChannel, ControlWriteFailed, Prepare, Publication, WorkerReport, now_ms
 from keyrange.ranges.ownership import in_transit_towards, to_acquire, to_release
 from keyrange.ranges.pauses import HandoffPauses
 from keyrange.ranges.slots import format_slot_list
-from keyrange.worker.transactions import TransactionFailed
 
 log = logging.getLogger(__name__)
 

@@ -113,6 +113,22 @@ class Decision:
     """Slots whose owner changes (they pause briefly during the handoff; the others never do)."""
 
 
+@dataclass(frozen=True)
+class ScaleOutcome:
+    """What a range controller did with a request to split (`up`) or merge (`down`): the one answer
+    of `Controller.request_scale`, the operator's `RangeControl` and the alert webhook's targets."""
+
+    applied: bool
+    """True when a split or merge started (a new range map was decided)."""
+    detail: str
+    """One human line: the planner's reason, or why nothing happened (cooldown, limits, a rescale
+    in progress); may be empty."""
+    from_workers: int
+    """Workers before the request."""
+    to_workers: int
+    """Workers the decided map uses (`from_workers` when nothing was applied)."""
+
+
 def range_lag(assignment: Assignment, lag: Mapping[int, SlotLag]) -> SlotLag:
     """A range's lag: records summed over its slots, seconds the maximum."""
     parts = [lag.get(s, SlotLag()) for s in assignment.range.slots]

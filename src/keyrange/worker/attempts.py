@@ -1,9 +1,13 @@
-"""Running one event's handler: attempts, retries with backoff, and staging what it produced.
+"""Running one event's handler: attempts, retries with backoff, and finishing its offset.
+
+Called by the client scheduler (scheduler.py) for each queued job, and by the engine's dispatch for
+an inline handler's first attempt. An attempt that returns finishes its offset on the slot with
+the records it produced (built by outputs.py, staged by the slot: slot.py).
 
 A failed attempt is retried after a backoff (doubling, capped) up to `max_retries` times, then the
 event is dead-lettered; the client's later events wait meanwhile (order), other clients do not.
 An attempt that has not returned after `handler_timeout_seconds` fails like an error, so a hung
-call cannot block its client, its partition's commits and every handoff of its slot forever. An
+call cannot block its client, its slot's commits and every handoff of its slot forever. An
 async call is cancelled; a sync call cannot be (Python cannot stop a thread), so its thread is
 left to finish on its own, its result ignored, and counted (`keyrange_handler_calls_abandoned`,
 and the age of the oldest in `keyrange_handler_call_abandoned_seconds`). Until that thread returns
@@ -26,22 +30,78 @@ from __future__ import annotations
 import asyncio
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import NamedTuple
+from dataclasses import dataclass
+from typing import NamedTuple, Protocol
 
 from keyrange import metrics as metric_defs
-from keyrange.events import encode_processed, json_bytes
+from keyrange.events import ClientId, InputEvent, encode_processed, json_bytes
 from keyrange.handlers import Handler
+from keyrange.inputmapping import Headers
 from keyrange.ranges.pauses import HandoffPauses
-from keyrange.worker.commitwindow import Outcome
 from keyrange.worker.context import ClientState, HandlerContext
 from keyrange.worker.deadlines import CallDeadlines
-from keyrange.worker.intake import Job
-from keyrange.worker.outputs import OutputStage
-from keyrange.worker.partition import PartitionState
+from keyrange.worker.outputs import Outputs
 from keyrange.worker.settings import WorkerSettings
 from keyrange.worker.stats import WorkerStats
+from keyrange.worker.transactions import OutputRecord
 
 MAX_RETRY_BACKOFF_SECONDS = 2.0
+
+
+class AttemptSlot(Protocol):
+    """What running a job needs of its slot (slot.py's SlotState)."""
+
+    @property
+    def slot(self) -> int:
+        """The slot's identity."""
+
+    @property
+    def partition(self) -> int:
+        """The input topic's partition the slot reads."""
+
+    @property
+    def output_partition(self) -> int | None:
+        """Sink partition of the slot's processed records (None: the producer picks by key)."""
+
+    @property
+    def revoked(self) -> bool:
+        """Being released: nothing more of it starts."""
+
+    def call_started(self) -> bool:
+        """A handler call starts; False (and it does not) when the slot is revoked."""
+
+    def call_ended(self) -> None:
+        """A handler call that `call_started` ended."""
+
+    def state_of(self, client: ClientId) -> bytes | None:
+        """The client's committed state as JSON, or None."""
+
+    def finish_processed(self, offset: int, record: OutputRecord, client: ClientId, state_json: bytes | None,
+                         state_deleted: bool) -> None:
+        """A handled event's offset finishes with its processed record and its client's new state."""
+
+    def finish_dead_lettered(self, offset: int, record: OutputRecord | None, reason: str) -> None:
+        """The event's offset finishes with its dead letter (None: not written)."""
+
+
+@dataclass(slots=True)
+class Job:
+    """One event waiting for (or in) its handler call."""
+
+    slot: AttemptSlot
+    offset: int
+    event: InputEvent
+    key: bytes | None
+    value: bytes
+    started_s: float = 0.0
+    """When its first attempt started (wall clock, seconds); 0 before."""
+    attempts: int = 0
+    """Attempts made so far (an inline first attempt that failed leaves 1)."""
+    failure: str = ""
+    """The last failed attempt's error, for its dead letter."""
+    record: tuple[Headers, int] | None = None
+    """The record's headers and timestamp, which its dead letter keeps under an input mapping
+    (outputs.py); None under the default mapping."""
 
 
 class HandlerTimeout(Exception):
@@ -56,7 +116,7 @@ class HandlerTimeout(Exception):
 class AbandonedCall(NamedTuple):
     """A sync call that timed out and whose thread still runs."""
 
-    ps: PartitionState
+    slot: AttemptSlot
     since: float
     """When it timed out (monotonic seconds)."""
 
@@ -64,7 +124,7 @@ class AbandonedCall(NamedTuple):
 class AttemptRunner:
     """Runs jobs for the client scheduler (module docstring)."""
 
-    def __init__(self, settings: WorkerSettings, handler: Handler, outputs: OutputStage, pool: ThreadPoolExecutor,
+    def __init__(self, settings: WorkerSettings, handler: Handler, outputs: Outputs, pool: ThreadPoolExecutor,
                  stats: WorkerStats, pauses: HandoffPauses | None = None) -> None:
         self._settings = settings
         self._handler = handler
@@ -94,76 +154,74 @@ class AttemptRunner:
 
     def held_releases(self) -> str | None:
         """What keeps a release of a slot waiting on calls that timed out, or None. Any thread may ask."""
-        held = [c for c in tuple(self._abandoned.values()) if c.ps.revoked]
+        held = [c for c in tuple(self._abandoned.values()) if c.slot.revoked]
         if not held:
             return None
-        slots = ", ".join(str(p) for p in sorted({c.ps.slot for c in held}))
+        slots = ", ".join(str(p) for p in sorted({c.slot.slot for c in held}))
         oldest = time.monotonic() - min(c.since for c in held)
         return (f"the release of slot {slots} waits for {len(held)} handler call(s) that timed out (the oldest "
                 f"{oldest:.0f} s ago) and still run: restart the worker to end them")
 
     async def run(self, job: Job) -> None:
         """Handle `job` to an outcome (processed or dead-lettered), unless its slot is released first."""
-        ps = job.ps
-        if ps.revoked:
+        slot = job.slot
+        if not slot.call_started():
             return  # released after it was queued: not handled here, the offset stays unfinished
-        ps.running += 1
-        ps.drained.clear()
         try:
             await self._attempts(job)
         finally:
-            ps.running -= 1
-            if ps.running == 0:
-                ps.drained.set()
+            slot.call_ended()
 
     def run_inline(self, job: Job) -> bool:
         """Run an inline handler's first attempt now; False when it failed (queue `job` for its retries)."""
-        ps, event = job.ps, job.event
+        event, slot = job.event, job.slot
         started_s = self._started(job)
-        state = ClientState(ps.store.get(event.client_id))
+        state = ClientState(slot.state_of(event.client_id))
+        partition = slot.partition
         t0 = time.perf_counter()
         try:
-            result = self._handler.function(event.body, self._context(job, 1, state))
+            result = self._handler.function(event.body, self._context(job, partition, 1, state))
             finished_s = time.time()
             self._handler_seconds.observe(time.perf_counter() - t0)
-            key, value, state_json = self._encode(job, result, state, started_s, finished_s)
+            key, value, state_json, deleted = self._encode(job, partition, result, state, started_s, finished_s)
         except Exception as exc:  # noqa: BLE001 - retried (then dead-lettered) by the queued path
             self._handler_seconds.observe(time.perf_counter() - t0)
             job.attempts, job.failure = 1, f"{type(exc).__name__}: {exc}"
             return False
-        self._stage(job, key, value, state, state_json, 1)
+        self._stage(job, key, value, state_json, deleted, 1)
         return True
 
     async def _attempts(self, job: Job) -> None:
-        ps, s = job.ps, self._settings
+        slot, s = job.slot, self._settings
         started_s = self._started(job)
         attempt = job.attempts
         running: Future[object] | None = None  # a timed-out sync call that may still run: its client waits for it
         while True:
             if attempt >= 1:  # an attempt failed: back off before the next one
-                if not ps.revoked and attempt > s.max_retries:
-                    self._outputs.dead_letter(ps, job.offset, job.key, job.value, "handler-error",
-                                              job.failure, attempt, job.event, job.record)
-                    ps.window.finish(job.offset, Outcome.DEAD_LETTERED)
+                if not slot.revoked and attempt > s.max_retries:
+                    slot.finish_dead_lettered(job.offset, self._outputs.dead_letter(
+                        slot.partition, job.offset, job.key, job.value, "handler-error", job.failure, attempt,
+                        job.event, job.record), "handler-error")
                 await self._returned(running)
                 running = None
-                if ps.revoked or attempt > s.max_retries:
+                if slot.revoked or attempt > s.max_retries:
                     return  # dead-lettered, or the slot moved: the new owner runs it again
                 await asyncio.sleep(min(s.retry_backoff_ms / 1000 * 2 ** (attempt - 1), MAX_RETRY_BACKOFF_SECONDS))
             attempt += 1
-            state = ClientState(ps.store.get(job.event.client_id))
+            state = ClientState(slot.state_of(job.event.client_id))
             t0 = time.perf_counter()
             try:
-                result = await self._call(job, self._context(job, attempt, state))
+                result = await self._call(job, self._context(job, slot.partition, attempt, state))
                 self._handler_seconds.observe(time.perf_counter() - t0)
-                key, value, state_json = self._encode(job, result, state, started_s, time.time())
+                key, value, state_json, deleted = self._encode(job, slot.partition, result, state, started_s,
+                                                               time.time())
             except Exception as exc:  # noqa: BLE001 - any handler failure is retried, then dead-lettered
                 self._handler_seconds.observe(time.perf_counter() - t0)
                 job.failure = f"{type(exc).__name__}: {exc}"
                 if isinstance(exc, HandlerTimeout):
                     running = exc.still_running
                 continue
-            self._stage(job, key, value, state, state_json, attempt)
+            self._stage(job, key, value, state_json, deleted, attempt)
             return
 
     @staticmethod
@@ -182,37 +240,41 @@ class AttemptRunner:
         self._latency.observe(latency_s)
         self._stats.note_latency(latency_s)
         if self._pauses is not None:
-            self._pauses.started(job.ps.slot, started_s, event.created_ms)
+            self._pauses.started(job.slot.slot, started_s, event.created_ms)
         return started_s
 
-    def _context(self, job: Job, attempt: int, state: ClientState) -> HandlerContext:
+    def _context(self, job: Job, partition: int, attempt: int, state: ClientState) -> HandlerContext:
         s = self._settings
-        return HandlerContext(client_id=job.event.client_id, partition=job.ps.partition, offset=job.offset,
+        return HandlerContext(client_id=job.event.client_id, partition=partition, offset=job.offset,
                               attempt=attempt, worker=s.worker_id, config=s.handler_config, state=state)
 
-    def _encode(self, job: Job, result: object, state: ClientState, started_s: float,
-                finished_s: float) -> tuple[bytes, bytes, bytes | None]:
-        """The processed record's key and value, and the client's new state as JSON (None: unchanged
-        or deleted). Raises for a result or state that is not JSON-able, like a handler error."""
-        key, value = encode_processed(job.event, job.ps.partition, job.offset, self._settings.worker_id,
+    def _encode(self, job: Job, partition: int, result: object, state: ClientState, started_s: float,
+                finished_s: float) -> tuple[bytes, bytes, bytes | None, bool]:
+        """The processed record's key and value (the event read from input `partition`), the
+        client's new state as JSON (None: unchanged or deleted) and whether the handler deleted it.
+        Raises for a result or state that is not JSON-able, like a handler error."""
+        key, value = encode_processed(job.event, partition, job.offset, self._settings.worker_id,
                                       int(started_s * 1000), int(finished_s * 1000), result)
-        state_json = json_bytes(state.staged) if state.changed and state.staged is not None else None
-        return key, value, state_json
+        if not state.changed:
+            return key, value, None, False
+        staged = state.staged
+        if staged is None:
+            return key, value, None, True
+        return key, value, json_bytes(staged), False
 
-    def _stage(self, job: Job, key: bytes, value: bytes, state: ClientState, state_json: bytes | None,
+    def _stage(self, job: Job, key: bytes, value: bytes, state_json: bytes | None, deleted: bool,
                attempt: int) -> None:
-        """Stage a handled event's outputs and finish its offset (dead-lettered when too large)."""
-        ps = job.ps
-        too_large = self._outputs.too_large(key, value, state_json)
+        """Finish a handled event's offset with its outputs (dead-lettered when too large)."""
+        slot, outputs = job.slot, self._outputs
+        too_large = outputs.too_large(key, value, state_json)
         if too_large is not None:
             # Deterministic: a retry would produce the same output. The state change is dropped.
-            self._outputs.dead_letter(ps, job.offset, job.key, job.value, "output-too-large", too_large, attempt,
-                                      job.event, job.record)
-            ps.window.finish(job.offset, Outcome.DEAD_LETTERED)
+            slot.finish_dead_lettered(job.offset, outputs.dead_letter(
+                slot.partition, job.offset, job.key, job.value, "output-too-large", too_large, attempt, job.event,
+                job.record), "output-too-large")
             return
-        deleted = state.changed and state.staged is None
-        self._outputs.processed(ps, job.offset, job.event.client_id, key, value, state_json, deleted)
-        ps.window.finish(job.offset, Outcome.HANDLED)
+        slot.finish_processed(job.offset, outputs.processed(slot.output_partition, key, value, state_json, deleted),
+                              job.event.client_id, state_json, deleted)
 
     async def _call(self, job: Job, ctx: HandlerContext) -> object:
         function, deadlines = self._handler.function, self._deadlines
@@ -230,15 +292,15 @@ class AttemptRunner:
             timeout = deadlines.timeout_seconds
             if future is None:
                 raise HandlerTimeout(f"the handler did not return within {timeout:g} s (cancelled)") from None
-            self._abandon(future, job.ps)
+            self._abandon(future, job.slot)
             raise HandlerTimeout(f"the handler did not return within {timeout:g} s (its thread is left to "
                                  "finish; its result is ignored)", future) from None
         finally:
             deadlines.finish(call)
 
-    def _abandon(self, future: Future[object], ps: PartitionState) -> None:
+    def _abandon(self, future: Future[object], slot: AttemptSlot) -> None:
         loop = asyncio.get_running_loop()
-        self._abandoned[future] = AbandonedCall(ps, time.monotonic())
+        self._abandoned[future] = AbandonedCall(slot, time.monotonic())
         self._abandoned_gauge.set(len(self._abandoned))
 
         def returned(_: Future[object]) -> None:

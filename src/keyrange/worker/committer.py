@@ -13,6 +13,11 @@ more) holds up neither the other slots' commits nor their releases. Counters cou
 transaction committed, never what was merely staged: staged outputs of a slot released without
 committing are discarded, and its next owner produces (and counts) them again. A release waits
 out its slots' commit in flight (`idle`) and knows that no later one sees them.
+
+Called by the engine (engine.py), which it never calls back: it reads the held slots through
+`CommitSlot` (slot.py's SlotState) and returns each slot's outcome (`SlotCommit`); a slot whose
+producer failed (fenced, or given up) never commits again here, and the engine decides what
+becomes of it (release, re-acquire, or stop the worker).
 """
 
 from __future__ import annotations
@@ -20,220 +25,211 @@ from __future__ import annotations
 import asyncio
 import functools
 import math
+from collections import deque
 from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass
+from enum import Enum
+from typing import Protocol
 
-from confluent_kafka import KafkaError, Message, TopicPartition
+from confluent_kafka import TopicPartition
 
 from keyrange import metrics as metric_defs
-from keyrange.worker.commitwindow import Totals
-from keyrange.worker.partition import PartitionState
 from keyrange.worker.settings import WorkerSettings
+from keyrange.worker.slot import CommitBatch
 from keyrange.worker.stats import WorkerStats
 from keyrange.worker.transactions import OutputRecord, TransactionFailed
 
 
-@dataclass(slots=True)
-class _Batch:
-    """What one slot's transaction carries, and what to count once it committed."""
+class SlotProducer(Protocol):
+    """What the committer needs of a slot's producer (transactions.py's SlotTransactions)."""
 
-    ps: PartitionState
-    records: list[OutputRecord]
-    offsets: list[TopicPartition]
-    committable: int
-    processed: int
-    dead_letters: list[str]
-    totals: Totals | None
-    changelog_records: int
-    snapshot: _SnapshotStart | None
-    """Where the snapshot this transaction writes starts, if it writes one."""
-    names_snapshot: int | None
-    """The snapshot start its totals record names (None: no totals record, or none named)."""
-    last: list[OutputRecord]
-    """A hash-range slot's totals record: its position, written once the rest was acknowledged."""
+    async def commit(self, records: list[OutputRecord], offsets: list[TopicPartition],
+                     last: list[OutputRecord] | None = None) -> None:
+        """Write `records` and commit `offsets` in one transaction, `last` once `records` were
+        acknowledged; raise TransactionFailed."""
 
 
-class _SnapshotStart:
-    """The offset of a snapshot's first record, from its delivery report (producer thread)."""
+class CommitSlot(Protocol):
+    """What the committer needs of a held slot (slot.py's SlotState)."""
 
-    __slots__ = ("offset",)
+    @property
+    def slot(self) -> int:
+        """The slot's identity."""
 
-    def __init__(self) -> None:
-        self.offset: int | None = None
+    @property
+    def transactions(self) -> SlotProducer:
+        """The slot's producer."""
 
-    def __call__(self, error: KafkaError | None, message: Message) -> None:
-        if error is None:
-            self.offset = message.offset()
+    def take_batch(self, topic: str, state_topic: str) -> CommitBatch | None:
+        """Hand over what the slot's next transaction carries (None: nothing)."""
+
+    def committed(self, batch: CommitBatch) -> None:
+        """`batch`, the last one taken, committed."""
+
+
+class CommitOutcome(Enum):
+    """How a slot's commit ended."""
+
+    COMMITTED = "committed"
+    """Its transaction committed, or it had nothing to commit."""
+    SLOT_LOST = "slot lost"
+    """Its producer failed earlier: nothing of it commits any more (what it staged is discarded)."""
+    FENCED = "fenced"
+    """Kafka failed its producer now (fenced by another producer of the slot, or another fatal error)."""
+    GAVE_UP = "gave up"
+    """This worker gave its producer up now (stuck, no commit within its deadline, or stopping)."""
+
+
+@dataclass(frozen=True, slots=True)
+class SlotCommit:
+    """One slot's commit outcome; `error` says why a FENCED or GAVE_UP one failed."""
+
+    slot: CommitSlot
+    outcome: CommitOutcome
+    error: TransactionFailed | None = None
 
 
 class Committer:
-    """Commits the held partitions' finished work (module docstring)."""
+    """Commits the held slots' finished work (module docstring)."""
 
-    def __init__(self, settings: WorkerSettings, partitions: Callable[[], Iterable[PartitionState]],
-                 stats: WorkerStats,
-                 slot_failed: Callable[[PartitionState, TransactionFailed], bool] = lambda ps, exc: False) -> None:
+    def __init__(self, settings: WorkerSettings, slots: Callable[[], Iterable[CommitSlot]],
+                 stats: WorkerStats) -> None:
         self._settings = settings
-        self._partitions = partitions
-        self._slot_failed = slot_failed
-        """Told of a slot whose transaction failed; True: the worker goes on without it (it is
-        marked `lost` and never committed again), False: the error fails the commit (the worker's,
-        from `run`; the caller's, from `commit_now`)."""
+        self._slots = slots
         self._stats = stats
         self._transactions = metric_defs.TRANSACTIONS.labels(settings.metrics_consumer, settings.worker_id)
-        self._in_flight: dict[PartitionState, asyncio.Task[None]] = {}
+        self._in_flight: dict[CommitSlot, asyncio.Task[SlotCommit]] = {}
         """Each slot's transaction in flight, if it has one."""
+        self._lost: set[CommitSlot] = set()
+        """Held slots whose producer failed: never committed again."""
+        self._checked: dict[CommitSlot, float] = {}
+        """When each held slot last started a transaction in `run`, or was found with nothing to commit."""
+        self._started: set[asyncio.Task[SlotCommit]] = set()
+        """The transactions `run` started and that have not ended."""
+        self._failed: deque[SlotCommit] = deque()
+        """Outcomes of `run`'s transactions that failed, for `run` to return."""
         self._failure: BaseException | None = None
-        """What failed a transaction that `run` started; `run` raises it when it wakes next."""
+        """What else failed a transaction that `run` started; `run` raises it when it wakes next."""
         self._an_end = asyncio.Event()
         """Set when a slot's transaction ends (or `run`'s next slot is due): wakes `run`."""
 
-    async def run(self) -> None:
+    async def run(self) -> SlotCommit:
         """Start a transaction for each held slot with something to commit and none in flight, at
-        most every `commit_interval_ms` per slot, until cancelled (which cancels those in flight)
-        or one fails. A slot whose transaction outlasted the interval starts its next one as soon
-        as it ends, not at the next tick: at a 20 ms interval a transaction takes about as long,
-        and waiting for the tick made every other cycle 40 ms."""
+        most every `commit_interval_ms` per slot, until one of them fails: return its outcome
+        (FENCED or GAVE_UP) for the caller to act on, and call again to go on. Raises what else
+        failed a transaction. Cancelled, it cancels the transactions it started. A slot whose
+        transaction outlasted the interval starts its next one as soon as it ends, not at the next
+        tick: at a 20 ms interval a transaction takes about as long, and waiting for the tick made
+        every other cycle 40 ms."""
         loop = asyncio.get_running_loop()
         interval = self._settings.commit_interval_ms / 1000
-        checked: dict[PartitionState, float] = {}
-        """When each held slot last started a transaction, or was found with nothing to commit."""
-        started: set[asyncio.Task[None]] = set()
         try:
             while True:
                 self._an_end.clear()
                 if self._failure is not None:
                     raise self._failure
+                if self._failed:
+                    return self._failed.popleft()
                 now = loop.time()
-                held = list(self._partitions())
+                held = list(self._slots())
                 # only the held slots; one not seen before is due at once (it has nothing yet, usually)
-                checked = {ps: checked.get(ps, -math.inf) for ps in held}
-                idle = [ps for ps in held if ps not in self._in_flight]
-                due = [ps for ps in idle if checked[ps] + interval <= now]  # as `next_due` below
-                for ps in due:
-                    checked[ps] = now
+                checked = self._checked = {s: self._checked.get(s, -math.inf) for s in held}
+                if self._lost:
+                    self._lost.intersection_update(checked)
+                idle = [s for s in held if s not in self._in_flight]
+                due = [s for s in idle if checked[s] + interval <= now]  # as `next_due` below
+                for s in due:
+                    checked[s] = now
                 for task in self._start(due):
-                    started.add(task)
-                    task.add_done_callback(started.discard)
-                    task.add_done_callback(self._note_failure)
-                next_due = min((checked[ps] + interval for ps in idle), default=now + interval)
+                    self._started.add(task)
+                    task.add_done_callback(self._run_ended)
+                next_due = min((checked[s] + interval for s in idle), default=now + interval)
                 wake = loop.call_at(next_due, self._an_end.set)
                 try:
                     await self._an_end.wait()  # the next slot due, or a transaction ended
                 finally:
                     wake.cancel()
-        finally:  # only its own: a release's commit (commit_now) is its caller's to end
-            for task in started:
-                task.cancel()
-            await asyncio.gather(*started, return_exceptions=True)
+        except BaseException:
+            await self.cancel()
+            raise
 
-    async def commit_now(self, only: Collection[int] | None = None) -> None:
-        """Commit, for every held slot with something to commit (or those of them in `only`), its
-        finished outputs, state changes and committable offset in one transaction, once its
-        transaction in flight (if any) has ended; the slots' transactions run in parallel. Raises
-        what failed one of them (unless `slot_failed` took the slot)."""
+    async def cancel(self) -> None:
+        """Cancel the transactions `run` started and wait for them to end: what `run` does when it
+        is cancelled or raises, and its caller does when it stops acting on a failure `run`
+        returned. Only `run`'s own: a release's commit (commit_now) is its caller's to end."""
+        started = list(self._started)
+        for task in started:
+            task.cancel()
+        await asyncio.gather(*started, return_exceptions=True)
+
+    async def commit_now(self, only: Collection[int] | None = None) -> list[SlotCommit]:
+        """Commit, for every held slot with something to commit (or those of them whose `slot` is
+        in `only`), its finished outputs, state changes and committable offset in one transaction,
+        once its transaction in flight (if any) has ended; the slots' transactions run in parallel.
+        Returns each chosen slot's outcome; raises what else failed one of them."""
         while True:  # chosen again after each wait: a slot may have been released meanwhile
-            chosen = [ps for ps in self._partitions() if only is None or ps.slot in only]
-            if not any(ps in self._in_flight for ps in chosen):
+            chosen = [s for s in self._slots() if only is None or s.slot in only]
+            if not any(s in self._in_flight for s in chosen):
                 break
             await self.idle(chosen)
         tasks = self._start(chosen)  # no await since the check: none of them has a transaction in flight
-        failures = [r for r in await asyncio.gather(*tasks, return_exceptions=True) if isinstance(r, BaseException)]
+        results = await asyncio.gather(*tasks, return_exceptions=True)
+        failures = [r for r in results if isinstance(r, BaseException)]
         if failures:
             raise failures[0]
+        ended = {r.slot: r for r in results if isinstance(r, SlotCommit)}
+        return [ended.get(s) or SlotCommit(s, CommitOutcome.SLOT_LOST if s in self._lost else CommitOutcome.COMMITTED)
+                for s in chosen]
 
-    async def idle(self, states: Iterable[PartitionState]) -> None:
-        """Return once none of `states` has a transaction in flight. Until the caller next awaits,
+    async def idle(self, slots: Iterable[CommitSlot]) -> None:
+        """Return once none of `slots` has a transaction in flight. Until the caller next awaits,
         none starts one: e.g. a release removes its slots right after, and no later transaction
         sees them."""
-        states = list(states)
-        while running := [task for ps in states if (task := self._in_flight.get(ps)) is not None]:
+        slots = list(slots)
+        while running := [task for s in slots if (task := self._in_flight.get(s)) is not None]:
             await asyncio.wait(running)
 
-    def _start(self, states: Iterable[PartitionState]) -> list[asyncio.Task[None]]:
-        """Start a transaction for each of `states` with something to commit (none in flight)."""
+    def _start(self, slots: Iterable[CommitSlot]) -> list[asyncio.Task[SlotCommit]]:
+        """Start a transaction for each of `slots` with something to commit (none in flight)."""
         loop = asyncio.get_running_loop()
+        s = self._settings
         tasks = []
-        for ps in states:
-            batch = self._batch(ps)
+        for slot in slots:
+            if slot in self._lost:
+                continue  # its producer failed: what it staged is discarded with it
+            batch = slot.take_batch(s.topic, s.state)
             if batch is None:
                 continue
-            task = loop.create_task(self._commit(batch))
-            self._in_flight[ps] = task
-            task.add_done_callback(functools.partial(self._ended, ps))
+            task = loop.create_task(self._commit(slot, batch))
+            self._in_flight[slot] = task
+            task.add_done_callback(functools.partial(self._ended, slot))
             tasks.append(task)
         return tasks
 
-    def _ended(self, ps: PartitionState, task: asyncio.Task[None]) -> None:
-        if self._in_flight.get(ps) is task:
-            del self._in_flight[ps]
+    def _ended(self, slot: CommitSlot, task: asyncio.Task[SlotCommit]) -> None:
+        if self._in_flight.get(slot) is task:
+            del self._in_flight[slot]
         self._an_end.set()
 
-    def _note_failure(self, task: asyncio.Task[None]) -> None:
-        """An interval's transaction ended: keep what failed it for `run` to raise."""
-        if not task.cancelled() and (exc := task.exception()) is not None and self._failure is None:
-            self._failure = exc
-
-    def _batch(self, ps: PartitionState) -> _Batch | None:
-        """Take what the slot's next transaction carries; None if nothing (or the slot is lost)."""
-        if ps.lost:
-            return None  # its producer failed: what it staged is discarded with it
-        s = self._settings
-        changelog_records = len(ps.dirty_state)
-        records, processed, dead_letters = ps.take_outputs(s.state)
-        committable = ps.window.committable
-        offsets: list[TopicPartition] = []
-        totals = None
-        snapshot = None
-        names = None
-        take_snapshot = ps.snapshots.due(len(ps.store))
-        last: list[OutputRecord] = []
-        if committable > ps.committed_offset or take_snapshot or not ps.snapshots.named:
-            # A whole partition's position is the group's offset; a hash range's, its totals record
-            # (positions.py): the partition's other slots are at other offsets.
-            if committable > ps.committed_offset and ps.whole_partition:
-                offsets.append(TopicPartition(s.topic, ps.partition, committable))
-            # A snapshot is every live client's state, then the totals record; it starts at its
-            # first record (the totals record when no client has a state).
-            written = ps.snapshot_records(s.state) if take_snapshot else []
-            record, totals = ps.totals_record(s.state, committable)
-            if ps.whole_partition:
-                written.append(record)
-            else:
-                last.append(record)
-            if take_snapshot:
-                snapshot = (written or last)[0].delivered = _SnapshotStart()
-            records.extend(written)
-            changelog_records += len(written) + len(last)
-            names = ps.snapshots.start
-        if not records and not last:
-            return None
-        return _Batch(ps, records, offsets, committable, processed, dead_letters, totals, changelog_records,
-                      snapshot, names, last)
-
-    async def _commit(self, batch: _Batch) -> None:
-        ps = batch.ps
-        try:
-            await ps.transactions.commit(batch.records, batch.offsets, batch.last)
-        except TransactionFailed as exc:
-            if not self._slot_failed(ps, exc):
-                raise
+    def _run_ended(self, task: asyncio.Task[SlotCommit]) -> None:
+        """A transaction `run` started ended: keep a failure for `run` to return (or raise)."""
+        self._started.discard(task)
+        if task.cancelled():
             return
-        self._transactions.inc()
-        self._count(ps, batch.processed, batch.dead_letters, batch.totals)
-        if batch.totals is not None:
-            ps.committed_offset, ps.committed_totals = batch.committable, batch.totals
-        snapshot_at = None if batch.snapshot is None else batch.snapshot.offset
-        ps.snapshots.committed(batch.changelog_records, snapshot_at, batch.snapshot is not None, batch.names_snapshot)
+        exc = task.exception()
+        if exc is not None:
+            if self._failure is None:
+                self._failure = exc
+        elif task.result().outcome is not CommitOutcome.COMMITTED:
+            self._failed.append(task.result())
 
-    def _count(self, ps: PartitionState, processed: int, dead_letters: list[str], totals: Totals | None) -> None:
-        stats = self._stats
-        if processed:
-            ps.metrics.processed.inc(processed)
-            stats.processed += processed
-        for reason in dead_letters:
-            ps.metrics.dead_letter(reason)
-        stats.dead_letters += len(dead_letters)
-        if totals is not None:
-            dropped = totals.duplicates_dropped - ps.committed_totals.duplicates_dropped
-            ps.metrics.duplicates.inc(dropped)
-            stats.duplicates += dropped
+    async def _commit(self, slot: CommitSlot, batch: CommitBatch) -> SlotCommit:
+        try:
+            await slot.transactions.commit(batch.records, batch.offsets, batch.last)
+        except TransactionFailed as exc:
+            self._lost.add(slot)
+            return SlotCommit(slot, CommitOutcome.GAVE_UP if exc.gave_up else CommitOutcome.FENCED, exc)
+        self._transactions.inc()
+        slot.committed(batch)
+        self._stats.note_committed(batch.processed, len(batch.dead_letters), batch.duplicates)
+        return SlotCommit(slot, CommitOutcome.COMMITTED)

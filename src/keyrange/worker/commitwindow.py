@@ -1,6 +1,6 @@
-"""The per-partition commit window (Decaton's OutOfOrderCommitControl).
+"""The per-slot commit window (Decaton's OutOfOrderCommitControl).
 
-Events of one partition finish out of order (different clients run in parallel), but an offset
+Events of one slot finish out of order (different clients run in parallel), but an offset
 may only be committed when it and every offset below it are finished. The window keeps the
 fetched, unfinished offsets in fetch order; the committable offset is the lowest unfinished one,
 or the offset after the last fetched record when all are finished. Each operation is O(1)
@@ -32,7 +32,7 @@ class Outcome(IntEnum):
 
 @dataclass(frozen=True, slots=True)
 class Totals:
-    """How the offsets of a partition below some offset finished, counted once each."""
+    """How the offsets of a slot below some offset finished, counted once each."""
 
     handled: int = 0
     dead_lettered: int = 0
@@ -45,7 +45,7 @@ class Totals:
 
 
 class CommitWindow:
-    """Tracks fetched offsets of one partition and which of them are finished."""
+    """Tracks fetched offsets of one slot and which of them are finished."""
 
     __slots__ = ("_done", "_next_offset", "_offsets", "_sizes", "_timestamps", "passed", "pending_bytes")
 
@@ -107,6 +107,11 @@ class CommitWindow:
     def pending(self) -> int:
         """Fetched offsets not yet committable (the unfinished ones and those behind them)."""
         return len(self._offsets)
+
+    @property
+    def finished_ahead(self) -> int:
+        """Offsets finished behind an unfinished one (committable once it finishes)."""
+        return len(self._done)
 
     @property
     def oldest_timestamp_ms(self) -> int | None:

@@ -6,6 +6,9 @@ for records gives way as soon as another call is queued behind it. The
 consumer never joins a group: the range map, not Kafka, decides ownership, so partitions are
 `incremental_assign`ed explicitly and the group id only keys the committed offsets (a group's
 rebalances would fight the range map on any broker).
+
+The lag's log ends also come from the brokers' ListOffsets answers (`ListedEnds`): asked without
+waiting on the consumer's thread, one request at a time, and backed off while they fail.
 """
 
 from __future__ import annotations
@@ -13,9 +16,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any, TypeVar
+from types import MappingProxyType
+from typing import Any, Protocol, TypeVar
 
 from confluent_kafka import Consumer, IsolationLevel, KafkaException, Message, TopicPartition
 from confluent_kafka.admin import AdminClient
@@ -76,12 +80,7 @@ class ThreadedConsumer:
         self._settings = settings
         self._commands_queued = 0
         """Calls other than fetch submitted and not finished (read by the fetch thread)."""
-        self._admin: AdminClient | None = None
-        self._listing: dict[TopicPartition, Future[ListOffsetsResultInfo]] = {}
-        """The ListOffsets request in flight, if any (see `high_watermarks`)."""
-        self._listed_ends: dict[int, int] = {}
-        """Each partition's end as the last ListOffsets answer gave it."""
-        self._listing_backoff = Backoff(*LIST_OFFSETS_RETRY_SECONDS)
+        self._listed_ends = ListedEnds(settings.topic)
 
     async def _call(self, function: Callable[..., R], *args: Any) -> R:
         self._commands_queued += 1
@@ -95,8 +94,8 @@ class ThreadedConsumer:
 
         def create() -> Any:
             self._consumer = Consumer(consumer_config(self._settings))
-            self._admin = AdminClient(self._settings.clients.admin({"client.id": worker_client_id(self._settings,
-                                                                                                  "admin")}))
+            self._listed_ends = ListedEnds(self._topic, AdminClient(self._settings.clients.admin(
+                {"client.id": worker_client_id(self._settings, "admin")})))
             return self._consumer.consumer_group_metadata()
 
         return await self._call(create)
@@ -192,11 +191,49 @@ class ThreadedConsumer:
             return out
 
         cached = await self._call(highs)
-        self._take_listed_ends()
-        self._ask_list_offsets(wanted)
-        return {p: known_log_end(high, self._listed_ends.get(p, -1)) for p, high in cached.items()}
+        listed = self._listed_ends.tick(wanted)
+        return {p: known_log_end(high, listed.get(p, -1)) for p, high in cached.items()}
 
-    def _take_listed_ends(self) -> None:
+    async def close(self) -> None:
+        """Close the consumer (no group to leave) and its thread."""
+        if self._consumer is not None:
+            await self._call(self._consumer.close)
+            self._consumer = None
+        self._listed_ends = ListedEnds(self._topic)  # confluent's AdminClient closes when collected
+        self._executor.shutdown(wait=True)
+
+
+class OffsetsAdmin(Protocol):
+    """What `ListedEnds` needs of confluent's AdminClient."""
+
+    def list_offsets(self, topic_partition_offsets: dict[TopicPartition, OffsetSpec],
+                     **kwargs: Any) -> dict[TopicPartition, Future[ListOffsetsResultInfo]]:
+        """One ListOffsets request; a future per partition."""
+
+
+class ListedEnds:
+    """The input partitions' log ends as the broker's ListOffsets answers them: one request at a
+    time, never waited on (its answer is taken by the next `tick`), and backed off while it fails,
+    as librdkafka spins while an admin request waits for a broker it cannot reach."""
+
+    def __init__(self, topic: str, admin: OffsetsAdmin | None = None, backoff: Backoff | None = None) -> None:
+        self._topic = topic
+        self._admin = admin
+        """Who is asked (None: nobody, until the consumer is open)."""
+        self._backoff = backoff or Backoff(*LIST_OFFSETS_RETRY_SECONDS)
+        self._listing: dict[TopicPartition, Future[ListOffsetsResultInfo]] = {}
+        """The ListOffsets request in flight, if any."""
+        self._ends: dict[int, int] = {}
+        """Each partition's end as the last answer gave it."""
+
+    def tick(self, partitions: list[int]) -> Mapping[int, int]:
+        """Take the answer of the request in flight if it came, ask again for `partitions` unless a
+        request is in flight or backed off, and return each partition's end as last answered."""
+        self._take()
+        self._ask(partitions)
+        return MappingProxyType(self._ends)
+
+    def _take(self) -> None:
         if not self._listing or not all(f.done() for f in self._listing.values()):
             return
         failed = False
@@ -204,17 +241,17 @@ class ThreadedConsumer:
             # A partition whose leader could not be asked comes back as a result, with offset -1001.
             offset = future.result().offset if future.exception() is None else -1
             if offset >= 0:
-                self._listed_ends[tp.partition] = max(self._listed_ends.get(tp.partition, -1), offset)
+                self._ends[tp.partition] = max(self._ends.get(tp.partition, -1), offset)
             else:
                 failed = True
         self._listing = {}
         if failed:
-            self._listing_backoff.failed()
+            self._backoff.failed()
         else:
-            self._listing_backoff.succeeded()
+            self._backoff.succeeded()
 
-    def _ask_list_offsets(self, partitions: list[int]) -> None:
-        if self._listing or not partitions or self._admin is None or not self._listing_backoff.ready():
+    def _ask(self, partitions: list[int]) -> None:
+        if self._listing or not partitions or self._admin is None or not self._backoff.ready():
             return
         latest = OffsetSpec.latest()  # type: ignore[no-untyped-call]
         request = {TopicPartition(self._topic, p): latest for p in partitions}
@@ -223,12 +260,4 @@ class ThreadedConsumer:
                                                      request_timeout=LIST_OFFSETS_TIMEOUT_SECONDS)
         except KafkaException:
             self._listing = {}  # the fetch responses' value stands alone until the next call
-            self._listing_backoff.failed()
-
-    async def close(self) -> None:
-        """Close the consumer (no group to leave) and its thread."""
-        if self._consumer is not None:
-            await self._call(self._consumer.close)
-            self._consumer = None
-        self._admin = None  # confluent's AdminClient closes when collected
-        self._executor.shutdown(wait=True)
+            self._backoff.failed()

@@ -1,7 +1,7 @@
 """One watchdog for the deadlines of every running handler call.
 
 `asyncio.timeout` per call costs a timer handle pushed on the loop's heap and cancelled again for
-every event: about a quarter of the event loop's time on the ledger benchmark. Every call gets the
+every event, a large share of the event loop's time (BENCHMARKS.md). Every call gets the
 same timeout, so deadlines fall in the order calls start, and the oldest running call is the
 first entry of an insertion-ordered dict. One watcher task sleeps until that deadline, cancels
 the calls whose deadline passed, and sleeps until the next one: a call costs a dict insert and
@@ -13,7 +13,7 @@ timeout only if no other cancel request is pending on the task (`Task.uncancel`)
 
 The current task is looked up on the loop the first call ran on: Python 3.11's
 `asyncio.current_task()` without a loop finds the running loop by comparing the process id, a
-`getpid` system call per handler call (9 % of a worker's profile samples on the ledger benchmark).
+`getpid` system call per handler call.
 """
 
 from __future__ import annotations

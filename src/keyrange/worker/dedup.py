@@ -1,6 +1,6 @@
-"""The dedup window of one partition: uuids seen within a TTL, in event time.
+"""The dedup window of one slot: uuids seen within a TTL, in event time.
 
-The window's clock is the partition's stream time: the newest event time (`created`) seen, never
+The window's clock is the slot's stream time: the newest event time (`created`) seen, never
 later than the wall clock (every step is capped, however small), so events from a producer whose
 clock runs ahead can neither flush the window nor walk its clock ahead and keep it from expiring.
 An event is remembered at the stream time just after it was seen, which is its own
@@ -13,7 +13,7 @@ entry: a uuid is dropped when any earlier copy came within the TTL. So the windo
 the uuids and times in the log, never on which copy was handled, and a restore that replays the
 log rebuilds it exactly, however many copies a uuid has. Event time, not the time of handling,
 makes dedup independent of lag, pauses, handoffs and restarts: a duplicate sent 5 s after its
-original is dropped even if the partition was stalled for a minute in between, and the window
+original is dropped even if the slot was stalled for a minute in between, and the window
 replayed from the log (in log order, restore.py) on another worker is the same window.
 
 Entries sit in one dict (uuid -> the bucket of its latest copy) for membership and in time buckets

@@ -1,9 +1,12 @@
 """The worker engine: its lifecycle and which slots it holds.
 
-fetch (consumer.py) -> intake (intake.py: parse, skip, dedup, dead letters) -> per-client serial
-execution (scheduler.py) -> attempts (attempts.py: retries, staging outputs) -> commits
-(committer.py: one transaction per interval). Each slot's bookkeeping is its PartitionState
-(partition.py).
+An event's path, each hop a call into the module that owns its step: fetch (consumer.py) ->
+intake (intake.py: parse, skip, dedup, dead letters) -> per-client serial execution
+(scheduler.py) -> attempts (attempts.py: retries, finishing the offset with its outputs) ->
+commits (committer.py: one transaction per slot per interval) -> the slot's producer
+(transactions.py). Each slot's bookkeeping is its SlotState (slot.py), written only by its own
+methods. The committer returns what became of each slot's commit; the engine acts on a failed one
+(`on_slot_failure`).
 
 One asyncio loop owns all the bookkeeping. The Kafka consumer runs on one thread of its own
 (ThreadedConsumer), each held slot's transactional producer on another (SlotTransactions), sync handlers on
@@ -18,9 +21,10 @@ import asyncio
 import logging
 import sys
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from enum import Enum
+from types import MappingProxyType
 from typing import Any
 
 from confluent_kafka import KafkaException, Message
@@ -32,16 +36,16 @@ from keyrange.kafkalog import RepeatSummary
 from keyrange.kafkaquirks import Backoff
 from keyrange.ranges.layout import SlotLayout, SlotRouter
 from keyrange.ranges.pauses import HandoffPauses
-from keyrange.worker.attempts import AttemptRunner
-from keyrange.worker.committer import Committer
+from keyrange.worker.attempts import AttemptRunner, Job
+from keyrange.worker.committer import CommitOutcome, Committer, SlotCommit
 from keyrange.worker.consumer import ThreadedConsumer
 from keyrange.worker.health import Health
-from keyrange.worker.intake import Intake, Job
-from keyrange.worker.outputs import OutputStage
-from keyrange.worker.partition import PartitionMetrics, PartitionState
+from keyrange.worker.intake import Intake
+from keyrange.worker.outputs import Outputs
 from keyrange.worker.restorer import Prefetched, Restorer
 from keyrange.worker.scheduler import ClientScheduler
 from keyrange.worker.settings import WorkerSettings
+from keyrange.worker.slot import SlotMetrics, SlotState
 from keyrange.worker.snapshots import CHANGELOG_TOPIC_CONFIG, slot_totals_key
 from keyrange.worker.stats import WorkerStats
 from keyrange.worker.transactions import SlotTransactions, TransactionFailed
@@ -90,10 +94,9 @@ class Worker:
         """Told of every event's start: measures the pause of slots acquired after a handoff."""
         self.health = health or Health()
         """What the liveness and readiness probes answer (health.py)."""
-        self.health.max_abandoned = max(1, settings.concurrency // 2)
-        self._partitions: dict[int, PartitionState] = {}
-        """Held slots by number."""
-        self._by_partition: dict[int, list[PartitionState]] = {}
+        self._slots: dict[int, SlotState] = {}
+        self._slots_view = MappingProxyType(self._slots)
+        self._by_partition: dict[int, list[SlotState]] = {}
         """Held slots by input partition (several when slots are hash ranges of partitions)."""
         self._layout: SlotLayout | None = None
         self._router: SlotRouter | None = None
@@ -116,7 +119,7 @@ class Worker:
         self._pool = ThreadPoolExecutor(max_workers=settings.concurrency, thread_name_prefix="keyrange-handler")
         self._scheduler: ClientScheduler[Job] | None = None
         self._attempts: AttemptRunner | None = None
-        self._outputs: OutputStage | None = None
+        self._outputs: Outputs | None = None
         self._intake: Intake | None = None
         self._committer: Committer | None = None
         self._tasks: list[asyncio.Task[None]] = []
@@ -131,7 +134,12 @@ class Worker:
     def held_slots(self) -> frozenset[int]:
         """Slots fully acquired and not released; a slot whose producer failed stays held until its
         release is done (its calls returned), so that nobody is told it is free while they run."""
-        return frozenset(p for p, ps in self._partitions.items() if not ps.revoked or p in self._losing)
+        return frozenset(s for s, slot in self._slots.items() if not slot.revoked or s in self._losing)
+
+    @property
+    def slots(self) -> Mapping[int, SlotState]:
+        """The held slots' state by slot, read-only (for probes and tests; the worker writes it)."""
+        return self._slots_view
 
     @property
     def partition_count(self) -> int:
@@ -147,8 +155,8 @@ class Worker:
     def committed_positions(self) -> dict[int, int]:
         """Per held hash-range slot, the input offset its committed transactions count up to (what
         its member reports; a whole partition's is the group's committed offset, so none here)."""
-        return {s: ps.committed_offset for s, ps in self._partitions.items()
-                if not ps.whole_partition and not ps.revoked}
+        return {s: slot.committed_offset for s, slot in self._slots.items()
+                if not slot.whole_partition and not slot.revoked}
 
     def use_slot_count(self, slot_count: int) -> None:
         """Hold slots of a range map of `slot_count` slots (the member's, from the publication)."""
@@ -162,8 +170,8 @@ class Worker:
         if self._counts and layout.partitions != self.partition_count:
             raise ValueError(f"a layout of {layout.partitions} partitions does not fit topic {self.settings.topic!r}, "
                              f"which has {self.partition_count}")
-        if self._partitions or self._acquiring:
-            raise ValueError(f"cannot change the slot layout while holding slots {sorted(self._partitions)}")
+        if self._slots or self._acquiring:
+            raise ValueError(f"cannot change the slot layout while holding slots {sorted(self._slots)}")
         self._layout = layout
         self._router = SlotRouter(layout)
         if self._restorer is not None:
@@ -193,16 +201,17 @@ class Worker:
         self._group_metadata = await self._consumer.open()
         limits = await until_reachable(lambda timeout: max_message_bytes(
             s.bootstrap, [s.sink, s.dlq, s.state], timeout, s.client_properties), stop, longest)
-        self._outputs = OutputStage(s, self._counts, limits)
+        self._outputs = Outputs(s, self._counts, limits)
         self._intake = Intake(count, s.restore_clock_slack_seconds, self._outputs, mapping=s.input_mapping)
         attempts = self._attempts = AttemptRunner(s, self.handler, self._outputs, self._pool, self.stats,
                                                   self.handoff_pauses)
-        self.health.set_abandoned_source(lambda: attempts.abandoned, attempts.held_releases)
-        self._scheduler = ClientScheduler(attempts.run, s.concurrency, skip=lambda job: job.ps.revoked)
-        self._committer = Committer(s, self._partitions.values, self.stats, self._slot_failed)
-        for coro in (self._fetch_loop(), self._committer.run(), self._gauge_loop(), self.health.beat_forever()):
+        self.health.set_abandoned_source(lambda: attempts.abandoned, attempts.held_releases,
+                                         max_abandoned=s.concurrency // 2)
+        self._scheduler = ClientScheduler(attempts.run, s.concurrency, skip=lambda job: job.slot.revoked)
+        self._committer = Committer(s, self._slots.values, self.stats)
+        for coro in (self._fetch_loop(), self._commit_loop(), self._gauge_loop(), self.health.beat_forever()):
             self._tasks.append(loop.create_task(self._guard(coro)))
-        self.health.started = True
+        self.health.mark_started()
 
     async def wait(self) -> None:
         """Return when the worker has stopped; raise the error that killed it, if any."""
@@ -214,9 +223,9 @@ class Worker:
         if self._stopping:
             return
         self._stopping = True
-        for ps in self._partitions.values():
-            ps.transactions.stop_retrying()  # a commit waiting for Kafka must not hold up the stop
-        held = list(self._partitions) + list(self._acquiring)
+        for slot in self._slots.values():
+            slot.transactions.stop_retrying()  # a commit waiting for Kafka must not hold up the stop
+        held = list(self._slots) + list(self._acquiring)
         try:
             await self.release(held)
         except Exception:
@@ -259,7 +268,7 @@ class Worker:
                 raise ValueError(f"slot {slot} does not exist: topic {self.settings.topic!r} has "
                                  f"{self.partition_count} partitions{cut}")
         await self._losses_released(wanted)
-        new = [s for s in wanted if s not in self._partitions and s not in self._acquiring]
+        new = [s for s in wanted if s not in self._slots and s not in self._acquiring]
         if not new:
             return
         tickets = {s: _AcquireTicket() for s in new}
@@ -295,30 +304,30 @@ class Worker:
             if ticket.cancelled or self._stopping:
                 await transactions[s].close()
                 continue
-            p = layout.partition_of(s)
-            pm = PartitionMetrics(self.settings.metrics_consumer, self.settings.worker_id, layout.describe_slot(s))
-            ps = PartitionState(p, restored[s], self.settings.ttl_seconds, time.time, pm, transactions[s],
-                                slot=s, totals_key=slot_totals_key(layout, s))
-            assert self._outputs is not None
-            ps.output_partition = self._outputs.output_partition(self.settings.sink, p)
-            self._partitions[s] = ps
-            taken.append(s)
-            siblings = self._by_partition.setdefault(p, [])
+            partition = layout.partition_of(s)
             start = restored[s].start_offset
-            if p in assign:
-                assign[p] = min(assign[p], start)
+            assert self._outputs is not None
+            state = self._slots[s] = SlotState(
+                s, partition, restored[s], self.settings.ttl_seconds, time.time,
+                SlotMetrics(self.settings.metrics_consumer, self.settings.worker_id, layout.describe_slot(s)),
+                transactions[s], self._outputs.output_partition(self.settings.sink, partition),
+                slot_totals_key(layout, s))
+            taken.append(s)
+            siblings = self._by_partition.setdefault(partition, [])
+            if partition in assign:
+                assign[partition] = min(assign[partition], start)
             elif siblings:
                 # The partition is fetched for another slot already: back to where this one resumes
-                # (the others skip what they have seen: `_dispatch`). A fetch begun before the
+                # (the others skip what they have seen: SlotState.admit). A fetch begun before the
                 # re-assignment may return records past that offset: dropped, they come again.
-                seek[p] = min([start, seek.get(p, start), *(sibling.window.next_offset for sibling in siblings)])
-                self._stale[p] = sys.maxsize  # until the re-assignment is queued behind the fetch in flight
+                seek[partition] = min([start, seek.get(partition, start),
+                                       *(sibling.next_offset for sibling in siblings)])
+                self._stale[partition] = sys.maxsize  # until the re-assignment is queued behind the fetch
+                if siblings[0].paused:
+                    state.set_paused(True)  # its partition is paused for a sibling's backpressure
             else:
-                assign[p] = start
-            if siblings and siblings[0].paused:
-                ps.paused = True  # its partition is paused for a sibling's backpressure
-                pm.paused.set(1)
-            siblings.append(ps)
+                assign[partition] = start
+            siblings.append(state)
         try:
             await self._consumer.assign(assign)
         finally:
@@ -399,56 +408,73 @@ class Worker:
             ticket = self._acquiring.get(s)
             if ticket is not None:
                 ticket.cancelled = True
-        states = [self._partitions[s] for s in sorted(targets) if s in self._partitions]
+        states = [self._slots[s] for s in sorted(targets) if s in self._slots]
         if not states:
             return
         began = time.monotonic()
-        for ps in states:
-            ps.revoked = True
+        for slot in states:
+            slot.revoke()
         # A partition stays assigned while another of its slots is held here.
-        await self._consumer.unassign(sorted({ps.partition for ps in states
-                                              if all(other.revoked for other in self._by_partition[ps.partition])}))
-        await asyncio.gather(*(ps.drained.wait() for ps in states))
+        await self._consumer.unassign(sorted({slot.partition for slot in states
+                                              if all(other.revoked for other in self._by_partition[slot.partition])}))
+        await asyncio.gather(*(slot.drained() for slot in states))
         drained = time.monotonic()
         assert self._committer is not None
         if commit:
             # Only the released slots: the others commit on their interval, off the handoff's path.
-            await self._committer.commit_now(only={ps.slot for ps in states})
+            for outcome in await self._committer.commit_now(only={slot.slot for slot in states}):
+                self._slot_failed(outcome)
         await self._committer.idle(states)  # waits out a commit in flight; none starts before the removal
-        for ps in states:
-            ps.outputs.clear()
-            ps.dirty_state.clear()
-            if self._partitions.get(ps.slot) is ps:
-                del self._partitions[ps.slot]
-                siblings = self._by_partition[ps.partition]
-                siblings.remove(ps)
+        for slot in states:
+            slot.discard()
+            if self._slots.get(slot.slot) is slot:
+                del self._slots[slot.slot]
+                siblings = self._by_partition[slot.partition]
+                siblings.remove(slot)
                 if not siblings:
-                    del self._by_partition[ps.partition]
-            ps.metrics.remove()
+                    del self._by_partition[slot.partition]
         committed = time.monotonic()
-        await asyncio.gather(*(ps.transactions.close() for ps in states))
+        await asyncio.gather(*(slot.transactions.close() for slot in states))
         self._held_gauge.set(len(self.held_slots))
         log.info("released slots %s in %.0f ms (in-flight calls %.0f ms, commit %.0f ms, producers closed %.0f ms)",
-                 [ps.slot for ps in states], (time.monotonic() - began) * 1000, (drained - began) * 1000,
+                 [slot.slot for slot in states], (time.monotonic() - began) * 1000, (drained - began) * 1000,
                  (committed - drained) * 1000, (time.monotonic() - committed) * 1000)
 
-    def _slot_failed(self, ps: PartitionState, exc: TransactionFailed) -> bool:
-        """The committer's news of a slot whose transaction failed: whether the worker goes on
-        without it (`on_slot_failure`). Called from the slot's transaction, which the release (a task
-        of its own) waits out."""
+    async def _commit_loop(self) -> None:
+        """Run the committer, acting on each slot whose transaction failed, until cancelled."""
+        committer = self._committer
+        assert committer is not None
+        while True:
+            failed = await committer.run()
+            try:
+                self._slot_failed(failed)
+            except BaseException:
+                await committer.cancel()  # the worker fails: as when `run` raises
+                raise
+
+    def _slot_failed(self, commit: SlotCommit) -> None:
+        """Act on a slot's commit outcome: nothing unless its producer failed just now (FENCED or
+        GAVE_UP); then, by `on_slot_failure`, raise its error (the worker, or the release, fails
+        with it) or release the slot without committing (and maybe acquire it again). The committer
+        commits nothing more of it either way."""
+        exc = commit.error
+        if exc is None or commit.outcome not in (CommitOutcome.FENCED, CommitOutcome.GAVE_UP):
+            return
         policy = self.on_slot_failure
         if not self._stopping and (policy is SlotFailure.STOP_WORKER
                                    or (policy is SlotFailure.REACQUIRE_IF_GAVE_UP and not exc.gave_up)):
-            return False
-        ps.lost = ps.revoked = True
+            raise exc
+        slot = self._slots.get(commit.slot.slot)
+        if slot is not commit.slot:
+            return  # released meanwhile: nothing of it is left to release
+        slot.revoke()
         if self._stopping:
-            return True  # the stop releases it; its uncommitted events run again from the committed offsets
+            return  # the stop releases it; its uncommitted events run again from the committed offsets
         again = policy is SlotFailure.REACQUIRE_IF_GAVE_UP
-        log.warning("%s; releasing slot %d without committing%s", exc, ps.slot,
+        log.warning("%s; releasing slot %d without committing%s", exc, slot.slot,
                     " and acquiring it again" if again else " (acquired again if it is still this worker's)")
-        self._losing[ps.slot] = asyncio.get_running_loop().create_task(
-            self._guard(self._release_lost(ps.slot, again)))
-        return True
+        self._losing[slot.slot] = asyncio.get_running_loop().create_task(
+            self._guard(self._release_lost(slot.slot, again)))
 
     async def _release_lost(self, slot: int, again: bool) -> None:
         try:
@@ -487,29 +513,26 @@ class Worker:
         scheduler, intake, attempts, router = self._scheduler, self._intake, self._attempts, self._router
         assert scheduler is not None and intake is not None and attempts is not None and router is not None
         inline = self.handler.inline
-        slots = self._slots_of_record
-        consumed: dict[int, int] = {}
+        slots = self._slots
+        slot_of = self._slot_of_record
         for m in messages:
             if m.error() is not None:
                 fetch_log.warning("fetch error: %s", m.error())
                 continue
-            ps = slots(m, router)
-            if ps is None or ps.revoked:
-                continue  # fetched just before a release: the new owner handles it
-            offset: int = m.offset()  # type: ignore[assignment]
-            if offset < ps.window.next_offset:
-                continue  # delivered again (e.g. after resume): already in the window
-            consumed[ps.slot] = consumed.get(ps.slot, 0) + 1
-            job = intake.admit(ps, m, offset)
+            slot = slot_of(m, router)
+            if slot is None:
+                continue  # fetched just before a release, or another worker's: its owner handles it
+            job = intake.admit(slot, m, m.offset())  # type: ignore[arg-type]
             if job is not None:
                 client = job.event.client_id
                 # An inline handler runs here when its client is idle; a failed attempt is queued
                 # for its retries like any other job (attempts.py).
                 if not (inline and scheduler.can_run_now(client) and attempts.run_inline(job)):
                     scheduler.submit(client, job)
-        for s, n in consumed.items():
-            self._partitions[s].metrics.consumed.inc(n)
-            self.stats.consumed += n
+        for slot in slots.values():
+            if n := slot.take_consumed():
+                slot.metrics.consumed.inc(n)
+                self.stats.consumed += n
 
     def _fresh(self, messages: list[Message]) -> list[Message]:
         """The fetched records not of a partition re-assigned after this fetch began."""
@@ -518,7 +541,7 @@ class Worker:
         self._stale = {p: last for p, last in self._stale.items() if last > number}
         return [m for m in messages if m.partition() not in stale] if stale else messages
 
-    def _slots_of_record(self, m: Message, router: SlotRouter) -> PartitionState | None:
+    def _slot_of_record(self, m: Message, router: SlotRouter) -> SlotState | None:
         """The held slot a fetched record belongs to, or None. A record of a partition cut into hash
         ranges moves the partition's other held slots past its offset (commitwindow.py)."""
         # A fetched record always has a partition and an offset (the stubs say Optional).
@@ -531,11 +554,11 @@ class Worker:
         slot = router.slot_of(partition, m.key())
         offset: int = m.offset()  # type: ignore[assignment]
         mine = None
-        for ps in held:
-            if ps.slot == slot:
-                mine = ps
+        for candidate in held:
+            if candidate.slot == slot:
+                mine = candidate
             else:
-                ps.window.pass_offset(offset)
+                candidate.pass_offset(offset)
         return mine
 
     async def _apply_backpressure(self) -> None:
@@ -544,31 +567,29 @@ class Worker:
         to_pause: list[int] = []
         to_resume: list[int] = []
         for p, held in self._by_partition.items():
-            paused = held[0].paused
-            if not paused and any(ps.wants_pause(*limits) for ps in held):
+            if not held[0].paused and any(slot.wants_pause(*limits) for slot in held):
                 to_pause.append(p)
-            elif paused and all(ps.wants_resume(*limits) for ps in held):
+            elif held[0].paused and all(slot.wants_resume(*limits) for slot in held):
                 to_resume.append(p)
         if to_pause:
             await self._consumer.pause(to_pause)
             for p in to_pause:
-                for ps in self._by_partition.get(p, []):
-                    ps.paused = True
-                    ps.metrics.paused.set(1)
+                for slot in self._by_partition.get(p, []):
+                    slot.set_paused(True)
             self.stats.pauses += len(to_pause)
         if to_resume:
             await self._consumer.resume(to_resume)
             for p in to_resume:
-                for ps in self._by_partition.get(p, []):
-                    ps.paused = False
-                    ps.metrics.paused.set(0)
+                for slot in self._by_partition.get(p, []):
+                    slot.set_paused(False)
 
     # --- committing --------------------------------------------------------------------------
 
     async def commit_now(self) -> None:
         """Commit one transaction with every finished output, state change and committable offset."""
         if self._committer is not None:
-            await self._committer.commit_now()
+            for outcome in await self._committer.commit_now():
+                self._slot_failed(outcome)
 
     # --- gauges ------------------------------------------------------------------------------
 
@@ -579,24 +600,17 @@ class Worker:
 
     async def update_gauges(self) -> None:
         """Refresh the per-partition gauges (dedup entries, pending, lag) and the stats snapshot."""
-        states = list(self._partitions.values())
-        highs = await self._consumer.high_watermarks([ps.partition for ps in states]) if states else {}
+        states = list(self._slots.values())
+        highs = await self._consumer.high_watermarks([slot.partition for slot in states]) if states else {}
         now_ms = time.time() * 1000
         lag_total = 0
         oldest_s = 0.0
-        for ps in states:
-            ps.metrics.dedup_entries.set(len(ps.dedup))
-            ps.metrics.pending.set(ps.window.pending)
-            high = highs.get(ps.partition, -1)
-            lag = max(0, high - ps.window.committable) if high >= 0 else 0
-            ps.metrics.lag.set(lag)
+        for slot in states:
+            lag, age_s = slot.report(highs.get(slot.partition, -1), now_ms)
             lag_total += lag
-            oldest = ps.window.oldest_timestamp_ms
-            age_s = max(0.0, (now_ms - oldest) / 1000) if oldest is not None else 0.0
-            ps.metrics.lag_seconds.set(age_s)
             oldest_s = max(oldest_s, age_s)
         self.stats.lag_records = lag_total
         self.stats.lag_seconds = oldest_s
-        self.stats.pending = sum(ps.window.pending for ps in states)
-        self.stats.dedup_entries = sum(len(ps.dedup) for ps in states)
+        self.stats.pending = sum(slot.pending for slot in states)
+        self.stats.dedup_entries = sum(slot.dedup_entries for slot in states)
 

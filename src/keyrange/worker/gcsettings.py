@@ -4,8 +4,8 @@ A worker allocates a few container objects per event (the parsed body, its Input
 handler's context and result, the staged output) and keeps thousands of them alive while their
 events are pending or their outputs wait for the next commit. With CPython's default thresholds
 (a young collection every 700 net allocations) those survivors are traversed again and again, and
-every full collection also walks every module, function and class loaded at start: 12 % of a
-worker's profile samples on the ledger benchmark were the collector's (py-spy --native).
+every full collection also walks every module, function and class loaded at start: the collector
+was a visible share of a worker's profile (BENCHMARKS.md, "The ledger and the hot counter again").
 
 Two changes, made once the worker's code is loaded:
 - `gc.freeze()` moves everything alive at start (imports, the handler, settings) out of the

@@ -38,15 +38,26 @@ class Health:
         self._held_releases = held_releases
         self._clock = clock
         self._last_beat: float | None = None
-        self.started = False
-        """Set once the worker has started (readiness)."""
+        self._started = False
+
+    @property
+    def started(self) -> bool:
+        """Whether the worker has started (readiness)."""
+        return self._started
+
+    def mark_started(self) -> None:
+        """The worker has started: ready, while alive."""
+        self._started = True
 
     def set_abandoned_source(self, abandoned: Callable[[], int],
-                             held_releases: Callable[[], str | None] = lambda: None) -> None:
+                             held_releases: Callable[[], str | None] = lambda: None,
+                             max_abandoned: int | None = None) -> None:
         """Where to read the count of stuck sync calls, and what keeps a release waiting for them
-        (None: nothing): the worker's attempt runner."""
+        (None: nothing): the worker's attempt runner; and, if given, how many make it not alive."""
         self._abandoned = abandoned
         self._held_releases = held_releases
+        if max_abandoned is not None:
+            self.max_abandoned = max(1, max_abandoned)
 
     def beat(self) -> None:
         """Called from the event loop."""
@@ -79,7 +90,7 @@ class Health:
 
     def readiness(self) -> tuple[bool, str]:
         """(ready, why)."""
-        if not self.started:
+        if not self._started:
             return False, "starting"
         return self.liveness()
 

@@ -1,9 +1,12 @@
 """What becomes of a fetched record: a job for its client, or an outcome at once.
 
-In log order per partition: the record joins the partition's commit window; an offset a previous
-owner already finished (its output exists past the committed offset) is skipped; bad input is
-dead-lettered; a uuid already in the dedup window is dropped; anything else is a job, queued on
-its client. Nothing here blocks the client: its later events keep flowing.
+Called by the engine's dispatch for each fetched record of a held slot (engine.py); it returns
+the job, which the engine queues on its client (scheduler.py). In log order per slot: the record
+joins the slot's commit window; an offset a previous owner already finished (its output exists
+past the committed offset) is skipped; bad input is dead-lettered; a uuid already in the dedup
+window is dropped; anything else is a job. Every one of these steps is a method of the slot
+(slot.py), which alone writes its state. Nothing here blocks the client: its later events keep
+flowing.
 
 Records are parsed under the consumer's input mapping (inputmapping.py); the default one is the
 wire contract, parsed by `parse_input` directly (the hot path).
@@ -23,50 +26,55 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Set
+from typing import Protocol
 
 from confluent_kafka import Message
 
-from keyrange.events import BadEvent, ClientId, InputEvent, parse_input
-from keyrange.inputmapping import DEFAULT_MAPPING, Headers, InputMapping, InputParser
+from keyrange.events import BadEvent, ClientId, parse_input
+from keyrange.inputmapping import DEFAULT_MAPPING, InputMapping, InputParser
 from keyrange.ranges.slots import partition_for_client
-from keyrange.worker.commitwindow import Outcome
-from keyrange.worker.outputs import OutputStage
-from keyrange.worker.partition import PartitionState
+from keyrange.worker.attempts import AttemptSlot, Job
+from keyrange.worker.outputs import Outputs
+from keyrange.worker.slot import SlotMetrics
 
 log = logging.getLogger(__name__)
 
-MAX_PLACED_CLIENTS = 100_000
-"""Clients remembered per partition as correctly placed (checked once each); cleared past this."""
 
+class IntakeSlot(AttemptSlot, Protocol):
+    """What the intake needs of a held slot (slot.py's SlotState); its jobs' slot is an AttemptSlot."""
 
-@dataclass(slots=True)
-class Job:
-    """One event waiting for (or in) its handler call."""
+    @property
+    def metrics(self) -> SlotMetrics:
+        """The slot's metric children."""
 
-    ps: PartitionState
-    offset: int
-    event: InputEvent
-    key: bytes | None
-    value: bytes
-    started_s: float = 0.0
-    """When its first attempt started (wall clock, seconds); 0 before."""
-    attempts: int = 0
-    """Attempts made so far (an inline first attempt that failed leaves 1)."""
-    failure: str = ""
-    """The last failed attempt's error, for its dead letter."""
-    record: tuple[Headers, int] | None = None
-    """The record's headers and timestamp, which its dead letter keeps under an input mapping
-    (outputs.py); None under the default mapping."""
+    @property
+    def placed_clients(self) -> Set[ClientId]:
+        """Clients found on their murmur2 partition here."""
+
+    @property
+    def stream_time(self) -> float:
+        """The newest event time the dedup window has seen (seconds)."""
+
+    def admit(self, offset: int, timestamp_ms: int, size_bytes: int) -> bool:
+        """Add a fetched offset; False when there is nothing to run (revoked, seen, finished earlier)."""
+
+    def first_seen(self, offset: int, uuid: str, event_s: float) -> bool:
+        """Whether `uuid` is new; a duplicate's offset finishes."""
+
+    def place(self, client: ClientId) -> None:
+        """Remember that `client` belongs here."""
+
+    def first_misplaced(self) -> bool:
+        """True the first time a misplaced client is found here."""
 
 
 class Intake:
-    """Turns the records of held partitions into jobs or immediate outcomes (module docstring)."""
+    """Turns the records of held slots into jobs or immediate outcomes (module docstring)."""
 
     __slots__ = ("_check_placements", "_outputs", "_parser", "_partition_count", "_skew_s", "_wall_clock")
 
-    def __init__(self, partition_count: int, tolerated_skew_seconds: float, outputs: OutputStage,
+    def __init__(self, partition_count: int, tolerated_skew_seconds: float, outputs: Outputs,
                  wall_clock: Callable[[], float] = time.time, mapping: InputMapping = DEFAULT_MAPPING) -> None:
         self._parser: InputParser | None = None if mapping.is_default else mapping.parser
         """None: the default mapping, parsed by parse_input with no more work per event than before."""
@@ -76,42 +84,36 @@ class Intake:
         self._outputs = outputs
         self._wall_clock = wall_clock
 
-    def admit(self, ps: PartitionState, m: Message, offset: int) -> Job | None:
-        """The job for record `m` at `offset` (the next one of `ps`), or None when it finished here."""
-        window = ps.window
+    def admit(self, slot: IntakeSlot, m: Message, offset: int) -> Job | None:
+        """The job for record `m` at `offset` (the next one of `slot`), or None when it finished here."""
         timestamp_ms = m.timestamp()[1]
         value = m.value()
-        window.add(offset, timestamp_ms, len(value) if value is not None else 0)
-        finished = ps.skip.pop(offset, None)
-        if finished is not None:
-            # Finished by an earlier owner: its uuid joins the window here, at its place in the log.
-            if finished.uuid is not None:
-                ps.dedup.add_if_new(finished.uuid, finished.created_s)
-            window.finish(offset, finished.outcome)
-            return None
+        if not slot.admit(offset, timestamp_ms, len(value) if value is not None else 0):
+            return None  # finished by an earlier owner
         if self._parser is not None:
-            return self._admit_mapped(self._parser, ps, m, offset, value, timestamp_ms)
+            return self._admit_mapped(self._parser, slot, m, offset, value, timestamp_ms)
         try:
             event = parse_input(value)
         except BadEvent as exc:
-            self._outputs.dead_letter(ps, offset, m.key(), value, exc.reason, exc.detail, 0)
-            window.finish(offset, Outcome.DEAD_LETTERED)
+            key = m.key()
+            slot.finish_dead_lettered(offset, self._outputs.dead_letter(
+                slot.partition, offset, key, value, exc.reason, exc.detail, 0), exc.reason)
             return None
-        if event.client_id not in ps.placed_clients:
-            self._check_placement(ps, event.client_id)
+        if event.client_id not in slot.placed_clients:
+            self._check_placement(slot, event.client_id)
         # Event time is `created`; the record timestamp stands in when a producer left it out.
         event_s = (event.created_ms or timestamp_ms) / 1000
-        self._check_skew(ps, event_s)
+        if event_s > self._wall_clock() + self._skew_s:  # `_check_skew`, inline on the hot path
+            slot.metrics.skewed_ahead.inc()
+        elif event_s < slot.stream_time - self._skew_s:
+            slot.metrics.skewed_behind.inc()
         # parse_input always finds a uuid (only a mapping's `uuid: none` leaves it None).
-        if not ps.dedup.add_if_new(event.uuid, event_s):  # type: ignore[arg-type]
-            # Counted when its offset commits: a drop whose offset never commits here is dropped,
-            # and counted, by the slot's next owner.
-            window.finish(offset, Outcome.DUPLICATE)
-            return None
+        if not slot.first_seen(offset, event.uuid, event_s):  # type: ignore[arg-type]
+            return None  # a duplicate: counted when its offset commits
         # A record with a value always has bytes (parse_input rejected None).
-        return Job(ps, offset, event, m.key(), value)  # type: ignore[arg-type]
+        return Job(slot, offset, event, m.key(), value)  # type: ignore[arg-type]
 
-    def _admit_mapped(self, parser: InputParser, ps: PartitionState, m: Message, offset: int, value: bytes | None,
+    def _admit_mapped(self, parser: InputParser, slot: IntakeSlot, m: Message, offset: int, value: bytes | None,
                       timestamp_ms: int) -> Job | None:
         """`admit` after the skip, under a mapping other than the default (kept apart so that the
         default's per-event work stays what it was)."""
@@ -121,37 +123,33 @@ class Intake:
         try:
             event = parser.parse(key, value, headers, timestamp_ms)
         except BadEvent as exc:
-            self._outputs.dead_letter(ps, offset, key, value, exc.reason, exc.detail, 0, record=record)
-            ps.window.finish(offset, Outcome.DEAD_LETTERED)
+            slot.finish_dead_lettered(offset, self._outputs.dead_letter(
+                slot.partition, offset, key, value, exc.reason, exc.detail, 0, record=record), exc.reason)
             return None
         # With `clientId: key` the client's records share a partition whatever the partitioner.
-        if self._check_placements and event.client_id not in ps.placed_clients:
-            self._check_placement(ps, event.client_id)
+        if self._check_placements and event.client_id not in slot.placed_clients:
+            self._check_placement(slot, event.client_id)
         event_s = (event.created_ms or timestamp_ms) / 1000
-        self._check_skew(ps, event_s)
-        if event.uuid is not None and not ps.dedup.add_if_new(event.uuid, event_s):
-            ps.window.finish(offset, Outcome.DUPLICATE)  # counted when its offset commits, as in `admit`
-            return None
-        return Job(ps, offset, event, key, value, record=record)  # type: ignore[arg-type]
+        self._check_skew(slot, event_s)
+        if event.uuid is not None and not slot.first_seen(offset, event.uuid, event_s):
+            return None  # a duplicate, as in `admit`
+        return Job(slot, offset, event, key, value, record=record)  # type: ignore[arg-type]
 
-    def _check_placement(self, ps: PartitionState, client_id: ClientId) -> None:
+    def _check_placement(self, slot: IntakeSlot, client_id: ClientId) -> None:
         expected = partition_for_client(client_id, self._partition_count)
-        if expected == ps.partition:
-            if len(ps.placed_clients) >= MAX_PLACED_CLIENTS:
-                ps.placed_clients.clear()
-            ps.placed_clients.add(client_id)
+        if expected == slot.partition:
+            slot.place(client_id)
             return
-        ps.metrics.misplaced.inc()
-        if not ps.warned_misplaced:
-            ps.warned_misplaced = True
+        slot.metrics.misplaced.inc()
+        if slot.first_misplaced():
             log.warning(
                 "partition %d holds events of client %r, whose partition is %d (murmur2 of the key): its order and "
                 "state are split over two partitions. Producers must key events by clientId and use Java's "
                 "default partitioner (librdkafka: partitioner=murmur2_random). Counted in "
-                "keyrange_misplaced_events_total; warned once per partition.", ps.partition, client_id, expected)
+                "keyrange_misplaced_events_total; warned once per partition.", slot.partition, client_id, expected)
 
-    def _check_skew(self, ps: PartitionState, event_s: float) -> None:
+    def _check_skew(self, slot: IntakeSlot, event_s: float) -> None:
         if event_s > self._wall_clock() + self._skew_s:
-            ps.metrics.skewed_ahead.inc()
-        elif event_s < ps.dedup.stream_time - self._skew_s:
-            ps.metrics.skewed_behind.inc()
+            slot.metrics.skewed_ahead.inc()
+        elif event_s < slot.stream_time - self._skew_s:
+            slot.metrics.skewed_behind.inc()

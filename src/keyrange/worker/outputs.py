@@ -1,4 +1,8 @@
-"""Staging a partition's outputs for the next transaction: processed records, dead letters, state.
+"""The records a slot's events produce: processed records (with the client's state) and dead letters.
+
+Pure: `Outputs` holds the output topics' layout and limits (fixed once the worker started) and
+builds records from values; it stages nothing. attempts.py and intake.py hand what it builds to
+the slot (slot.py), which stages it for the committer.
 
 Every output says which consumer group wrote it (header `keyrange.group`), so consumers sharing a
 sink or DLQ never take each other's outputs for their own on restore. An output goes to the
@@ -21,13 +25,11 @@ from keyrange.events import (
     DLQ_TRUNCATED,
     GROUP_HEADER,
     STATE_HEADER,
-    ClientId,
     InputEvent,
     dead_letter_headers,
     encode_input,
 )
 from keyrange.inputmapping import Headers, record_headers
-from keyrange.worker.partition import PartitionState
 from keyrange.worker.settings import WorkerSettings
 from keyrange.worker.transactions import PRODUCER_MAX_MESSAGE_BYTES, OutputRecord
 
@@ -41,8 +43,8 @@ RECORD_OVERHEAD_BYTES = 512
 up generously: an output is refused a little early rather than failing its transaction."""
 
 
-class OutputStage:
-    """Adds outputs to their partition's batch; the committer takes the batch into a transaction."""
+class Outputs:
+    """Builds the records of handled and dead-lettered events for the output topics (module docstring)."""
 
     __slots__ = ("_always_fits", "_dlq_max_bytes", "_group_header", "_max_bytes", "_same_layout", "_settings", "_sink")
 
@@ -96,43 +98,38 @@ class OutputStage:
         """Where `partition`'s records go in `topic` (None: the producer picks by key)."""
         return partition if self._same_layout[topic] else None
 
-    def processed(self, ps: PartitionState, offset: int, client_id: ClientId, key: bytes, value: bytes,
-                  state_json: bytes | None, state_deleted: bool) -> None:
-        """Stage a handled event's processed record, and its client's new state if the handler
-        changed it (`state_json`, or `state_deleted`). The state rides on the processed record too,
-        so "handled" and "its state" are one record that no torn transaction can split
-        (restore.py); the store keeps the encoded value, what the changelog restores."""
+    def processed(self, output_partition: int | None, key: bytes, value: bytes, state_json: bytes | None,
+                  state_deleted: bool) -> OutputRecord:
+        """A handled event's processed record, with its client's new state if the handler changed
+        it (`state_json`, or `state_deleted`): "handled" and "its state" are one record that no
+        torn transaction can split (restore.py)."""
         headers = [self._group_header]
         if state_deleted:
-            ps.change_state(client_id, None, offset)
             headers.append((STATE_HEADER, b"null"))
         elif state_json is not None:
-            ps.change_state(client_id, state_json, offset)
             headers.append((STATE_HEADER, state_json))
-        ps.outputs.append(OutputRecord(self._sink, ps.output_partition, key, value, headers))
-        ps.processed_uncommitted += 1
+        return OutputRecord(self._sink, output_partition, key, value, headers)
 
-    def dead_letter(self, ps: PartitionState, offset: int, key: bytes | None, value: bytes | None,
+    def dead_letter(self, partition: int, offset: int, key: bytes | None, value: bytes | None,
                     reason: str, detail: str, attempts: int, event: InputEvent | None = None,
-                    record: tuple[Headers, int] | None = None) -> None:
-        """Stage a dead letter: the original key and value (and `record`'s headers and timestamp,
-        under an input mapping), and headers saying why and from where; truncated when it would be
-        over the dead-letter topic's limit (module docstring; `event`, the parsed event if there is
-        one, gives the identity a truncated value keeps)."""
+                    record: tuple[Headers, int] | None = None) -> OutputRecord | None:
+        """The dead letter of the event at `offset` of input `partition`: the original key and value
+        (and `record`'s headers and timestamp, under an input mapping), and headers saying why and
+        from where; truncated when it would be over the dead-letter topic's limit (module docstring;
+        `event`, the parsed event if there is one, gives the identity a truncated value keeps).
+        None when it fits nowhere even without key and value: not written, its offset ends anyway."""
         s = self._settings
         headers = [*(record_headers(*record) if record is not None else ()),
-                   *dead_letter_headers(reason, detail, s.topic, ps.partition, offset, attempts), self._group_header]
+                   *dead_letter_headers(reason, detail, s.topic, partition, offset, attempts), self._group_header]
         if not self._fits(key, value, headers):
             # Under an input mapping the identity is the kept headers' (a truncated value keeps none).
-            key, value = self._truncated(ps.partition, offset, key, value, headers, event if record is None else None)
+            key, value = self._truncated(partition, offset, key, value, headers, event if record is None else None)
             if key is None and value is None and not self._fits(None, None, headers):
                 log.error("the dead letter of partition %d offset %d does not fit topic %r even without its key and "
                           "value (max.message.bytes %d): not written, its offset ends anyway. Raise the topic's "
-                          "max.message.bytes.", ps.partition, offset, s.dlq, self._dlq_max_bytes)
-                ps.dead_letters_uncommitted.append(reason)
-                return
-        ps.outputs.append(OutputRecord(s.dlq, self.output_partition(s.dlq, ps.partition), key, value, headers))
-        ps.dead_letters_uncommitted.append(reason)
+                          "max.message.bytes.", partition, offset, s.dlq, self._dlq_max_bytes)
+                return None
+        return OutputRecord(s.dlq, self.output_partition(s.dlq, partition), key, value, headers)
 
     def _truncated(self, partition: int, offset: int, key: bytes | None, value: bytes | None,
                    headers: list[tuple[str, bytes]], event: InputEvent | None) -> tuple[bytes | None, bytes | None]:

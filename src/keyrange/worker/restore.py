@@ -24,25 +24,10 @@ same input may share the sink and the DLQ. The window is replayed in log order, 
 the events, because an event is remembered at the stream time it arrived at (dedup.py).
 Everything here is blocking and runs on a thread of its own.
 
-Why the state is right whatever prefix of a transaction became visible. The state a client must
-resume with is the one after its last finished event. Events finished after the snapshot that
-chose C all have offsets >= C (C was the lowest unfinished offset), so every changelog entry a
-transaction without committed offsets wrote is >= C and ignored; the state of each finished
-event >= C comes from its own processed record, which is one record and cannot be torn from it.
-A client's processed records sit in its partition in offset order (its events run one at a
-time), so the visible ones are a prefix of its events, and the first one missing runs again on
-the state after the last one visible. Entries < C were written in transactions whose offsets
-committed, so they are complete (the producer flushes every output before sending offsets; see
-transactions.py). tansu workaround: this matters on tansu, whose init_transactions commits what a
-killed predecessor left open instead of aborting it, so a partition can hold a prefix of that
-transaction's records and the changelog an independent prefix of its state records.
-On real Kafka it is the same state the plain changelog gives: entries >= C committed atomically
-with processed records carrying the same state (an entry coalesces a client's changes of one
-transaction and carries the offset of the last one, whose processed record holds that state);
-and compaction can drop an entry < C only in favour of a newer one of the same client, which
-is either < C itself or >= C, whose processed record then carries the state.
-Changelog records written before the offset header existed are treated as < C.
-Reading the changelog from a snapshot instead of its start changes none of this (snapshots.py).
+The state is right whatever prefix of a transaction became visible (a tansu workaround: tansu
+commits a dead owner's open transaction torn, Kafka aborts it): changelog entries >= C are
+ignored and each finished event >= C carries its state in its own processed record. The full
+argument, and why it is the plain changelog's state on Kafka, is in docs/worker.md (Restore, step 3).
 """
 
 from __future__ import annotations

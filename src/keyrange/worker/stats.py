@@ -12,10 +12,8 @@ from dataclasses import dataclass, field
 MAX_LATENCY_SAMPLES = 4096
 """Latencies kept between two summaries. Past this, every other kept one is dropped and from then
 on only every 2nd (then 4th, ...) latency is kept: an even spread over the whole interval, whose
-sort for the summary's percentiles (on the event loop) takes well under a millisecond. Keeping
-every latency up to 200,000 cost a 30-45 ms stall of every client's events every summary (two
-sorts of 150,000 floats at 30,000 events/s), and 8% of the event loop's time in a hot-counter
-drain."""
+sort for the summary's percentiles runs on the event loop and must not stall every client's
+events (BENCHMARKS.md, "The summary line's stall")."""
 
 
 @dataclass
@@ -28,7 +26,7 @@ class WorkerStats:
     duplicates: int = 0
     dead_letters: int = 0
     pauses: int = 0
-    """Times a partition was paused for backpressure."""
+    """Times a slot was paused for backpressure."""
     pending: int = 0
     lag_records: int = 0
     lag_seconds: float = 0.0
@@ -38,6 +36,12 @@ class WorkerStats:
     _latency_stride: int = field(default=1, repr=False)
     _latency_skip: int = field(default=0, repr=False)
     """Latencies still to pass over before the next one kept."""
+
+    def note_committed(self, processed: int, dead_letters: int, duplicates: int) -> None:
+        """Count what one transaction committed (committer.py)."""
+        self.processed += processed
+        self.dead_letters += dead_letters
+        self.duplicates += duplicates
 
     def note_latency(self, seconds: float) -> None:
         """Record one created -> handler start latency (in the sample: MAX_LATENCY_SAMPLES)."""

@@ -34,6 +34,7 @@ from confluent_kafka import KafkaError, KafkaException, Message, Producer, Topic
 
 from keyrange.events import MAX_EVENT_BYTES
 from keyrange.kafkaquirks import Backoff, Failure, classify, kafka_error, outputs_acknowledged_before_offsets
+from keyrange.kafkaquirks import TransactionFailed as TransactionFailed  # its home; re-exported for the worker
 from keyrange.worker.callthread import CallThread
 from keyrange.worker.consumer import worker_client_id
 from keyrange.worker.settings import WorkerSettings
@@ -64,7 +65,7 @@ CALL_STUCK_SECONDS = 5.0
 The call is then left to its thread and its producer given up; a whole commit likewise,
 COMMIT_DEADLINE_SECONDS + this after it began."""
 
-class _Backoff:
+class CommitRetry:
     """Waits between tries of one slot's transaction (kafkaquirks' Backoff), one log line each, and
     keeps the transaction's deadline (COMMIT_DEADLINE_SECONDS from the first try).
 
@@ -119,18 +120,6 @@ class _Backoff:
     def recovered(self) -> None:
         if self.tries:
             log.warning("%s: the transaction committed after %d tries", self.who, self.tries + 1)
-
-
-class TransactionFailed(RuntimeError):
-    """A slot's producer hit a fatal error, e.g. fenced because another worker acquired the slot,
-    or gave up retrying (see `_Backoff`): the slot's transaction did not commit."""
-
-    def __init__(self, message: str, gave_up: bool = False) -> None:
-        super().__init__(message)
-        self.gave_up = gave_up
-        """This worker gave the producer up (stuck, or no commit within COMMIT_DEADLINE_SECONDS, or
-        stopping); False: Kafka failed it (fenced by another producer of the slot, ...), which only
-        whoever assigns slots may overrule."""
 
 
 @dataclass(slots=True)
@@ -232,7 +221,7 @@ class SlotTransactions:
         """Write `records` and commit `offsets` atomically; raise TransactionFailed if impossible
         (fenced: another worker acquired the slot), or not done within COMMIT_DEADLINE_SECONDS.
 
-        The deadline is kept by the commit's own thread (`_Backoff`); should a producer call
+        The deadline is kept by the commit's own thread (`CommitRetry`); should a producer call
         ignore its timeout, this gives the producer up CALL_STUCK_SECONDS later all the same,
         leaving the call to its thread, so that no slot waits on a producer for longer.
 
@@ -263,7 +252,7 @@ class SlotTransactions:
         # Transient trouble (the broker away, a coordinator moving, a transaction timed out by
         # the broker) is waited out: aborted if it must be, then the same batch again, with a
         # backoff and one log line per try. Only a fatal or fencing error gives up.
-        retry = _Backoff(f"slot {self.slot}", self._give_up, self._abandoned)
+        retry = CommitRetry(f"slot {self.slot}", self._give_up, self._abandoned)
         while True:
             try:
                 producer.begin_transaction()
@@ -286,7 +275,7 @@ class SlotTransactions:
                 except (KafkaException, SystemError) as abort_exc:
                     raise self._failed(kafka_error(abort_exc), len(records)) from abort_exc
 
-    def _position(self, producer: Producer, retry: _Backoff, offsets: list[TopicPartition],
+    def _position(self, producer: Producer, retry: CommitRetry, offsets: list[TopicPartition],
                   last: list[OutputRecord]) -> None:
         for r in last:
             self._produce(producer, r)
@@ -348,7 +337,7 @@ class SlotTransactions:
         return self._settings.kafka_timeout_seconds
 
     @staticmethod
-    def _retrying(retry: _Backoff, what: str, longest: float, call: Callable[[float], object]) -> None:
+    def _retrying(retry: CommitRetry, what: str, longest: float, call: Callable[[float], object]) -> None:
         """`call(timeout)` until it succeeds, waiting out retriable errors; others are raised. Each
         try's timeout is `longest`, cut to what is left of the transaction's deadline."""
         while True:
@@ -361,7 +350,7 @@ class SlotTransactions:
                     raise
                 retry.failed(f"{what} failed ({error})")
 
-    def _flush(self, producer: Producer, retry: _Backoff) -> None:
+    def _flush(self, producer: Producer, retry: CommitRetry) -> None:
         # Outputs not acknowledged in time keep being retried by librdkafka until their message
         # timeout; then they fail, and the transaction needs an abort (raised by the next call).
         while True:

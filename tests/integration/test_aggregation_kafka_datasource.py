@@ -15,7 +15,7 @@ import orjson
 import pytest
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows
 
-from keyrange.aggregation.source import KafkaStreamReader
+from keyrange.aggregation.kafka_datasource import KafkaStreamReader
 from tests.integration.aggregation_helpers import (
     make_topic,
     processed_records,
@@ -44,6 +44,18 @@ def _stream_once(spark: Any, bootstrap: str, topic: str, checkpoint: Path) -> li
     query.awaitTermination(300)
     assert query.exception() is None, query.exception()
     return batches
+
+
+def _committed_in_two_partitions(bootstrap: str, topic: str, records: int, value: bytes) -> Any:
+    """Create `topic` with two partitions and write `records` copies of `value` over both in one
+    committed transaction; return the transactional producer for more."""
+    make_topic(bootstrap, topic, 2)
+    producer = transactional_producer(bootstrap)
+    producer.begin_transaction()
+    for i in range(records):
+        producer.produce(topic, value=value, partition=i % 2)
+    producer.commit_transaction(30)
+    return producer
 
 
 def test_batch_read_returns_every_committed_record_of_every_partition_once(spark, bootstrap, topic_name):
@@ -113,12 +125,7 @@ def test_restart_from_checkpoint_reads_only_new_records(spark, bootstrap, topic_
 def test_end_probe_finds_the_true_end_after_batched_produce_and_skips_open_transactions(bootstrap, topic_name):
     """tansu's ListOffsets can answer too low right after a batched produce, and 0
     with an open transaction; the data source's end must be the committed end regardless."""
-    make_topic(bootstrap, topic_name, 2)
-    producer = transactional_producer(bootstrap)
-    producer.begin_transaction()
-    for i in range(5000):
-        producer.produce(topic_name, value=b"x" * 50, partition=i % 2)
-    producer.commit_transaction(30)
+    producer = _committed_in_two_partitions(bootstrap, topic_name, 5000, b"x" * 50)
     reader = KafkaStreamReader({"bootstrap": bootstrap, "topic": topic_name})
     try:
         start = reader.initialOffset()
@@ -142,12 +149,7 @@ def test_end_probe_finds_the_true_end_after_batched_produce_and_skips_open_trans
 
 
 def test_available_now_stops_at_the_end_found_first_and_still_splits_batches(bootstrap, topic_name):
-    make_topic(bootstrap, topic_name, 2)
-    producer = transactional_producer(bootstrap)
-    producer.begin_transaction()
-    for i in range(400):
-        producer.produce(topic_name, value=b"x", partition=i % 2)
-    producer.commit_transaction(30)
+    producer = _committed_in_two_partitions(bootstrap, topic_name, 400, b"x")
     reader = KafkaStreamReader({"bootstrap": bootstrap, "topic": topic_name, "maxRecordsPerBatch": "300"})
     try:
         reader.prepareForTriggerAvailableNow()
@@ -168,14 +170,9 @@ def test_available_now_stops_at_the_end_found_first_and_still_splits_batches(boo
 def test_end_probe_reaches_the_end_even_when_every_fetch_brings_little_and_polls_come_back_empty(bootstrap, topic_name):
     """A loaded machine's slow fetches, made here by tiny fetch sizes and 1 ms polls: an empty poll
     must not pass for the end (it did, and `--once` then stopped early)."""
-    from keyrange.aggregation.kafka_reader import EndProbe, ReaderSettings
+    from keyrange.aggregation.partition_reads import EndProbe, ReaderSettings
 
-    make_topic(bootstrap, topic_name, 2)
-    producer = transactional_producer(bootstrap)
-    producer.begin_transaction()
-    for i in range(4000):
-        producer.produce(topic_name, value=b"y" * 100, partition=i % 2)
-    producer.commit_transaction(30)
+    _committed_in_two_partitions(bootstrap, topic_name, 4000, b"y" * 100)
     # Small fetches, each followed by a pause before the next one (the local queue is "full").
     slow = {"max.partition.fetch.bytes": "2048", "fetch.max.bytes": "4096", "message.max.bytes": "4096",
             "queued.min.messages": "1", "queued.max.messages.kbytes": "1", "fetch.queue.backoff.ms": "50"}

@@ -1,19 +1,17 @@
-"""Plain confluent-kafka reading behind keyrange's Spark data source (no Spark imports here).
+"""Reading partitions of the processed topic with confluent-kafka, for `kafka_datasource` (no Spark here).
 
-Two jobs: find where each partition ends now (`EndProbe`, on the Spark driver) and read one
-partition's offset range `[start, end)` (`read_range`, in a Spark task). Both read with
+Two reads: where each partition ends now (`EndProbe`, on the Spark driver) and one partition's
+offset range `[start, end)` (`read_range`, in a Spark task). Both read with
 `isolation.level=read_committed` by default, so records of aborted worker transactions never
 reach the aggregates and records of open transactions wait for a later micro-batch.
 
-Why a probe that consumes instead of ListOffsets (a tansu workaround): the embedded broker (tansu) answers ListOffsets
-with a high watermark that can be too low right after a batched produce, and with
-read_committed it may answer 0 while a transaction is open. Consuming to the end and taking the
-consumer's position is correct on every broker: librdkafka moves the position past transaction
-markers and stops at the last stable offset. "The end" is the last stable offset that the
-brokers' fetch responses report (librdkafka's statistics, `ls_offset`), right on both brokers; an
-empty poll alone proves nothing on a loaded machine, where fetch responses come late. The probe
-keeps its position between calls, so each record is read once by the probe over the life of a
-query, not once per micro-batch.
+The probe consumes to the end instead of asking ListOffsets (a tansu workaround: its ListOffsets
+can answer too low, docs/kafka.md). Consuming to the end and taking the consumer's position
+is correct on every broker: librdkafka moves the position past transaction markers and stops at
+the last stable offset. "The end" is the last stable offset that the brokers' fetch responses
+report (librdkafka's statistics, `ls_offset`); an empty poll alone proves nothing on a loaded
+machine, where fetch responses come late. The probe keeps its position between calls, so each
+record is read once by the probe over the life of a query, not once per micro-batch.
 """
 
 from __future__ import annotations

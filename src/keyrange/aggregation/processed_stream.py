@@ -1,13 +1,14 @@
-"""Where the aggregation's records come from: one interface, two readers of the processed topic.
+"""The processed topic as a streaming DataFrame (`processed_stream`), from either of two readers.
+
+`job` calls `processed_stream` with a `StreamSettings`; the CLI, the spec and the demo take the
+reader names and defaults from here.
 
 - `kafka` (the default): Spark's own Kafka connector, `spark.readStream.format("kafka")`. Offsets
   are found with Kafka's ListOffsets, records are read by the JVM, and `kafka.*` options carry the
   Kafka client properties (TLS, SASL). The reader for real Kafka clusters.
-- `keyrange-kafka`: keyrange's Python data source (`source.py`), for the embedded broker (a
-  tansu workaround: on Apache Kafka the connector above is the direct path). tansu
-  answers ListOffsets with 0 while a transaction is open under read_committed, so the connector
-  sees no records at all whenever a worker is mid-transaction (which, under load, is always);
-  this source finds the end of each partition by consuming to it instead.
+- `keyrange-kafka`: keyrange's Python data source (`kafka_datasource`), for the embedded broker (a
+  tansu workaround: under read_committed tansu's ListOffsets answers 0 while a transaction is
+  open, so the connector sees no records while a worker is mid-transaction; docs/aggregation.md).
 
 Both give rows `topic, partition, offset, timestamp, key, value` with read_committed, honour
 `startingOffsets` and a per-micro-batch cap, and keep their offsets in the streaming checkpoint,
@@ -30,11 +31,9 @@ DEFAULT_TRIGGER_SECONDS = 5.0
 """Seconds between a continuous aggregation's micro-batches unless told otherwise
 (`--trigger-seconds`, `spec.aggregation.triggerSeconds`)."""
 END_OF_RANGE_WAIT_MS = 10
-"""The connector's `fetch.max.wait.ms` unless the client properties set one: how long the broker
-holds a fetch that finds nothing new. A task's last fetch at a partition's end finds nothing, so
-it waits this long, and the Java client's default (500 ms) spent ~3 s of every micro-batch on
-waits (12 partitions, two cores): a micro-batch of 1,000 records read in 3.3 s, with 10 ms in
-0.4 s (measured on Apache Kafka, 2026-11-25). A backlog's fetches fill at once and never wait."""
+"""The connector's `fetch.max.wait.ms` unless the client properties set one: each task's last fetch,
+at its partition's end, finds nothing new and waits this long (the Java default, 500 ms, made
+small micro-batches mostly waiting; BENCHMARKS.md, Aggregation). A backlog's fetches never wait."""
 
 
 @dataclass(frozen=True)

@@ -6,8 +6,7 @@ import pickle
 
 import pytest
 
-from keyrange.aggregation.kafka_reader import KafkaReadError
-from keyrange.aggregation.source import (
+from keyrange.aggregation.kafka_datasource import (
     KafkaStreamReader,
     OffsetRange,
     cap_ends,
@@ -17,6 +16,7 @@ from keyrange.aggregation.source import (
     settings_from_options,
     to_spark_offset,
 )
+from keyrange.aggregation.partition_reads import KafkaReadError
 
 
 def test_offsets_round_trip_through_spark_json_shape():

@@ -1,9 +1,10 @@
-"""`keyrange-kafka`: keyrange's Spark Python data source for Kafka topics (batch and streaming).
+"""`keyrange-kafka`: keyrange's Spark Python data source for Kafka topics (`KafkaDataSource`).
 
-The aggregation's reader for the embedded broker (see `sources`: tansu's ListOffsets answers 0
-while a transaction is open, which Spark's own connector cannot work around); it needs only
-pyspark, pyarrow and confluent-kafka. Rows look like Spark's Kafka source:
-`topic, partition, offset, timestamp, key, value`.
+The aggregation reads the processed topic with it on the embedded broker (`processed_stream`
+chooses it, `session.spark_session` registers it in every session): there Spark's own connector
+finds no records while a transaction is open (docs/aggregation.md). The Kafka reads themselves
+are in `partition_reads`; this module is the Spark side: options, offsets, planning, Arrow rows.
+Rows look like Spark's Kafka source: `topic, partition, offset, timestamp, key, value`.
 
 Options: `bootstrap` and `topic` (required); `startingOffsets` (`earliest` | `latest` | JSON
 `{"0": 42}`); `endingOffsets` for batch reads (`latest` | JSON); `maxRecordsPerBatch` for
@@ -34,7 +35,7 @@ from pyspark.sql.streaming.datasource import (
 )
 from pyspark.sql.types import StructType
 
-from keyrange.aggregation.kafka_reader import EndProbe, KafkaReadError, ReaderSettings, read_range
+from keyrange.aggregation.partition_reads import EndProbe, KafkaReadError, ReaderSettings, read_range
 
 FORMAT = "keyrange-kafka"
 SCHEMA = "topic string, partition int, offset long, timestamp timestamp, key binary, value binary"

@@ -1,10 +1,11 @@
-"""Apache Kafka (KRaft) on 127.0.0.1: one node or a quorum of several, for tests and `keyrange broker`.
+"""Apache Kafka (KRaft) on 127.0.0.1 (`KafkaCluster` of `KafkaNode`s): one node or a quorum of
+several, for tests, benchmarks and `keyrange broker --engine kafka`.
 
 Every node is a combined broker+controller JVM with its own ports and log folder inside one
 temporary folder, removed on stop. Nodes can be killed, frozen, resumed and restarted one at a
-time, for fault tests. Readiness is the broker's own answer: every node answers ApiVersions on its
-client port (a KRaft broker opens that port only once it is unfenced) and the cluster's metadata
-lists every node.
+time, for fault tests (tests/kafka_cluster_helpers.py reads leaders and in-sync replicas).
+Readiness is the broker's own answer: every node answers ApiVersions on its client port (a KRaft
+broker opens that port only once it is unfenced) and the cluster's metadata lists every node.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from types import TracebackType
 
 from confluent_kafka.admin import AdminClient
 
-from keyrange.local.broker import BrokerError
+from keyrange.local.embedded_broker import BrokerError
 from keyrange.local.kafka_setup import (
     LOG4J2_PROPERTIES,
     NodeAddress,
@@ -229,20 +230,6 @@ class KafkaNode:
                 os.replace(partial, self.class_archive)
             written.unlink()
 
-    def exit_code(self) -> int | None:
-        """The JVM's exit code once it has exited on its own, else None."""
-        return None if self._process is None else self._process.poll()
-
-
-@dataclass(frozen=True)
-class PartitionState:
-    """One partition as the cluster's metadata describes it (node ids)."""
-
-    leader: int
-    """-1 while the partition has no leader."""
-    replicas: tuple[int, ...]
-    in_sync: frozenset[int]
-
 
 @dataclass
 class KafkaCluster:
@@ -273,10 +260,6 @@ class KafkaCluster:
     def bootstrap(self) -> str:
         """Every node's PLAINTEXT address, comma-separated."""
         return ",".join(n.bootstrap for n in self.members)
-
-    def bootstrap_for(self, listener: str) -> str:
-        """Every node's address on an extra listener."""
-        return ",".join(f"127.0.0.1:{n.address.extra_ports[listener]}" for n in self.members)
 
     def start(self) -> str:
         """Format and start every node, wait until the cluster serves, return the bootstrap address."""
@@ -361,48 +344,11 @@ class KafkaCluster:
         """The node with this node.id."""
         return next(n for n in self.members if n.node_id == node_id)
 
-    def _answering_bootstrap(self) -> str:
-        """The nodes that run and are not frozen (a frozen node accepts connections, then never answers)."""
-        return ",".join(n.bootstrap for n in self.members if n.is_running() and not n.paused)
-
-    def partitions(self, topic: str, timeout_seconds: float = 10.0) -> dict[int, PartitionState]:
-        """Each partition of `topic`: leader, replicas and in-sync replicas, as the metadata of the
-        running, unfrozen nodes says now."""
-        admin = AdminClient({"bootstrap.servers": self._answering_bootstrap(), "log_level": 0})
-        meta = admin.list_topics(topic, timeout=timeout_seconds).topics.get(topic)
-        if meta is None or meta.error is not None:
-            raise BrokerError(f"no metadata for topic {topic!r}: {meta.error if meta else 'unknown topic'}")
-        return {p: PartitionState(m.leader, tuple(m.replicas), frozenset(m.isrs)) for p, m in meta.partitions.items()}
-
-    def leader_of(self, topic: str, partition: int, timeout_seconds: float = 10.0) -> KafkaNode:
-        """The node that leads `topic`'s `partition`, as the cluster's metadata says now."""
-        admin = AdminClient({"bootstrap.servers": self._answering_bootstrap(), "log_level": 0})
-        deadline = time.monotonic() + timeout_seconds
-        while True:
-            topics = admin.list_topics(topic, timeout=timeout_seconds).topics
-            meta = topics.get(topic)
-            leader = -1 if meta is None or partition not in meta.partitions else meta.partitions[partition].leader
-            if leader >= 0:
-                return self.node(leader)
-            if time.monotonic() > deadline:
-                raise BrokerError(f"{topic}[{partition}] has no leader after {timeout_seconds:g} s")
-            time.sleep(0.1)
-
     def restart(self, node: KafkaNode, timeout_seconds: float | None = None) -> None:
         """Stop `node` (SIGTERM if it still runs), start it again with its data, wait until it serves."""
         node.terminate()
         node.launch()
         self.wait_until_ready(timeout_seconds or self.start_timeout_seconds, [node])
-
-    def heal(self, timeout_seconds: float | None = None) -> None:
-        """Resume paused nodes and start stopped or killed ones; wait until all serve again."""
-        for node in self.members:
-            if node.paused:
-                node.resume()
-            if not node.is_running():
-                node.terminate()  # reaps a node that died on its own
-                node.launch()
-        self.wait_until_ready(timeout_seconds or self.start_timeout_seconds)
 
     def is_running(self) -> bool:
         """True while every node's JVM is alive."""
