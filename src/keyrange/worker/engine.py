@@ -176,6 +176,8 @@ class Worker:
         self._router = SlotRouter(layout)
         if self._restorer is not None:
             self._restorer.layout = layout
+        if self._intake is not None:
+            self._intake.layout = layout
 
     async def start(self, stop: asyncio.Event | None = None) -> None:
         """Check the input topic, create the output topics, and connect. While Kafka does not
@@ -203,6 +205,7 @@ class Worker:
             s.bootstrap, [s.sink, s.dlq, s.state], timeout, s.client_properties), stop, longest)
         self._outputs = Outputs(s, self._counts, limits)
         self._intake = Intake(count, s.restore_clock_slack_seconds, self._outputs, mapping=s.input_mapping)
+        self._intake.layout = self._layout
         attempts = self._attempts = AttemptRunner(s, self.handler, self._outputs, self._pool, self.stats,
                                                   self.handoff_pauses)
         self.health.set_abandoned_source(lambda: attempts.abandoned, attempts.held_releases,
