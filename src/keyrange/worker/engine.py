@@ -314,7 +314,7 @@ class Worker:
                 s, partition, restored[s], self.settings.ttl_seconds, time.time,
                 SlotMetrics(self.settings.metrics_consumer, self.settings.worker_id, layout.describe_slot(s)),
                 transactions[s], self._outputs.output_partition(self.settings.sink, partition),
-                slot_totals_key(layout, s))
+                slot_totals_key(layout, s), layout.per_partition)
             taken.append(s)
             siblings = self._by_partition.setdefault(partition, [])
             if partition in assign:

@@ -112,16 +112,18 @@ class SlotState:
         "_committed_offset", "_committed_totals", "_consumed", "_dead_letters", "_dedup", "_dirty_state", "_drained",
         "_metrics", "_output_partition", "_outputs", "_partition", "_paused", "_placed_clients", "_processed",
         "_restored_totals", "_revoked", "_running", "_skip", "_slot", "_snapshots", "_store", "_store_offsets",
-        "_store_view", "_totals_key", "_transactions", "_warned_misplaced", "_window",
+        "_parts", "_store_view", "_totals_key", "_transactions", "_warned_misplaced", "_window",
     )
 
     def __init__(self, slot: int, partition: int, restored: RestoredPartition, ttl_seconds: float,
                  wall_clock: Callable[[], float], slot_metrics: SlotMetrics, transactions: SlotTransactions,
-                 output_partition: int | None, totals_key: bytes = TOTALS_KEY) -> None:
+                 output_partition: int | None, totals_key: bytes = TOTALS_KEY, parts: int = 1) -> None:
         self._slot = slot
         self._partition = partition
         self._totals_key = totals_key
         """The changelog key of its totals records (events.totals_key): a hash range's own."""
+        self._parts = parts
+        """The hash ranges its partition is cut into: its lag is its share of the partition's records."""
         self._transactions = transactions
         self._window = CommitWindow(restored.start_offset)
         self._committed_offset = restored.start_offset
@@ -421,6 +423,8 @@ class SlotState:
         m.dedup_entries.set(len(self._dedup))
         m.pending.set(window.pending)
         lag = max(0, high_watermark - window.committable) if high_watermark >= 0 else 0
+        if self._parts > 1:
+            lag = -(-lag // self._parts)  # the records past it are all its partition's, its share of them its own
         m.lag.set(lag)
         oldest = window.oldest_timestamp_ms
         age_s = max(0.0, (now_ms - oldest) / 1000) if oldest is not None else 0.0
