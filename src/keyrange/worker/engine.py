@@ -504,7 +504,9 @@ class Worker:
         for ps in held:
             if ps.slot == slot:
                 mine = ps
-            else:
+            elif not ps.revoked:
+                # A slot being released skips its own records from now on: passing it on would
+                # commit its position past them, and its next owner would never see them.
                 ps.window.pass_offset(offset)
         return mine
 
