@@ -88,3 +88,52 @@ async def test_records_of_a_released_half_fetched_during_its_release_go_to_its_n
         await second.stop()
     assert "moved-1" not in called["a"]
     assert called["b"] == ["moved-1", "moved-2"], "half 1's position moved past a record nobody handled"
+
+
+async def test_a_half_acquired_beside_the_fetched_other_half_gets_its_records_from_its_position(
+        any_bootstrap: str, topic_name: str) -> None:
+    # The worker fetches the partition for half 0, ahead of where half 1 resumes: acquiring half 1
+    # seeks the partition back, and what was fetched before the seek must not move half 1 past
+    # records the seek delivers again.
+    bootstrap = any_bootstrap
+    kept, moved = clients_of(0, 5), clients_of(1, 5)
+    ensure_topics(bootstrap, [TopicSpec(topic_name, 1)])
+    producer = make_producer(bootstrap)
+    now = int(time.time() * 1000)
+    for i in range(200):
+        client = (kept if i % 2 else moved)[i % 5]
+        key, value = encode_input(client, f"e{i}", now)
+        producer.produce(topic_name, value, key, partition=0)
+    assert producer.flush(30) == 0
+    expected = {f"e{i}" for i in range(0, 200, 2)}
+    called: set[str] = set()
+
+    async def record(event: dict[str, Any], ctx: Any) -> None:
+        called.add(event["uuid"])
+
+    stop = asyncio.Event()
+
+    async def keep_producing() -> None:
+        # Half 0's records keep arriving, so a fetch is under way whenever half 1 is acquired.
+        n = 0
+        while not stop.is_set():
+            key, value = encode_input(kept[n % 5], f"k{n}", now)
+            producer.produce(topic_name, value, key, partition=0)
+            producer.poll(0)
+            n += 1
+            await asyncio.sleep(0.001)
+
+    worker = Worker(settings_for(bootstrap, topic_name, worker_id="a", concurrency=8), Handler("record", record, True))
+    await worker.start()
+    producing = asyncio.ensure_future(keep_producing())
+    try:
+        worker.use_layout(LAYOUT)
+        await worker.acquire([0])
+        await wait_for(lambda: {f"e{i}" for i in range(1, 200, 2)} <= called, what="half 0's first records")
+        await worker.acquire([1])
+        await wait_for(lambda: expected <= called, timeout_seconds=20, what="every record of half 1 handled")
+    finally:
+        stop.set()
+        await producing
+        await worker.stop()
+        producer.flush(30)

@@ -97,6 +97,8 @@ class Worker:
         self._layout: SlotLayout | None = None
         self._router: SlotRouter | None = None
         self._acquiring: dict[int, _AcquireTicket] = {}
+        self._seeking: set[int] = set()
+        """Acquired slots whose partition is being sought back to them: no record is theirs until then."""
         self._losing: dict[int, asyncio.Task[None]] = {}
         """Slots whose producer failed, being released (see `_slot_failed`)."""
         self._consumer = ThreadedConsumer(settings)
@@ -304,10 +306,17 @@ class Worker:
             if siblings and siblings[0].paused:
                 ps.paused = True  # its partition is paused for a sibling's backpressure
                 pm.paused.set(1)
+            if p in seek:
+                # A batch fetched before the seek would move the slot's window past offsets the
+                # seek delivers again, which it would then skip: `_slots_of_record` leaves it out.
+                self._seeking.add(s)
             siblings.append(ps)
         await self._consumer.assign(assign)
         if seek:
-            await self._consumer.seek(seek)
+            try:
+                await self._consumer.seek(seek)
+            finally:
+                self._seeking.difference_update(taken)
             await self._consumer.pause([p for p in seek if self._by_partition[p][0].paused])
         self._held_gauge.set(len(self.held_slots))
         log.info("acquired slots %s at offsets %s in %.0f ms (producers initialised %.0f ms, restore %.0f ms%s; "
@@ -501,13 +510,16 @@ class Worker:
         slot = router.slot_of(partition, m.key())
         offset: int = m.offset()  # type: ignore[assignment]
         mine = None
+        seeking = self._seeking
         for ps in held:
             if ps.slot == slot:
                 mine = ps
-            elif not ps.revoked:
+            elif not ps.revoked and not (seeking and ps.slot in seeking):
                 # A slot being released skips its own records from now on: passing it on would
                 # commit its position past them, and its next owner would never see them.
                 ps.window.pass_offset(offset)
+        if mine is not None and seeking and mine.slot in seeking:
+            return None  # fetched before the seek to this slot's position: delivered again after it
         return mine
 
     async def _apply_backpressure(self) -> None:
