@@ -123,3 +123,27 @@ def test_a_slot_label_names_the_slot_back() -> None:
         slot_of_label("1:4/4")
     with pytest.raises(ValueError):
         slot_of_label("one")
+
+
+@pytest.mark.parametrize(("first", "last", "shown"), [
+    (0, 3, "0"), (0, 7, "0-1"), (4, 11, "1-2"),  # whole partitions: partition numbers only
+    (1, 1, "0:1/4"), (0, 1, "0:0-1/4"), (2, 3, "0:2-3/4"),  # parts of one partition's hash range
+    (2, 5, "0:2/4-1:1/4"), (2, 11, "0:2/4-2:3/4"), (3, 4, "0:3/4-1:0/4"),  # across partitions
+])
+def test_a_range_shows_as_partitions_and_parts_of_their_hash_range(first: int, last: int, shown: str) -> None:
+    assert SlotLayout(3, 4).describe_range(first, last) == shown
+
+
+def test_with_whole_partitions_a_range_shows_as_before() -> None:
+    layout = SlotLayout(12)
+    assert [layout.describe_range(0, 5), layout.describe_range(7, 7)] == ["0-5", "7"]
+    assert layout.describe_slots([0, 1, 2, 3, 7, 9, 10]) == "0-3,7,9-10"
+
+
+def test_held_slots_show_run_by_run() -> None:
+    layout = SlotLayout(2, 4)
+    assert layout.describe_slots({5, 0, 1, 6, 7}) == "0:0-1/4,1:1-3/4"
+    assert layout.describe_slots(range(8)) == "0-1"
+    assert layout.describe_slots([]) == ""
+    with pytest.raises(ValueError, match="slot 8 does not exist"):
+        layout.describe_range(7, 8)

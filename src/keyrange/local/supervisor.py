@@ -238,7 +238,10 @@ class Supervisor:
                 lag = SlotLag(sum(x.records for x in sample.slot_lag.values()),
                               max((x.seconds for x in sample.slot_lag.values()), default=0.0))
             report = reports.get(ordinal)
-            held = format_slot_list(sorted(report.held)) if report and report.held else ""
+            held = ""
+            if report and report.held:
+                layout = status.layout
+                held = layout.describe_slots(report.held) if layout else format_slot_list(sorted(report.held))
             rows.append(WorkerRow(ordinal, w.alive(), held, self._worker_rate(ordinal), lag, w.restarts))
         totals = Totals(time.monotonic() - self.started, int(self._counters.processed), self._rate(), self._p99(),
                         int(self._counters.duplicates), int(self._counters.dead_letters))

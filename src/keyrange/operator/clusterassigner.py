@@ -34,7 +34,7 @@ from keyrange.errors import UserError
 from keyrange.kafkaio import TopicSpec, ensure_topics
 from keyrange.kafkaquirks import LONGEST_RETRY_SECONDS, Backoff
 from keyrange.operator.kafkasecrets import SecretReader, operator_client_properties, read_secret_key
-from keyrange.operator.rangecontrol import HandoffSummary, PlannedRescale, RangeStatus
+from keyrange.operator.rangecontrol import HandoffSummary, PlannedRescale, RangeStatus, map_status
 from keyrange.ranges.channel import ControlChannel, ControllerFenced, WorkerReport
 from keyrange.ranges.controller import Controller
 from keyrange.ranges.groupoffsets import GroupOffsetWriter
@@ -235,8 +235,7 @@ class KafkaRangeControl:
         s = controller.status()
         lags = s.range_lag
         return RangeStatus(
-            epoch=s.epoch, workers=s.map.workers,
-            ranges=tuple((a.worker, str(a.range)) for a in s.map.assignments),
+            **map_status(s.map, s.layout),
             lag_records=sum(x.records for x in lags) if lags else None,
             lag_seconds=max((x.seconds for x in lags), default=None),
             handoff_in_progress=bool(s.handoff_awaiting) or s.starting,

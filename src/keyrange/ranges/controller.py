@@ -148,6 +148,8 @@ class ControllerStatus:
     rescales: tuple[Rescale, ...] = field(default=())
     phase: Phase = Phase.GRANTED
     """Where the current handoff is (handoff.py)."""
+    layout: SlotLayout | None = None
+    """How the map's slots cut the partitions (for showing ranges as partitions and hash ranges)."""
 
 
 class Controller:
@@ -165,6 +167,7 @@ class Controller:
         """How the partitions are cut into slots: for `workers.max` workers at first; a control topic
         that holds a map keeps that map's layout (`start`)."""
         self.planner = Planner(limits)
+        self.planner.layout = self.layout
         self.lag_source = lag_source
         self.fleet = fleet
         self.clock = clock
@@ -214,6 +217,7 @@ class Controller:
                 self.layout = SlotLayout.of_slot_count(self.partitions, pub.map.slot_count)
             except ValueError as exc:
                 raise UserError(f"the control topic {self.channel.topic}: {exc}") from None
+            self.planner.layout = self.layout
             if self.layout.slot_count < self.planner.limits.max_workers:
                 log.warning("workers.max is %d but this consumer's range map has %d slots (%d partitions x %d), "
                             "laid out when workers.max was lower: at most %d workers. A new groupId lays it out "
@@ -224,7 +228,7 @@ class Controller:
             first = RangeMap.even(slots, min(self.planner.limits.min_workers, slots))
             pub = Publication(first, reason="initial map", published_ms=self.wall_clock_ms())
             self.channel.publish(pub)
-            log.info("published %s (initial)", first.describe())
+            log.info("published %s (initial)", first.describe(self.layout))
         self._handoff = Handoff.from_storage(pub)
         if self.fleet is not None:
             self.fleet.scale_to(max(pub.map.workers, max(pub.awaiting, default=-1) + 1))
@@ -240,7 +244,8 @@ class Controller:
             pub = self.publication
             before = pub.map.workers
             if self.handoff.in_flight:
-                return ScaleOutcome(False, f"a rescale is in progress ({pub.map.describe()})", before, before)
+                busy = f"a rescale is in progress ({pub.map.describe(self.layout)})"
+                return ScaleOutcome(False, busy, before, before)
             decision = self.planner.decide(pub.map, self._lag, self.clock(), direction)
             log.info("scale %s requested (%s): %s", direction, reason, decision.reason)
             self.last_decision = decision.reason
@@ -322,15 +327,15 @@ class Controller:
         self.rescales.append(Rescale(decision.action, decision.reason, pub.epoch, plan.workers_before,
                                      pub.map.workers, pub.transit, plan.decided_ms, pub.published_ms,
                                      requested=plan.requested))
-        log.info("published %s: %s; waiting for w%s to release %d slots", pub.map.describe(), decision.reason,
-                 ",w".join(map(str, sorted(pub.awaiting))), len(pub.transit))
+        log.info("published %s: %s; waiting for w%s to release %d slots", pub.map.describe(self.layout),
+                 decision.reason, ",w".join(map(str, sorted(pub.awaiting))), len(pub.transit))
 
     def _settle(self, granted: Publication) -> None:
         for r in reversed(self.rescales):
             if r.epoch == granted.epoch - 1:
                 r.settled_ms = granted.published_ms
                 break
-        log.info("published %s (handoff complete)", granted.map.describe())
+        log.info("published %s (handoff complete)", granted.map.describe(self.layout))
 
     def status(self) -> ControllerStatus:
         """A consistent snapshot for tables, the operator's status, reports and tests (taken
@@ -341,7 +346,7 @@ class Controller:
             lags = tuple(range_lag(a, self._lag) for a in pub.map.assignments)
             starting = handoff.phase in (Phase.PREPARING, Phase.STARTING, Phase.READING_AHEAD)
             return ControllerStatus(pub.epoch, pub.map, lags, handoff.awaiting, starting, self.last_decision,
-                                    tuple(self.rescales), handoff.phase)
+                                    tuple(self.rescales), handoff.phase, self.layout)
 
     def run(self, stop: threading.Event, interval_seconds: float = 0.2, busy_interval_seconds: float = 0.02) -> None:
         """Step until `stop` is set (run it in a thread); see `step_and_wait`."""

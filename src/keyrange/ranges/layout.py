@@ -110,6 +110,33 @@ class SlotLayout:
             return str(partition)
         return f"{partition}:{slot % self.per_partition}/{self.per_partition}"
 
+    def describe_range(self, first: int, last: int) -> str:
+        """Slots first..last (a worker's range) as people read them: partitions where the range holds
+        them whole (`0-5`, `3`), else the partition and the parts of its hash range (`0:0-1/4`: the
+        first two quarters of partition 0; `0:2/4-1:1/4`: from partition 0's third quarter to
+        partition 1's second, both included)."""
+        if not first <= last:
+            raise ValueError(f"a slot range needs first <= last, got {first}-{last}")
+        per = self.per_partition
+        p, q = self.partition_of(first), self.partition_of(last)
+        if first % per == 0 and last % per == per - 1:
+            return str(p) if p == q else f"{p}-{q}"
+        if p == q:
+            parts = str(first % per) if first == last else f"{first % per}-{last % per}"
+            return f"{p}:{parts}/{per}"
+        return f"{self.describe_slot(first)}-{self.describe_slot(last)}"
+
+    def describe_slots(self, slots: Iterable[int]) -> str:
+        """Any set of slots (what a worker reports holding) as `describe_range`s of its runs, joined
+        by commas (`0:0-1/4,2`); empty for none."""
+        runs: list[list[int]] = []
+        for s in sorted(set(slots)):
+            if runs and s == runs[-1][1] + 1:
+                runs[-1][1] = s
+            else:
+                runs.append([s, s])
+        return ",".join(self.describe_range(a, b) for a, b in runs)
+
     def _check(self, slot: int) -> None:
         if not 0 <= slot < self.slot_count:
             raise ValueError(f"slot {slot} does not exist: the layout has {self.slot_count} slots "

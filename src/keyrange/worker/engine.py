@@ -560,7 +560,9 @@ class Worker:
         for candidate in held:
             if candidate.slot == slot:
                 mine = candidate
-            else:
+            elif not candidate.revoked:
+                # A slot being released skips its own records from now on: passing it on would
+                # commit its position past them, and its next owner would never see them.
                 candidate.pass_offset(offset)
         return mine
 
