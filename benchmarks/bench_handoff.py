@@ -36,6 +36,7 @@ from keyrange.local.demo import read_values
 from keyrange.local.load import LoadTotals, Phase, produce_phases
 from keyrange.local.supervisor import Supervisor
 from keyrange.ranges.controller import Rescale
+from keyrange.ranges.layout import SlotLayout
 from keyrange.spec import load_file
 from keyrange.worker import Worker, WorkerSettings
 from keyrange.worker.restore import restore
@@ -45,7 +46,7 @@ SPEC = """apiVersion: keyrange.dev/v1alpha1
 kind: StreamConsumer
 metadata: {{name: {name}}}
 spec:
-  kafka: {{topic: {name}, partitions: 12}}
+  kafka: {{topic: {name}, partitions: {partitions}}}
   handler: sleep
   handlerConfig: {{meanMs: {mean_ms}, stddevMs: 0.5}}
   concurrency: {concurrency}
@@ -59,9 +60,9 @@ WARMUP_RESCALES = 12
 """Rescales run before the measured ones, reported apart (see `measure_handoffs`)."""
 
 
-def _supervisor(tmp: Path, name: str, bootstrap: str | None, **values: Any) -> Supervisor:
+def _supervisor(tmp: Path, name: str, bootstrap: str | None, partitions: int = 12, **values: Any) -> Supervisor:
     path = tmp / f"{name}.yaml"
-    path.write_text(SPEC.format(name=name, **values))
+    path.write_text(SPEC.format(name=name, partitions=partitions, **values))
     sup = Supervisor(load_file(path), path, bootstrap, tmp / name, tick_seconds=0.5)
     sup.start()
     return sup
@@ -86,11 +87,15 @@ def _wait(condition: Any, timeout_seconds: float) -> bool:
     return False
 
 
-def handoff_figures(processed: list[dict[str, Any]], rescales: list[Rescale]) -> tuple[list[float], list[float]]:
-    """(pause per moved slot in s, decision -> every moved slot's new owner started, per rescale in s)."""
+def handoff_figures(processed: list[dict[str, Any]], rescales: list[Rescale],
+                    layout: SlotLayout | None = None) -> tuple[list[float], list[float]]:
+    """(pause per moved slot in s, decision -> every moved slot's new owner started, per rescale in s).
+    With a `layout` that cuts partitions into hash ranges, a record's slot is its clientId's range
+    (processed records name the Kafka partition)."""
     by_slot: dict[int, list[dict[str, Any]]] = defaultdict(list)
     for r in processed:
-        by_slot[r["partition"]].append(r)
+        slot = r["partition"] if layout is None else layout.slot_for_key(r["partition"], str(r["clientId"]).encode())
+        by_slot[slot].append(r)
     for records in by_slot.values():
         records.sort(key=lambda r: r["startedAt"])
     pauses, decision_to_first = [], []
@@ -120,12 +125,14 @@ class HandoffRun:
     warmup_pauses: list[float]
 
 
-def measure_handoffs(tmp: Path, rescales: int, bootstrap: str | None = None, warmup: int = 0) -> HandoffRun:
+def measure_handoffs(tmp: Path, rescales: int, bootstrap: str | None = None, warmup: int = 0,
+                     partitions: int = 12, name: str = "handoff") -> HandoffRun:
     """Back-to-back forced rescales under 1,000 events/s, the first `warmup` of them apart: a new
     broker's first handoffs run its transaction and group coordinators' code for the first time
     (the JVM not yet compiled), and were the slowest of a run, up to 0.42 s, where the same
-    worker code on a broker that had run them before stayed under 0.2 s."""
-    sup = _supervisor(tmp, "handoff", bootstrap, mean_ms=2, concurrency=64, max_workers=4, high=10**9, low=0,
+    worker code on a broker that had run them before stayed under 0.2 s. With fewer `partitions`
+    than 4 the partitions are cut into hash ranges (SlotLayout.for_workers) and those move."""
+    sup = _supervisor(tmp, name, bootstrap, partitions, mean_ms=2, concurrency=64, max_workers=4, high=10**9, low=0,
                       cooldown=0)
     stop = threading.Event()
     ticker = _ticker(sup, stop)
@@ -135,7 +142,7 @@ def measure_handoffs(tmp: Path, rescales: int, bootstrap: str | None = None, war
     try:
         _wait(lambda: bool(ctl.channel.state.reports.get(0) and ctl.channel.state.reports[0].held), 60)
         shape = LoadShape(rate=1000, clients=100, duplicate_ratio=0.0, seed=3)
-        load = threading.Thread(target=produce_phases, args=(sup.bootstrap, "handoff", shape,
+        load = threading.Thread(target=produce_phases, args=(sup.bootstrap, name, shape,
                                                              [Phase(10**6, 1000)], stop, totals), daemon=True)
         load.start()
         time.sleep(3)
@@ -146,16 +153,17 @@ def measure_handoffs(tmp: Path, rescales: int, bootstrap: str | None = None, war
             _wait(lambda: not ctl.publication.transit and not ctl.status().starting, 120)
             time.sleep(2.0)
         time.sleep(3)
-        processed = read_values(sup.bootstrap, "handoff.processed")
+        processed = read_values(sup.bootstrap, f"{name}.processed")
     finally:
         stop.set()
         ticker.join(timeout=10)
         sup.stop()
     warm, done = list(ctl.rescales[:warmup]), list(ctl.rescales[warmup:])
-    warmup_pauses, _ = handoff_figures(processed, warm)
-    pauses, _ = handoff_figures(processed, done)
-    _, splits = handoff_figures(processed, [r for r in done if r.action == "split"])
-    _, merges = handoff_figures(processed, [r for r in done if r.action == "merge"])
+    layout = ctl.layout if ctl.layout.splits_partitions else None
+    warmup_pauses, _ = handoff_figures(processed, warm, layout)
+    pauses, _ = handoff_figures(processed, done, layout)
+    _, splits = handoff_figures(processed, [r for r in done if r.action == "split"], layout)
+    _, merges = handoff_figures(processed, [r for r in done if r.action == "merge"], layout)
     return HandoffRun(pauses, splits, merges, done, warmup_pauses)
 
 
