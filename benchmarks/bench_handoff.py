@@ -28,7 +28,7 @@ from typing import Any
 
 from confluent_kafka import Consumer, TopicPartition
 
-from benchmarks.harness import load_average, percentile, row, running_broker
+from benchmarks.harness import load_average, percentile, row, running_broker, wait_until
 from keyrange.handlers import load_handler
 from keyrange.kafkaio import TopicSpec, ensure_topics
 from keyrange.loadgen import LoadShape, generate, produce_all
@@ -50,7 +50,7 @@ spec:
   handler: sleep
   handlerConfig: {{meanMs: {mean_ms}, stddevMs: 0.5}}
   concurrency: {concurrency}
-  workers: {{min: 1, max: {max_workers}}}
+  workers: {{min: {min_workers}, max: {max_workers}}}
   scaling: {{lagHighRecords: {high}, lagHighSeconds: 1000, lagLowRecords: {low}, cooldownSeconds: {cooldown},
             policy: step}}
 """
@@ -62,7 +62,7 @@ WARMUP_RESCALES = 12
 
 def _supervisor(tmp: Path, name: str, bootstrap: str | None, partitions: int = 12, **values: Any) -> Supervisor:
     path = tmp / f"{name}.yaml"
-    path.write_text(SPEC.format(name=name, partitions=partitions, **values))
+    path.write_text(SPEC.format(name=name, partitions=partitions, **{"min_workers": 1, **values}))
     sup = Supervisor(load_file(path), path, bootstrap, tmp / name, tick_seconds=0.5)
     sup.start()
     return sup
@@ -76,15 +76,6 @@ def _ticker(sup: Supervisor, stop: threading.Event) -> threading.Thread:
     t = threading.Thread(target=tick, daemon=True)
     t.start()
     return t
-
-
-def _wait(condition: Any, timeout_seconds: float) -> bool:
-    deadline = time.monotonic() + timeout_seconds
-    while time.monotonic() < deadline:
-        if condition():
-            return True
-        time.sleep(0.02)
-    return False
 
 
 def handoff_figures(processed: list[dict[str, Any]], rescales: list[Rescale],
@@ -140,7 +131,7 @@ def measure_handoffs(tmp: Path, rescales: int, bootstrap: str | None = None, war
     assert sup.controller is not None and sup.bootstrap is not None
     ctl = sup.controller
     try:
-        _wait(lambda: bool(ctl.channel.state.reports.get(0) and ctl.channel.state.reports[0].held), 60)
+        wait_until(lambda: bool(ctl.channel.state.reports.get(0) and ctl.channel.state.reports[0].held), 60)
         shape = LoadShape(rate=1000, clients=100, duplicate_ratio=0.0, seed=3)
         load = threading.Thread(target=produce_phases, args=(sup.bootstrap, name, shape,
                                                              [Phase(10**6, 1000)], stop, totals), daemon=True)
@@ -150,7 +141,7 @@ def measure_handoffs(tmp: Path, rescales: int, bootstrap: str | None = None, war
             workers = ctl.publication.map.workers
             direction = "up" if workers == 1 or (workers < 3 and i % 4 < 2) else "down"
             ctl.request_scale(direction, "benchmark")  # type: ignore[arg-type]
-            _wait(lambda: not ctl.publication.transit and not ctl.status().starting, 120)
+            wait_until(lambda: not ctl.publication.transit and not ctl.status().starting, 120)
             time.sleep(2.0)
         time.sleep(3)
         processed = read_values(sup.bootstrap, f"{name}.processed")
@@ -177,7 +168,7 @@ def measure_recovery(tmp: Path, max_workers: int, backlog: int, bootstrap: str |
     assert sup.controller is not None and sup.bootstrap is not None
     ctl = sup.controller
     try:
-        _wait(lambda: bool(ctl.channel.state.reports.get(0) and ctl.channel.state.reports[0].held), 60)
+        wait_until(lambda: bool(ctl.channel.state.reports.get(0) and ctl.channel.state.reports[0].held), 60)
         shape = LoadShape(rate=400, clients=100, duplicate_ratio=0.0, seed=4)
         load = threading.Thread(target=produce_phases, args=(sup.bootstrap, name, shape, [Phase(10**6, 400)], stop),
                                 daemon=True)
@@ -186,8 +177,8 @@ def measure_recovery(tmp: Path, max_workers: int, backlog: int, bootstrap: str |
         produce_all(sup.bootstrap, name, list(generate(LoadShape(rate=10**6, seed=5, duplicate_ratio=0.0),
                                                        count=backlog)))
         burst_at = time.monotonic()
-        _wait(lambda: bool(sup.history) and sup.history[-1].lag_records > 1000, 30)
-        recovered = _wait(lambda: sup.history[-1].lag_records < 200, 300)
+        wait_until(lambda: bool(sup.history) and sup.history[-1].lag_records > 1000, 30)
+        recovered = wait_until(lambda: sup.history[-1].lag_records < 200, 300)
         return time.monotonic() - burst_at if recovered else float("inf")
     finally:
         stop.set()

@@ -33,8 +33,8 @@ from typing import Any
 
 from confluent_kafka import Consumer, TopicPartition
 
-from benchmarks.bench_handoff import measure_handoffs
-from benchmarks.harness import load_average, percentile, row, running_broker, ticking
+from benchmarks.bench_handoff import SPEC, measure_handoffs
+from benchmarks.harness import load_average, percentile, row, running_broker, ticking, wait_until
 from keyrange.handlers import load_handler
 from keyrange.kafkaio import TopicSpec, ensure_topics
 from keyrange.loadgen import LoadShape, generate, produce_all
@@ -45,17 +45,6 @@ from keyrange.ranges.layout import SlotLayout, SlotRouter
 from keyrange.spec import load_file
 from keyrange.worker import Worker, WorkerSettings
 from keyrange.worker.commitwindow import CommitWindow
-
-SPEC = """apiVersion: keyrange.dev/v1alpha1
-kind: StreamConsumer
-metadata: {{name: {name}}}
-spec:
-  kafka: {{topic: {name}, partitions: {partitions}}}
-  handler: sleep
-  handlerConfig: {{meanMs: 10, stddevMs: 0.5}}
-  concurrency: 4
-  workers: {{min: {workers}, max: {workers}}}
-"""
 
 OFFERED = 2_400
 """Events/s offered to the 1-partition topic."""
@@ -69,22 +58,15 @@ SKIP_REPEATS = 3
 """Drains per reader count (a single 200k-record drain is ~0.2 s of CPU, and varied by +-30 %)."""
 
 
-def _wait(condition: Any, timeout_seconds: float) -> bool:
-    deadline = time.monotonic() + timeout_seconds
-    while time.monotonic() < deadline:
-        if condition():
-            return True
-        time.sleep(0.05)
-    return False
-
-
 def measure_throughput(tmp: Path, bootstrap: str | None, workers: int, warmup_s: float,
                        window_s: float, partitions: int = 1) -> tuple[float, str]:
     """Events/s handled by `workers` fixed workers on `partitions` partitions with OFFERED events/s
     offered, counted over `window_s` after `warmup_s` of load; and the load averages around the window."""
     name = f"hr-throughput-{workers}-of-{partitions}"
     path = tmp / f"{name}.yaml"
-    path.write_text(SPEC.format(name=name, workers=workers, partitions=partitions))
+    # A fixed size: the planner never rescales (scaling's figures do not matter).
+    path.write_text(SPEC.format(name=name, partitions=partitions, mean_ms=10, concurrency=4, min_workers=workers,
+                                max_workers=workers, high=10**9, low=0, cooldown=10))
     sup = Supervisor(load_file(path), path, bootstrap, tmp / name, tick_seconds=0.5)
     with ticking(sup) as stop:
         ctl = sup.controller
@@ -95,7 +77,7 @@ def measure_throughput(tmp: Path, bootstrap: str | None, workers: int, warmup_s:
             held = [r.held for r in list(reports.values()) if r.held]
             return len(held) == workers and sum(len(h) for h in held) == ctl.layout.slot_count
 
-        if not _wait(all_slots_held, 180):
+        if not wait_until(all_slots_held, 180):
             raise RuntimeError(f"{workers} workers did not all hold their slots: {ctl.status().last_decision}")
         shape = LoadShape(rate=OFFERED, clients=CLIENTS, duplicate_ratio=0.0, seed=28)
         seconds = warmup_s + window_s + 2
