@@ -504,7 +504,9 @@ class Worker:
         for ps in held:
             if ps.slot == slot:
                 mine = ps
-            else:
+            elif not ps.revoked:
+                # A released slot skips its own records from now on: passing it beyond them would
+                # commit them as finished for its next owner.
                 ps.window.pass_offset(offset)
         return mine
 
