@@ -94,6 +94,8 @@ class Worker:
         """Held slots by number."""
         self._by_partition: dict[int, list[PartitionState]] = {}
         """Held slots by input partition (several when slots are hash ranges of partitions)."""
+        self._joining: set[int] = set()
+        """Slots acquired beside a sibling, until their partition's seek back took effect."""
         self._layout: SlotLayout | None = None
         self._router: SlotRouter | None = None
         self._acquiring: dict[int, _AcquireTicket] = {}
@@ -299,15 +301,20 @@ class Worker:
                 # The partition is fetched for another slot already: back to where this one resumes
                 # (the others skip what they have seen: `_dispatch`).
                 seek[p] = min([start, seek.get(p, start), *(sibling.window.next_offset for sibling in siblings)])
+                self._joining.add(s)
             else:
                 assign[p] = start
             if siblings and siblings[0].paused:
                 ps.paused = True  # its partition is paused for a sibling's backpressure
                 pm.paused.set(1)
             siblings.append(ps)
-        await self._consumer.assign(assign)
+        try:
+            await self._consumer.assign(assign)
+            if seek:
+                await self._consumer.seek(seek)
+        finally:
+            self._joining.difference_update(taken)
         if seek:
-            await self._consumer.seek(seek)
             await self._consumer.pause([p for p in seek if self._by_partition[p][0].paused])
         self._held_gauge.set(len(self.held_slots))
         log.info("acquired slots %s at offsets %s in %.0f ms (producers initialised %.0f ms, restore %.0f ms%s; "
@@ -501,7 +508,12 @@ class Worker:
         slot = router.slot_of(partition, m.key())
         offset: int = m.offset()  # type: ignore[assignment]
         mine = None
+        joining = self._joining
         for ps in held:
+            if joining and ps.slot in joining:
+                # Fetched before its partition was sought back to where it resumes: it sees this
+                # record again after the seek; taking or passing it now would skip its records between.
+                continue
             if ps.slot == slot:
                 mine = ps
             elif not ps.revoked:
