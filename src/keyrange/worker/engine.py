@@ -33,7 +33,7 @@ from keyrange import metrics as metric_defs
 from keyrange.handlers import Handler
 from keyrange.kafkaio import TopicSpec, ensure_topics, max_message_bytes, require_topic, until_reachable
 from keyrange.kafkalog import RepeatSummary
-from keyrange.kafkaquirks import Backoff
+from keyrange.kafkaquirks import Backoff, transaction_end_lock
 from keyrange.ranges.layout import SlotLayout, SlotRouter
 from keyrange.ranges.pauses import HandoffPauses
 from keyrange.worker.attempts import AttemptRunner, Job
@@ -376,7 +376,10 @@ class Worker:
         assert self._outputs is not None, "worker not started"
         # Batches no larger than the smallest output topic takes: records that fit one by one could
         # still fail their transaction together, on every try.
-        return SlotTransactions(self.settings, slot, self._group_metadata, batch_bytes=self._outputs.batch_bytes)
+        s = self.settings
+        partition = self._outputs.output_partition(s.sink, self.layout.partition_of(slot))
+        end_lock = transaction_end_lock(s.bootstrap, s.sink, partition)
+        return SlotTransactions(s, slot, self._group_metadata, batch_bytes=self._outputs.batch_bytes, end_lock=end_lock)
 
     async def _take_prefetch(self, slots: list[int]) -> Prefetched | None:
         """The read-ahead of exactly `slots` (waiting for it if it still runs), or None; either way

@@ -28,12 +28,20 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException, Message, Producer, TopicPartition
 
 from keyrange.events import MAX_EVENT_BYTES
-from keyrange.kafkaquirks import Backoff, Failure, classify, kafka_error, outputs_acknowledged_before_offsets
+from keyrange.kafkaquirks import (
+    Backoff,
+    Failure,
+    classify,
+    kafka_error,
+    outputs_acknowledged_before_offsets,
+    transactions_end_one_at_a_time,
+)
 from keyrange.kafkaquirks import TransactionFailed as TransactionFailed  # its home; re-exported for the worker
 from keyrange.worker.callthread import CallThread
 from keyrange.worker.consumer import worker_client_id
@@ -142,8 +150,10 @@ class SlotTransactions:
 
     def __init__(self, settings: WorkerSettings, slot: int, group_metadata: Any,
                  make_producer: Callable[[dict[str, Any]], Producer] = Producer,
-                 batch_bytes: int | None = None) -> None:
+                 batch_bytes: int | None = None, end_lock: Path | None = None) -> None:
         self._settings = settings
+        self._end_lock = end_lock
+        """The lock its transactions end under (kafkaquirks.transaction_end_lock of its output partition)."""
         self._batch_bytes = batch_bytes
         """librdkafka's batch.size, when the output topics need one below its default (outputs.py)."""
         self._make_producer = make_producer
@@ -195,7 +205,7 @@ class SlotTransactions:
             self._created.result()
             assert self._producer is not None
             try:
-                self._producer.init_transactions(self._settings.kafka_timeout_seconds)
+                self._ending(self._producer.init_transactions, self._settings.kafka_timeout_seconds)
             except (KafkaException, SystemError) as exc:
                 raise TransactionFailed(f"cannot initialise {self.transactional_id}: {kafka_error(exc)}") from exc
             self._initialised = True
@@ -262,7 +272,8 @@ class SlotTransactions:
                     outputs_acknowledged_before_offsets(
                         lambda: self._flush(producer, retry),
                         lambda: self._position(producer, retry, offsets, last or []))
-                self._retrying(retry, "committing", self._timeout, producer.commit_transaction)
+                self._retrying(retry, "committing", self._timeout,
+                               lambda timeout: self._ending(producer.commit_transaction, timeout))
                 retry.recovered()
                 return
             except (KafkaException, SystemError) as exc:
@@ -271,9 +282,17 @@ class SlotTransactions:
                     raise self._failed(error, len(records)) from exc
                 retry.failed(f"the transaction was aborted ({error})")
                 try:
-                    self._retrying(retry, "aborting", self._timeout, producer.abort_transaction)
+                    self._retrying(retry, "aborting", self._timeout,
+                                   lambda timeout: self._ending(producer.abort_transaction, timeout))
                 except (KafkaException, SystemError) as abort_exc:
                     raise self._failed(kafka_error(abort_exc), len(records)) from abort_exc
+
+    def _ending(self, end: Callable[[float], object], timeout: float) -> None:
+        """`end(timeout)`, a call that ends a transaction (init_transactions ends the one a previous
+        producer left open), while no other producer of the slot's output partition on this host
+        ends one (a tansu workaround: kafkaquirks.transactions_end_one_at_a_time)."""
+        with transactions_end_one_at_a_time(self._end_lock, timeout):
+            end(timeout)
 
     def _position(self, producer: Producer, retry: CommitRetry, offsets: list[TopicPartition],
                   last: list[OutputRecord]) -> None:
