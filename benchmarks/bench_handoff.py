@@ -28,7 +28,7 @@ from typing import Any
 
 from confluent_kafka import Consumer, TopicPartition
 
-from benchmarks.harness import load_average, percentile, row, running_broker
+from benchmarks.harness import load_average, percentile, row, running_broker, wait_until
 from keyrange.handlers import load_handler
 from keyrange.kafkaio import TopicSpec, ensure_topics
 from keyrange.loadgen import LoadShape, generate, produce_all
@@ -36,6 +36,7 @@ from keyrange.local.demo import read_values
 from keyrange.local.load import LoadTotals, Phase, produce_phases
 from keyrange.local.supervisor import Supervisor
 from keyrange.ranges.controller import Rescale
+from keyrange.ranges.layout import SlotLayout
 from keyrange.spec import load_file
 from keyrange.worker import Worker, WorkerSettings
 from keyrange.worker.restore import restore
@@ -45,11 +46,11 @@ SPEC = """apiVersion: keyrange.dev/v1alpha1
 kind: StreamConsumer
 metadata: {{name: {name}}}
 spec:
-  kafka: {{topic: {name}, partitions: 12}}
+  kafka: {{topic: {name}, partitions: {partitions}}}
   handler: sleep
   handlerConfig: {{meanMs: {mean_ms}, stddevMs: 0.5}}
   concurrency: {concurrency}
-  workers: {{min: 1, max: {max_workers}}}
+  workers: {{min: {min_workers}, max: {max_workers}}}
   scaling: {{lagHighRecords: {high}, lagHighSeconds: 1000, lagLowRecords: {low}, cooldownSeconds: {cooldown},
             policy: step}}
 """
@@ -59,9 +60,9 @@ WARMUP_RESCALES = 12
 """Rescales run before the measured ones, reported apart (see `measure_handoffs`)."""
 
 
-def _supervisor(tmp: Path, name: str, bootstrap: str | None, **values: Any) -> Supervisor:
+def _supervisor(tmp: Path, name: str, bootstrap: str | None, partitions: int = 12, **values: Any) -> Supervisor:
     path = tmp / f"{name}.yaml"
-    path.write_text(SPEC.format(name=name, **values))
+    path.write_text(SPEC.format(name=name, partitions=partitions, **{"min_workers": 1, **values}))
     sup = Supervisor(load_file(path), path, bootstrap, tmp / name, tick_seconds=0.5)
     sup.start()
     return sup
@@ -77,20 +78,15 @@ def _ticker(sup: Supervisor, stop: threading.Event) -> threading.Thread:
     return t
 
 
-def _wait(condition: Any, timeout_seconds: float) -> bool:
-    deadline = time.monotonic() + timeout_seconds
-    while time.monotonic() < deadline:
-        if condition():
-            return True
-        time.sleep(0.02)
-    return False
-
-
-def handoff_figures(processed: list[dict[str, Any]], rescales: list[Rescale]) -> tuple[list[float], list[float]]:
-    """(pause per moved slot in s, decision -> every moved slot's new owner started, per rescale in s)."""
+def handoff_figures(processed: list[dict[str, Any]], rescales: list[Rescale],
+                    layout: SlotLayout | None = None) -> tuple[list[float], list[float]]:
+    """(pause per moved slot in s, decision -> every moved slot's new owner started, per rescale in s).
+    With a `layout` that cuts partitions into hash ranges, a record's slot is its clientId's range
+    (processed records name the Kafka partition)."""
     by_slot: dict[int, list[dict[str, Any]]] = defaultdict(list)
     for r in processed:
-        by_slot[r["partition"]].append(r)
+        slot = r["partition"] if layout is None else layout.slot_for_key(r["partition"], str(r["clientId"]).encode())
+        by_slot[slot].append(r)
     for records in by_slot.values():
         records.sort(key=lambda r: r["startedAt"])
     pauses, decision_to_first = [], []
@@ -120,12 +116,14 @@ class HandoffRun:
     warmup_pauses: list[float]
 
 
-def measure_handoffs(tmp: Path, rescales: int, bootstrap: str | None = None, warmup: int = 0) -> HandoffRun:
+def measure_handoffs(tmp: Path, rescales: int, bootstrap: str | None = None, warmup: int = 0,
+                     partitions: int = 12, name: str = "handoff") -> HandoffRun:
     """Back-to-back forced rescales under 1,000 events/s, the first `warmup` of them apart: a new
     broker's first handoffs run its transaction and group coordinators' code for the first time
     (the JVM not yet compiled), and were the slowest of a run, up to 0.42 s, where the same
-    worker code on a broker that had run them before stayed under 0.2 s."""
-    sup = _supervisor(tmp, "handoff", bootstrap, mean_ms=2, concurrency=64, max_workers=4, high=10**9, low=0,
+    worker code on a broker that had run them before stayed under 0.2 s. With fewer `partitions`
+    than 4 the partitions are cut into hash ranges (SlotLayout.for_workers) and those move."""
+    sup = _supervisor(tmp, name, bootstrap, partitions, mean_ms=2, concurrency=64, max_workers=4, high=10**9, low=0,
                       cooldown=0)
     stop = threading.Event()
     ticker = _ticker(sup, stop)
@@ -133,9 +131,9 @@ def measure_handoffs(tmp: Path, rescales: int, bootstrap: str | None = None, war
     assert sup.controller is not None and sup.bootstrap is not None
     ctl = sup.controller
     try:
-        _wait(lambda: bool(ctl.channel.state.reports.get(0) and ctl.channel.state.reports[0].held), 60)
+        wait_until(lambda: bool(ctl.channel.state.reports.get(0) and ctl.channel.state.reports[0].held), 60)
         shape = LoadShape(rate=1000, clients=100, duplicate_ratio=0.0, seed=3)
-        load = threading.Thread(target=produce_phases, args=(sup.bootstrap, "handoff", shape,
+        load = threading.Thread(target=produce_phases, args=(sup.bootstrap, name, shape,
                                                              [Phase(10**6, 1000)], stop, totals), daemon=True)
         load.start()
         time.sleep(3)
@@ -143,19 +141,20 @@ def measure_handoffs(tmp: Path, rescales: int, bootstrap: str | None = None, war
             workers = ctl.publication.map.workers
             direction = "up" if workers == 1 or (workers < 3 and i % 4 < 2) else "down"
             ctl.request_scale(direction, "benchmark")  # type: ignore[arg-type]
-            _wait(lambda: not ctl.publication.transit and not ctl.status().starting, 120)
+            wait_until(lambda: not ctl.publication.transit and not ctl.status().starting, 120)
             time.sleep(2.0)
         time.sleep(3)
-        processed = read_values(sup.bootstrap, "handoff.processed")
+        processed = read_values(sup.bootstrap, f"{name}.processed")
     finally:
         stop.set()
         ticker.join(timeout=10)
         sup.stop()
     warm, done = list(ctl.rescales[:warmup]), list(ctl.rescales[warmup:])
-    warmup_pauses, _ = handoff_figures(processed, warm)
-    pauses, _ = handoff_figures(processed, done)
-    _, splits = handoff_figures(processed, [r for r in done if r.action == "split"])
-    _, merges = handoff_figures(processed, [r for r in done if r.action == "merge"])
+    layout = ctl.layout if ctl.layout.splits_partitions else None
+    warmup_pauses, _ = handoff_figures(processed, warm, layout)
+    pauses, _ = handoff_figures(processed, done, layout)
+    _, splits = handoff_figures(processed, [r for r in done if r.action == "split"], layout)
+    _, merges = handoff_figures(processed, [r for r in done if r.action == "merge"], layout)
     return HandoffRun(pauses, splits, merges, done, warmup_pauses)
 
 
@@ -169,7 +168,7 @@ def measure_recovery(tmp: Path, max_workers: int, backlog: int, bootstrap: str |
     assert sup.controller is not None and sup.bootstrap is not None
     ctl = sup.controller
     try:
-        _wait(lambda: bool(ctl.channel.state.reports.get(0) and ctl.channel.state.reports[0].held), 60)
+        wait_until(lambda: bool(ctl.channel.state.reports.get(0) and ctl.channel.state.reports[0].held), 60)
         shape = LoadShape(rate=400, clients=100, duplicate_ratio=0.0, seed=4)
         load = threading.Thread(target=produce_phases, args=(sup.bootstrap, name, shape, [Phase(10**6, 400)], stop),
                                 daemon=True)
@@ -178,8 +177,8 @@ def measure_recovery(tmp: Path, max_workers: int, backlog: int, bootstrap: str |
         produce_all(sup.bootstrap, name, list(generate(LoadShape(rate=10**6, seed=5, duplicate_ratio=0.0),
                                                        count=backlog)))
         burst_at = time.monotonic()
-        _wait(lambda: bool(sup.history) and sup.history[-1].lag_records > 1000, 30)
-        recovered = _wait(lambda: sup.history[-1].lag_records < 200, 300)
+        wait_until(lambda: bool(sup.history) and sup.history[-1].lag_records > 1000, 30)
+        recovered = wait_until(lambda: sup.history[-1].lag_records < 200, 300)
         return time.monotonic() - burst_at if recovered else float("inf")
     finally:
         stop.set()

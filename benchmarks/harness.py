@@ -11,7 +11,7 @@ import os
 import subprocess
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +23,7 @@ from keyrange.local.supervisor import Supervisor
 from keyrange.worker.stats import percentile
 
 __all__ = ["BROKERS", "can_place_apart", "cores_apart", "load_average", "percentile", "process_cpu_seconds",
-           "raw_consume_rate", "row", "running_broker", "running_broker_processes"]
+           "raw_consume_rate", "row", "running_broker", "running_broker_processes", "wait_until"]
 
 BROKERS = ("kafka", "tansu")
 """The brokers a benchmark can run on: Apache Kafka (the reference, one KRaft node) and tansu."""
@@ -103,6 +103,16 @@ def cores_apart(broker_pids: list[int]) -> Iterator[str]:
         for pid in broker_pids:
             with contextlib.suppress(FileNotFoundError):
                 _set_cpus(pid, everything)
+
+
+def wait_until(condition: Callable[[], object], timeout_seconds: float) -> bool:
+    """Poll `condition` every 20 ms until it is true (True) or `timeout_seconds` pass (False)."""
+    deadline = time.monotonic() + timeout_seconds
+    while time.monotonic() < deadline:
+        if condition():
+            return True
+        time.sleep(0.02)
+    return False
 
 
 def load_average() -> str:

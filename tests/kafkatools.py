@@ -120,15 +120,31 @@ def read_counts(bootstrap: str, topic: str, group: str, covering: int = 0,
     cover that many input records (a last transaction may still be on its way). A read that times
     out (a broker restarting) is tried again (tests/kafkaretry.py), even with `timeout_seconds=0`."""
     from keyrange.kafkaio import partition_counts
+    from keyrange.ranges.layout import SlotLayout
     from keyrange.worker import WorkerSettings
     from keyrange.worker.totals import committed_totals, sum_totals
 
     settings = WorkerSettings(bootstrap=bootstrap, topic=topic, group_id=group)
-    parts = range(retrying(lambda: partition_counts(bootstrap))[topic])
+    counts = retrying(lambda: partition_counts(bootstrap))
+    parts = range(counts[topic])
+    slot_count = control_slot_count(bootstrap, group) if f"{group}.control" in counts else None
+    layout = SlotLayout.of_slot_count(len(parts), slot_count) if slot_count else None
     deadline = time.monotonic() + timeout_seconds
     while True:
-        total = sum_totals(retrying(lambda: committed_totals(settings, parts)).values())
+        total = sum_totals(retrying(lambda: committed_totals(settings, parts, layout)).values())
         covered = total.handled + total.dead_lettered + total.duplicates_dropped
         if covered >= covering or time.monotonic() > deadline:
             return Counts(total.handled, total.dead_lettered, total.duplicates_dropped)
         time.sleep(0.2)
+
+
+def control_slot_count(bootstrap: str, group: str) -> int | None:
+    """The slot count of the newest range map on the consumer's control topic (None: no map), which
+    says how its partitions are cut into slots (ranges/layout.py)."""
+    from keyrange.ranges.channel import ASSIGNMENT_KEY, Publication, control_topic
+
+    slot_count = None
+    for m in read_topic(bootstrap, control_topic(group)):
+        if m.key() == ASSIGNMENT_KEY and m.value() is not None:
+            slot_count = Publication.decode(m.value()).map.slot_count
+    return slot_count

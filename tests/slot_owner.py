@@ -11,6 +11,7 @@ class FakeSlotOwner:
     def __init__(self) -> None:
         self.held: set[int] = set()
         self.acquired: list[set[int]] = []
+        self.slot_count: int | None = None
 
     @property
     def held_slots(self) -> Set[int]:
@@ -25,3 +26,9 @@ class FakeSlotOwner:
 
     async def prefetch(self, slots: Collection[int]) -> bool:
         return True
+
+    def use_slot_count(self, slot_count: int) -> None:
+        self.slot_count = slot_count
+
+    def committed_positions(self) -> dict[int, int]:
+        return {}

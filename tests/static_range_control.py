@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from keyrange.operator.rangecontrol import PlannedRescale, RangeStatus
+from keyrange.operator.rangecontrol import PlannedRescale, RangeStatus, map_status
+from keyrange.ranges.layout import SlotLayout
 from keyrange.ranges.planner import Direction, ScaleOutcome
 from keyrange.ranges.rangemap import RangeMap
 from keyrange.spec import StreamConsumerSpec
@@ -23,7 +24,7 @@ class StaticRangeControl:
     def _workers(self) -> int:
         spec = self._spec
         want = spec.workers.replicas or spec.workers.min
-        return max(1, min(want, spec.workers.max, spec.kafka.partitions))
+        return max(1, min(want, spec.workers.max))
 
     def desired_workers(self) -> int:
         """The fixed worker count."""
@@ -49,9 +50,8 @@ class StaticRangeControl:
 
     def status(self) -> RangeStatus:
         """The even map over the fixed worker count, epoch 1."""
-        m = RangeMap.even(self._spec.kafka.partitions, self._workers(), epoch=1)
-        return RangeStatus(epoch=m.epoch, workers=m.workers,
-                           ranges=tuple((a.worker, str(a.range)) for a in m))
+        layout = SlotLayout.for_workers(self._spec.kafka.partitions, self._spec.workers.max)
+        return RangeStatus(**map_status(RangeMap.even(layout.slot_count, self._workers(), epoch=1), layout))
 
     def close(self) -> None:
         """Nothing runs in the background."""

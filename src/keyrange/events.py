@@ -52,7 +52,20 @@ SOURCE_OFFSET_HEADER = DLQ_OFFSET
 name as a dead letter's source offset: both say which input offset a record stems from)."""
 TOTALS_KEY = b"keyrange.totals"
 """Changelog key (never a clientId: the input mapping refuses this one) of a partition's totals record: how the
-input offsets below its source offset finished, written in the transaction that commits them."""
+input offsets below its source offset finished, written in the transaction that commits them. A slot
+that is a hash range inside a partition writes its own (`totals_key`)."""
+
+
+def totals_key(part: int, parts: int) -> bytes:
+    """The changelog key of a slot's totals record: TOTALS_KEY for a whole partition, else
+    `keyrange.totals.<part>/<parts>` for the part-th of the partition's `parts` hash ranges."""
+    return TOTALS_KEY if parts == 1 else b"%s.%d/%d" % (TOTALS_KEY, part, parts)
+
+
+def is_totals_key(key: bytes | None) -> bool:
+    """Whether a changelog key is a totals record's (a whole partition's or a hash range's)."""
+    return key is not None and key.startswith(TOTALS_KEY) and (len(key) == len(TOTALS_KEY)
+                                                               or key[len(TOTALS_KEY)] == 0x2E)
 SNAPSHOT_HEADER = "keyrange.snapshot"
 """On a totals record: the changelog offset (decimal) where the newest snapshot of the partition's
 keyed state that had committed when the record was written starts; a restore reads the changelog

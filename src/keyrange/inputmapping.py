@@ -265,7 +265,7 @@ def _client_getter(source: Source) -> Getter:
 
 
 def _not_reserved(source: Source, client_id: str) -> str:
-    if client_id == _RESERVED_ID:
+    if client_id == _RESERVED_ID or client_id.startswith(_RESERVED_ID + "."):
         raise BadEvent("bad-field", f"clientId ({source}) {client_id!r} is reserved by keyrange")
     return client_id
 

@@ -13,9 +13,14 @@ ranges/member.py, kafkaio.py, operator/clusterassigner.py.
 
 from __future__ import annotations
 
+import contextlib
 import enum
+import fcntl
+import hashlib
+import tempfile
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from pathlib import Path
 from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException
@@ -152,3 +157,46 @@ def listed_topic_config(configs: Mapping[str, Any], name: str) -> str | None:
     configs a topic was created with; Kafka lists every one)."""
     entry = configs.get(name)
     return None if entry is None else str(entry.value)
+
+
+TRANSACTION_END_LOCKS = 1024
+"""How many lock files `transaction_end_lock` spreads partitions over (a bounded set in the temp
+directory; two partitions that share one only take turns they need not take)."""
+
+
+def transaction_end_lock(bootstrap: str, topic: str, partition: int | None) -> Path:
+    """The host-wide lock file that `transactions_end_one_at_a_time` takes for the producers writing
+    `partition` of `topic` (None: any of its partitions) on the brokers at `bootstrap`."""
+    key = f"{bootstrap}\0{topic}\0{'all' if partition is None else partition}".encode()
+    bucket = int.from_bytes(hashlib.sha256(key).digest()[:8], "big") % TRANSACTION_END_LOCKS
+    return Path(tempfile.gettempdir()) / "keyrange-transaction-ends" / f"{bucket}.lock"
+
+
+@contextlib.contextmanager
+def transactions_end_one_at_a_time(lock: Path | None, wait_seconds: float,
+                                   clock: Callable[[], float] = time.monotonic) -> Iterator[bool]:
+    """Hold `lock` while a transaction ends (commit, abort, or init_transactions' rollback), yielding
+    whether it was taken: tansu's EndTxn that meets one of another transactional id on the same
+    partition can leave that one committed yet still counted open, which stops the partition's last
+    stable offset for good. Waited for `wait_seconds` at most (then the call goes ahead unlocked)."""
+    if lock is None:
+        yield False
+        return
+    lock.parent.mkdir(parents=True, exist_ok=True)
+    with lock.open("a") as file:
+        deadline = clock() + wait_seconds
+        while True:
+            try:
+                fcntl.flock(file, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                taken = True
+                break
+            except BlockingIOError:
+                if clock() >= deadline:
+                    taken = False
+                    break
+                time.sleep(0.001)
+        try:
+            yield taken
+        finally:
+            if taken:
+                fcntl.flock(file, fcntl.LOCK_UN)

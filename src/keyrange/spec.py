@@ -167,7 +167,8 @@ class WorkersSpec(_Model):
     min: int = Field(default=1, ge=1, le=1_000)
     """Never fewer workers than this."""
     max: int = Field(default=6, ge=1, le=1_000)
-    """Never more workers than this (nor more than the topic has partitions)."""
+    """Never more workers than this. With fewer partitions than this, each partition's clients are
+    cut into hash ranges so that every worker can own one (docs/ranges.md)."""
     replicas: int | None = Field(default=None, ge=1, le=1_000)
     """A fixed worker count (set by `kubectl scale` or an HPA); unset lets the planner decide."""
 

@@ -22,16 +22,22 @@ import sys
 import threading
 import time
 import uuid as uuidlib
+from collections import defaultdict
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from keyrange.events import encode_input
 from keyrange.kafkaio import TopicSpec, ensure_topics
 from keyrange.loadgen import make_producer
 from keyrange.local.fleet import ProcessFleet
 from keyrange.ranges.channel import ControlChannel
+from keyrange.ranges.layout import SlotLayout, SlotRouter
+from tests.checkers import LoggedEvent
 
 PARTITIONS = 12
+MAX_WORKERS = 4
 CLIENTS = 150
 DUPLICATE_RATIO = 0.03
 DUPLICATE_MAX_DELAY_S = 4.0
@@ -47,7 +53,7 @@ spec:
   concurrency: 8
   maxPending: 200
   dedup: {{ttlSeconds: 10}}
-  workers: {{min: 1, max: 4}}
+  workers: {{min: 1, max: {max_workers}}}
   scaling: {{lagHighRecords: 400, lagLowRecords: 50, cooldownSeconds: 2}}
 """
 
@@ -197,6 +203,9 @@ class ChaosRun:
     topic: str
     workdir: Path
     schedule: Schedule
+    partitions: int = PARTITIONS
+    max_workers: int = MAX_WORKERS
+    """More than `partitions`: the controller cuts each partition into hash-range slots (SlotLayout)."""
     group: str = ""
     fleet: ProcessFleet | None = None
     controller: subprocess.Popen[str] | None = None
@@ -215,12 +224,12 @@ class ChaosRun:
 
     def start(self) -> None:
         self.workdir.mkdir(parents=True, exist_ok=True)
-        self.spec_file.write_text(SPEC.format(topic=self.topic, group=self.group, partitions=PARTITIONS,
-                                              handler=HANDLERS[self.schedule.handler]))
-        ensure_topics(self.bootstrap, [TopicSpec(self.topic, PARTITIONS)])
+        self.spec_file.write_text(SPEC.format(topic=self.topic, group=self.group, partitions=self.partitions,
+                                              max_workers=self.max_workers, handler=HANDLERS[self.schedule.handler]))
+        ensure_topics(self.bootstrap, [TopicSpec(self.topic, self.partitions)])
         ControlChannel.ensure_topic(self.bootstrap, self.group)
         self.fleet = ProcessFleet(self.spec_file, self.bootstrap, self.workdir / "logs", ("--log-level", "INFO"),
-                                  max_workers=4)
+                                  max_workers=self.max_workers)
         self._start_controller()
         threading.Thread(target=self._reconcile, daemon=True).start()
         self.observer = ControlChannel(self.bootstrap, self.group, "chaos-observer")
@@ -339,3 +348,17 @@ class ChaosRun:
             if pub is not None and not pub.transit:
                 return
         raise AssertionError(f"a handoff did not complete within {timeout_s:g} s; see {self.workdir}")
+
+
+def lost_per_slot(log: list[LoggedEvent], processed: list[Mapping[str, Any]], partitions: int,
+                  slot_count: int | None) -> dict[str, tuple[int, int, int]]:
+    """For a failing seed: per slot (`describe_slot`), how many events have no processed record and
+    the lowest and highest offset among them (the clientId as the record key, as the load sends it)."""
+    layout = SlotLayout.of_slot_count(partitions, slot_count or partitions)
+    router = SlotRouter(layout)
+    handled = {r["uuid"] for r in processed}
+    lost: dict[int, list[int]] = defaultdict(list)
+    for e in log:
+        if e.uuid not in handled:
+            lost[router.slot_of(e.partition, str(e.client_id).encode())].append(e.offset)
+    return {layout.describe_slot(s): (len(o), min(o), max(o)) for s, o in sorted(lost.items())}

@@ -76,6 +76,12 @@ class FakeEngine:
         self.holdings.prefetched.append((self.worker, frozenset(slots)))
         return True
 
+    def use_slot_count(self, slot_count: int) -> None:
+        """The fake holds slot numbers whatever they are."""
+
+    def committed_positions(self) -> dict[int, int]:
+        return {}
+
 
 class NoLag:
     def slot_lag(self) -> Mapping[int, SlotLag]:

@@ -39,6 +39,9 @@ def test_demo_report_has_the_aggregation_and_it_counts_every_processed_uuid_once
 
     report = json.loads((out / "report.json").read_text())
     assert report["lost"] == 0 and report["handled_twice"] == 0
+    # 2 partitions for workers.max 4: each partition's key space is cut into 2 hash ranges.
+    assert report["key_space"]["partitions"] == 2 and report["key_space"]["per_partition"] == 2
+    assert sorted(report["key_space"]["owners"]) == ["0:0/2", "0:1/2", "1:0/2", "1:1/2"]
     section = report["aggregation"]
     handled = report["handled"]
     assert handled > 0
@@ -51,6 +54,7 @@ def test_demo_report_has_the_aggregation_and_it_counts_every_processed_uuid_once
     assert len(top) == demo_aggregation.TOP_CLIENTS and top == sorted(top, reverse=True)
 
     md = (out / "report.md").read_text()
+    assert "## Key space" in md and "- partition 1: 2 hash ranges over " in md
     assert "## Spark aggregation" in md
     assert f"cross-check: OK: events aggregated {handled:,}; distinct processed uuids counted by the demo " \
         f"{handled:,}" in md

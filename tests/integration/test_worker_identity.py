@@ -15,13 +15,9 @@ between requests, as it meets a zombie; on Kafka both fences land at full speed.
 
 from __future__ import annotations
 
-import os
-import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -29,24 +25,9 @@ import pytest
 from keyrange.loadgen import LoadShape
 from keyrange.local.load import Phase
 from tests.conftest import BrokerUnderTest
-from tests.integration.supervised import check_everything, consumer_yaml, supervised, wait_for
+from tests.integration.supervised import check_everything, consumer_yaml, stopped_while_fenced, supervised, wait_for
 
 REACQUIRED = "again: their producer failed"
-TANSU_SETTLE_SECONDS = 1.0
-"""How long a stopped process's last requests get to be answered by tansu before the fence."""
-
-
-@contextmanager
-def stopped_while_fenced(pid: int, on_tansu: bool) -> Iterator[None]:
-    """On tansu, SIGSTOP `pid` for the block (its requests answered first); elsewhere nothing."""
-    if on_tansu:
-        os.kill(pid, signal.SIGSTOP)
-        time.sleep(TANSU_SETTLE_SECONDS)
-    try:
-        yield
-    finally:
-        if on_tansu:
-            os.kill(pid, signal.SIGCONT)
 
 
 @pytest.mark.slow

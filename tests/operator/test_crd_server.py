@@ -95,8 +95,8 @@ def test_printer_columns_status_and_scale_subresources(crds: ControlPlane) -> No
     kubectl("patch", "strc", "columns", "-n", NS, "--type=merge", "-p", '{"status": {"phase": "Nope"}}')
     assert "status" not in json.loads(kubectl("get", "strc", "columns", "-n", NS, "-o", "json").stdout)
     # ... and one to /status does not touch spec.
-    status = {"phase": "Running", "workers": 2, "rangeCount": 2, "lag": {"records": 42},
-              "selector": "keyrange.dev/streamconsumer=columns",
+    status = {"phase": "Running", "workers": 2, "rangeCount": 2, "rangeMap": "w0=0:0/2 w1=0:1/2",
+              "lag": {"records": 42}, "selector": "keyrange.dev/streamconsumer=columns",
               "conditions": [{"type": "Scaling", "status": "False"}, {"type": "Ready", "status": "True"}]}
     kubectl("patch", "strc", "columns", "-n", NS, "--subresource=status", "--type=merge",
             "-p", json.dumps({"status": status, "spec": {"concurrency": 1}}))
@@ -105,7 +105,8 @@ def test_printer_columns_status_and_scale_subresources(crds: ControlPlane) -> No
 
     table = kubectl("get", "strc", "-n", NS).stdout.splitlines()
     assert table[0].split() == ["NAME", "READY", "WORKERS", "RANGES", "LAG", "PHASE", "AGE"]
-    assert table[1].split()[:6] == ["columns", "True", "2", "2", "42", "Running"]
+    # The Ranges column: which part of which partition each worker owns (here halves of partition 0).
+    assert table[1].split()[:7] == ["columns", "True", "2", "w0=0:0/2", "w1=0:1/2", "42", "Running"]
 
     kubectl("scale", "strc", "columns", "-n", NS, "--replicas=3")
     scale = json.loads(kubectl("get", "strc", "columns", "-n", NS, "--subresource=scale", "-o", "json").stdout)

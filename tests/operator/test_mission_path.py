@@ -10,6 +10,10 @@
 4. the operator splits onto a new pod, hands off, and merges back when the lag-low alert fires;
 5. `kubectl delete`, and the garbage collector removes the StatefulSet and its pods.
 
+It runs on a topic of 8 partitions (whole partitions move) and on a topic of one partition, where the
+split cuts the partition's clients into hash ranges: two workers share one partition, status and
+`kubectl get` show which part of its hash range each owns.
+
 The oracle checkers hold over everything produced. It prints the two latencies it measures
 (`kubectl apply` -> first event handled, lag-high alert firing -> the new pod's first event), which
 BENCHMARKS.md records (`pytest tests/operator/test_mission_path.py -s`); nothing asserts on them.
@@ -36,7 +40,7 @@ from keyrange.local.load import LoadTotals, Phase, produce_phases
 from keyrange.spec import parse_spec
 from tests.checkers import check_all
 from tests.integration.prometheus.stack import PrometheusStack
-from tests.kafkatools import read_counts, read_input_log, read_processed
+from tests.kafkatools import read_counts, read_input_log, read_processed, read_topic
 from tests.operator.conftest import CHART, RELEASE, RELEASE_NS, admin_api, eventually, helm
 from tests.operator.kubecluster import ControlPlane
 from tests.operator.node_agent import TestNodeAgent
@@ -77,17 +81,18 @@ def plane(tmp_path: Path) -> Iterator[ControlPlane]:
         started.down()
 
 
-def _consumer(bootstrap: str, topic: str, scaling: dict[str, Any]) -> dict[str, Any]:
+def _consumer(bootstrap: str, topic: str, scaling: dict[str, Any], partitions: int) -> dict[str, Any]:
     return {"apiVersion": "keyrange.dev/v1alpha1", "kind": "StreamConsumer",
             "metadata": {"name": NAME, "namespace": NS},
-            "spec": {"kafka": {"bootstrapServers": bootstrap, "topic": topic, "partitions": 8},
+            "spec": {"kafka": {"bootstrapServers": bootstrap, "topic": topic, "partitions": partitions},
                      "handler": "ledger", "handlerConfig": {"delayMs": 5}, "concurrency": 2,
                      "maxPending": 5000, "workers": {"min": 1, "max": 3}, "scaling": scaling}}
 
 
 @pytest.mark.slow
-async def test_helm_install_apply_alerts_rescale_and_delete(plane: ControlPlane, tmp_path: Path,
-                                                            kafka_broker: Any, topic_name: str) -> None:
+@pytest.mark.parametrize("partitions", [8, 1], ids=["8-partitions", "1-partition-hash-ranges"])
+async def test_helm_install_apply_alerts_rescale_and_delete(plane: ControlPlane, tmp_path: Path, kafka_broker: Any,
+                                                            topic_name: str, partitions: int) -> None:
     bootstrap = kafka_broker.bootstrap
     helm(plane, tmp_path / "helm", "install", RELEASE, str(CHART), "-n", RELEASE_NS, "--create-namespace",
          "--set", "operator.refreshSeconds=1")
@@ -106,25 +111,27 @@ async def test_helm_install_apply_alerts_rescale_and_delete(plane: ControlPlane,
         operator_pod = await eventually(lambda: _ready_pod(api, RELEASE_NS, "app.kubernetes.io/component=operator"),
                                         "the operator pod to run and be ready", timeout=120)
         webhook = f"http://127.0.0.1:{node.local_port(RELEASE_NS, operator_pod, WEBHOOK_PORT)}/alertmanager/webhook"
-        spec = parse_spec(_consumer(bootstrap, topic_name, SPEC_SCALING)["spec"])
-        alert_spec = parse_spec(_consumer(bootstrap, topic_name, ALERT_SCALING)["spec"])
+        spec = parse_spec(_consumer(bootstrap, topic_name, SPEC_SCALING, partitions)["spec"])
+        alert_spec = parse_spec(_consumer(bootstrap, topic_name, ALERT_SCALING, partitions)["spec"])
         rules = render_rule_groups(NAME, NS, alert_spec, RuleOptions(lag_high_for_seconds=2))
         with PrometheusStack(tmp_path / "prom", rules, webhook, token, repeat_interval="5s") as stack:
             scraping = asyncio.create_task(_follow_pods(api, node, stack, timings))
             # The topic as the operator creates it, so the load can start with the apply: the first
             # events wait for the first worker, which measures apply -> first event handled.
-            await asyncio.to_thread(ensure_topics, bootstrap, [TopicSpec(topic_name, 8)])
+            await asyncio.to_thread(ensure_topics, bootstrap, [TopicSpec(topic_name, partitions)])
             stop, totals = threading.Event(), LoadTotals()
             shape = LoadShape(rate=700, clients=100, ledger=True, duplicate_ratio=0.02, seed=11)
             phases = [Phase(20, 30), Phase(12, 700), Phase(50, 30)]  # quiet, a burst, quiet again
             load = threading.Thread(target=produce_phases, args=(bootstrap, topic_name, shape, phases, stop, totals))
             timings.applied = time.time()
-            plane.apply(_consumer(bootstrap, topic_name, SPEC_SCALING))
+            plane.apply(_consumer(bootstrap, topic_name, SPEC_SCALING, partitions))
             load.start()
             try:
                 await eventually(lambda: _scraped(stack, 1), "worker 0 running and scraped", timeout=180)
                 await eventually(lambda: _last_scaling(api, "up"), "a split caused by an alert", timeout=150)
-                await eventually(lambda: _workers(api, 2), "two workers after the handoff", timeout=150)
+                split, table = await eventually(lambda: _two_workers_shown(api, plane),
+                                                "two workers after the handoff", timeout=150)
+                _check_ranges_shown(split, table, partitions)
                 # The merge: the lag-low alert's or the planner's own (both use lagLowRecords), whichever
                 # comes first after the cooldown.
                 await eventually(lambda: _workers(api, 1), "back to one worker", timeout=180)
@@ -142,8 +149,10 @@ async def test_helm_install_apply_alerts_rescale_and_delete(plane: ControlPlane,
             check_all(log, processed, counts, ledger=True)
         except AssertionError:
             print(_describe_duplicates(log, processed))
+            print(await asyncio.to_thread(_describe_lost, bootstrap, f"{NS}.{NAME}", log, processed))
             raise
         assert any(str(r["worker"]) != "0" for r in processed), "no event was handled by the split's new worker"
+        assert {r["partition"] for r in processed} == set(range(partitions))
 
         plane.kubectl("delete", "strc", NAME, "-n", NS, "--wait=true", "--timeout=120s")
         await eventually(lambda: _gone(api, f"/apis/apps/v1/namespaces/{NS}/statefulsets/{NAME}-worker"),
@@ -204,6 +213,29 @@ async def _workers(api: Any, count: int) -> bool:
     return status.get("workers") == count and status.get("phase") == "Running"
 
 
+async def _two_workers_shown(api: Any, plane: ControlPlane) -> tuple[dict[str, Any], list[str]] | None:
+    """The status at two running workers, and `kubectl get`'s table of the consumer once its row
+    shows that status's range map."""
+    status = await _status(api)
+    if not (status.get("workers") == 2 and status.get("phase") == "Running"):
+        return None
+    table = (await asyncio.to_thread(plane.kubectl, "get", "strc", NAME, "-n", NS)).stdout.splitlines()
+    return (status, table) if status["rangeMap"] in table[-1] else None
+
+
+def _check_ranges_shown(status: dict[str, Any], table: list[str], partitions: int) -> None:
+    """Two workers' ranges, as status and `kubectl get` show them: whole partitions on 8,
+    hash ranges of the one partition's clients on 1 (cut in thirds for workers.max 3)."""
+    shown = [r["partitions"] for r in status["ranges"]]
+    if partitions == 1:
+        assert sorted(shown) in (["0:0-1/3", "0:2/3"], ["0:0/3", "0:1-2/3"]), shown
+    else:
+        assert all(":" not in text for text in shown), shown
+    assert status["rangeMap"] == " ".join(f"w{r['worker']}={r['partitions']}" for r in status["ranges"])
+    assert table[0].split()[:4] == ["NAME", "READY", "WORKERS", "RANGES"]
+    assert table[1].split()[:5] == [NAME, "True", "2", *status["rangeMap"].split()]
+
+
 async def _gone(api: Any, path: str) -> bool:
     return await api.get(path) is None
 
@@ -226,3 +258,35 @@ def _describe_duplicates(log: list[Any], processed: list[Any]) -> str:
         f"worker {r['worker']} p{r['partition']}@{r['offset']} started {r['startedAt']}" for r in records)
         for uuid, records in handled.items() if len(records) > 1]
     return "\n".join(lines[:30])
+
+
+def _describe_lost(bootstrap: str, group: str, log: list[Any], processed: list[Any]) -> str:
+    """Where each lost uuid sits, its slot, the published maps, and the slot's positions (totals
+    records) and handled events around it (for diagnosis)."""
+    from keyrange.events import SOURCE_OFFSET_HEADER, is_totals_key
+    from keyrange.ranges.channel import ASSIGNMENT_KEY, Publication, control_topic
+    from keyrange.ranges.layout import SlotLayout
+
+    handled = {r["uuid"] for r in processed}
+    lost = [e for e in log if e.uuid not in handled]
+    if not lost:
+        return ""
+    pubs = [Publication.decode(m.value()) for m in read_topic(bootstrap, control_topic(group))
+            if m.key() == ASSIGNMENT_KEY and m.value() is not None]
+    parts = max(e.partition for e in log) + 1
+    layout = SlotLayout.of_slot_count(parts, pubs[-1].map.slot_count)
+    lines = [f"published: {p.map.describe(layout)} transit {sorted(p.transit)} at {p.published_ms}" for p in pubs]
+    totals = [(m.key(), m.offset(), int(dict(m.headers() or [])[SOURCE_OFFSET_HEADER]), m.timestamp()[1])
+              for m in read_topic(bootstrap, f"{group}.state") if is_totals_key(m.key())]
+    for e in lost[:5]:
+        slot = layout.slot_for_key(e.partition, str(e.client_id).encode())
+        lines.append(f"lost {e.uuid} client {e.client_id} p{e.partition}@{e.offset} slot {layout.describe_slot(slot)}")
+        copies = [(x.partition, x.offset) for x in log if x.uuid == e.uuid]
+        lines.append(f"  copies in the input: {copies}")
+        positions = [(k.decode(), at, to, ts) for k, at, to, ts in totals if abs(to - e.offset) < 400]
+        lines.append(f"  totals records near it (key, changelog offset, counts to, time): {positions}")
+        near = sorted((r["offset"], r["worker"], r["startedAt"]) for r in processed
+                      if r["partition"] == e.partition and abs(r["offset"] - e.offset) < 15
+                      and layout.slot_for_key(e.partition, str(r["clientId"]).encode()) == slot)
+        lines.append(f"  handled events of its slot near it (offset, worker, startedAt): {near}")
+    return "\n".join(lines)

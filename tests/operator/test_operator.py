@@ -167,7 +167,8 @@ async def test_scale_subresource_splits_and_merges_through_real_workers(
         await cluster.patch(f"{SC_RUN}/ledger/scale", {"spec": {"replicas": 1}})
         down = await _explained(eventually(lambda: _status(cluster, "ledger", phase="Running", workers=1),
                                            "1 worker", timeout=120), cluster, "ledger", node)
-        assert down["status"]["ranges"] == [{"worker": 0, "slots": "0-7"}]
+        assert down["status"]["ranges"] == [{"worker": 0, "slots": "0-7", "partitions": "0-7"}]
+        assert down["status"]["rangeMap"] == "w0=0-7"
         await eventually(lambda: _sts_replicas(cluster, "ledger", 1), "the StatefulSet back at 1 replica")
 
         async def both_stopped() -> bool:

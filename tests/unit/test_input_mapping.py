@@ -92,6 +92,7 @@ def test_uuid_none_turns_dedup_off() -> None:
         (TOPIC_MAPPING, {"headers": [("event-id", b"")]}, "bad-field", "uuid (header:event-id) is empty"),
         (TOPIC_MAPPING, {"headers": [("event-id", None)]}, "bad-field", "uuid (header:event-id) is empty"),
         (TOPIC_MAPPING, {"key": b"keyrange.totals", "headers": [("event-id", b"e")]}, "bad-field", "reserved"),
+        (TOPIC_MAPPING, {"key": b"keyrange.totals.0/2", "headers": [("event-id", b"e")]}, "bad-field", "reserved"),
         (InputMapping(client_id="field:user.id"), {"value": b'{"user": {}, "uuid": "a"}'}, "missing-field",
          "clientId (field:user.id): value has no 'user.id'"),
         (InputMapping(client_id="field:user.id"), {"value": b'{"user": 7, "uuid": "a"}'}, "missing-field",

@@ -106,3 +106,20 @@ def test_status_says_whether_events_are_deduplicated() -> None:
     assert render_status(Observed(1, 2, 2, "s", deduplication=False), RANGES, T0)["deduplication"] == "off"
     assert render_status(Observed(1, 2, 2, "s", deduplication=True), RANGES, T0)["deduplication"] == "on"
     assert "deduplication" not in render_status(Observed(1, 0, 0, "s", error="bad spec"), None, T0)
+
+
+def test_status_shows_the_ranges_as_partitions_and_hash_ranges() -> None:
+    from keyrange.operator.rangecontrol import map_status
+    from keyrange.ranges.layout import SlotLayout
+    from keyrange.ranges.rangemap import RangeMap
+
+    # Two partitions cut in quarters for workers.max 8, now at 3 workers.
+    ranges = RangeStatus(**map_status(RangeMap.even(8, 3, epoch=5), SlotLayout(2, 4)))
+    status = render_status(Observed(1, 3, 3, "s"), ranges, T0)
+    assert status["ranges"] == [{"worker": 0, "slots": "0-2", "partitions": "0:0-2/4"},
+                                {"worker": 1, "slots": "3-5", "partitions": "0:3/4-1:1/4"},
+                                {"worker": 2, "slots": "6-7", "partitions": "1:2-3/4"}]
+    assert status["rangeMap"] == "w0=0:0-2/4 w1=0:3/4-1:1/4 w2=1:2-3/4" and status["rangeCount"] == 3
+    whole = render_status(Observed(1, 2, 2, "s"), RangeStatus(**map_status(RangeMap.even(12, 2), SlotLayout(12))), T0)
+    assert whole["rangeMap"] == "w0=0-5 w1=6-11"
+    assert whole["ranges"][1] == {"worker": 1, "slots": "6-11", "partitions": "6-11"}

@@ -1,5 +1,6 @@
 """The planner's rules with an injected clock: limits, cooldown, split hottest, merge coldest."""
 
+from keyrange.ranges.layout import SlotLayout
 from keyrange.ranges.planner import Planner, ScalingLimits, SlotLag
 from keyrange.ranges.rangemap import RangeMap
 from keyrange.spec import parse_spec
@@ -131,3 +132,22 @@ def test_twenty_rescales_keep_every_invariant() -> None:
             current, rescales = d.next_map, rescales + 1
         now += 0.5
     assert rescales >= 20
+
+
+def test_with_the_consumers_layout_reasons_name_hash_ranges() -> None:
+    planner = Planner(LIMITS)
+    planner.layout = SlotLayout(1, 4)  # one partition, its clients cut in quarters
+    d = planner.decide(RangeMap.even(4, 2), lag_on([2, 3], 800), now=0)
+    assert d.action == "split" and d.reason == "split 0:2-3/4: range 0:2-3/4 lags 1600 records / 0.0 s"
+    d = planner.decide(RangeMap.even(4, 2, epoch=2), {}, now=100, force="down")
+    assert d.action == "merge" and d.reason == "merge 0:0-1/4 and 0:2-3/4: scale-down requested"
+
+
+def test_at_the_slot_count_below_workers_max_the_reason_says_how_to_get_more() -> None:
+    # A range map laid out for workers.max 2 (2 slots) keeps its layout when workers.max grows to 4.
+    d = Planner(LIMITS).decide(RangeMap.even(2, 2), {}, now=0, force="up")
+    assert d.next_map is None
+    assert d.reason == ("lag is high but already at the maximum of 2 workers: the range map has 2 slots (laid out "
+                        "for a lower workers.max); a new groupId lays the consumer out for workers.max=4")
+    d = Planner(LIMITS).decide(RangeMap.even(12, 4), {}, now=0, force="up")
+    assert d.reason == "lag is high but already at the maximum of 4 workers"

@@ -23,6 +23,7 @@ from keyrange.ranges.channel import (
 )
 from keyrange.ranges.controller import Controller
 from keyrange.ranges.handoff import Phase
+from keyrange.ranges.layout import SlotLayout
 from keyrange.ranges.planner import ScalingLimits, SlotLag
 from keyrange.ranges.rangemap import RangeMap
 
@@ -172,3 +173,14 @@ def test_a_restarted_controller_resumes_the_transit_and_grants_on_the_release() 
     channel.report(WorkerReport(0, 2, frozenset({0, 1, 2}), clock.now_ms))
     assert controller.step().epoch == 3
     assert controller.rescales == [] and fleet.workers == 2
+
+
+def test_a_consumer_of_fewer_partitions_than_workers_names_its_hash_ranges() -> None:
+    channel, fleet, clock = MemoryChannel(), Fleet(), WallClock()
+    limits = ScalingLimits(min_workers=1, max_workers=4, cooldown_seconds=0)
+    controller = Controller(channel, 1, limits, NoLag(), fleet, wall_clock_ms=clock)
+    controller.start()
+    assert controller.status().layout == SlotLayout(1, 4)
+    assert controller.request_scale("up", "alert").detail == "split 0: scale-up requested"
+    refused = controller.request_scale("up", "alert")
+    assert not refused.applied and refused.detail == "a rescale is in progress (epoch 1: w0=0)"

@@ -2,6 +2,7 @@
 
 import pytest
 
+from keyrange.ranges.layout import SlotLayout
 from keyrange.ranges.planner import SlotLag, merge, split
 from keyrange.ranges.rangemap import Assignment, RangeMap, SlotRange
 
@@ -78,3 +79,16 @@ def test_merge_of_a_pair_without_the_top_ordinal_moves_the_fewest_slots() -> Non
 def test_merge_needs_an_adjacent_pair() -> None:
     with pytest.raises(ValueError, match="no adjacent pair"):
         merge(RangeMap.even(12, 2), 1)
+
+
+def test_with_its_layout_a_map_shows_partitions_and_hash_ranges_and_its_json_keeps_slot_numbers() -> None:
+    m = RangeMap.even(8, 3, epoch=4)  # 2 partitions, each cut in quarters: slots 0-2, 3-5, 6-7
+    layout = SlotLayout(2, 4)
+    assert m.describe(layout) == "epoch 4: w0=0:0-2/4 w1=0:3/4-1:1/4 w2=1:2-3/4"
+    assert m.describe_owners(layout) == "w0=0:0-2/4 w1=0:3/4-1:1/4 w2=1:2-3/4"
+    assert m.describe() == "epoch 4: w0=0-2 w1=3-5 w2=6-7"
+    assert RangeMap.even(8, 2).describe(SlotLayout(8)) == "epoch 1: w0=0-3 w1=4-7"
+    assert m.to_json() == {"epoch": 4, "slotCount": 8, "ranges": [
+        {"slots": "0-2", "worker": 0}, {"slots": "3-5", "worker": 1}, {"slots": "6-7", "worker": 2}]}
+    with pytest.raises(ValueError, match="the layout has 12 slots, the range map 8"):
+        m.describe(SlotLayout(3, 4))

@@ -27,3 +27,20 @@ def test_table_says_when_a_handoff_waits() -> None:
     status = ControllerStatus(4, RangeMap.even(12, 1, epoch=4), (SlotLag(),), frozenset({1}), False, "x", ())
     text = render("c", status, [], Totals(1, 0, 0.0, None, 0, 0), now_ms=0)
     assert "handoff waits for worker(s) 1" in text and "p99 latency -" in text
+
+
+def test_table_shows_hash_ranges_of_partitions() -> None:
+    from keyrange.ranges.layout import SlotLayout
+
+    layout = SlotLayout(2, 4)  # 2 partitions cut in quarters
+    m = RangeMap.even(8, 3, epoch=2)
+    status = ControllerStatus(2, m, (SlotLag(), SlotLag(), SlotLag()), frozenset(), False, "lag is fine", (),
+                              layout=layout)
+    rows = [WorkerRow(0, True, layout.describe_slots({0, 1, 2}), 10.0, SlotLag(), 0),
+            WorkerRow(1, True, layout.describe_slots({3, 4, 5}), 10.0, SlotLag(), 0),
+            WorkerRow(2, True, "", 0.0, SlotLag(), 0)]
+    lines = render("c", status, rows, Totals(1, 0, 0.0, None, 0, 0), now_ms=0).splitlines()
+    assert lines[-3].split()[:3] == ["0", "0:0-2/4", "0:0-2/4"]
+    assert lines[-2].split()[:3] == ["1", "0:3/4-1:1/4", "0:3/4-1:1/4"]
+    assert lines[-1].split()[:3] == ["2", "1:2-3/4", "-"]
+    assert len({len(line) for line in lines[-3:]}) == 1, "the columns line up"

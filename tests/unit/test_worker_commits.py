@@ -93,3 +93,24 @@ def test_pending_bytes_follow_what_is_not_yet_committable() -> None:
     assert w.pending_bytes == 300
     w.finish(2, DONE)
     assert w.pending_bytes == 0
+
+
+def test_another_slots_offsets_move_the_committable_offset_only_past_what_is_finished() -> None:
+    # A hash-range slot sees every record of its partition: its own are added, the others passed.
+    rng = random.Random(11)
+    w = CommitWindow(0)
+    mine: list[int] = []
+    for o in range(2000):
+        if rng.random() < 0.5:
+            w.add(o)
+            mine.append(o)
+        else:
+            w.pass_offset(o)
+    w.pass_offset(5)  # delivered again below what was seen: no effect
+    finished: set[int] = set()
+    for o in rng.sample(mine, len(mine)):
+        unfinished = [x for x in mine if x not in finished]
+        assert w.committable == (unfinished[0] if unfinished else 2000)
+        w.finish(o, DONE)
+        finished.add(o)
+    assert (w.committable, w.pending, w.passed[DONE]) == (2000, 0, len(mine))

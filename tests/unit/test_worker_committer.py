@@ -23,7 +23,8 @@ class RecordingTransactions:
     def __init__(self) -> None:
         self.commits: list[list[OutputRecord]] = []
 
-    async def commit(self, records: list[OutputRecord], offsets: list[TopicPartition]) -> None:
+    async def commit(self, records: list[OutputRecord], offsets: list[TopicPartition],
+                     last: list[OutputRecord] | None = None) -> None:
         self.commits.append(records)
 
 
@@ -56,7 +57,8 @@ class GatedTransactions(RecordingTransactions):
         self.in_flight = 0
         self.most_in_flight = 0
 
-    async def commit(self, records: list[OutputRecord], offsets: list[TopicPartition]) -> None:
+    async def commit(self, records: list[OutputRecord], offsets: list[TopicPartition],
+                     last: list[OutputRecord] | None = None) -> None:
         self.in_flight += 1
         self.most_in_flight = max(self.most_in_flight, self.in_flight)
         self.began.set()
@@ -74,7 +76,8 @@ class CountingTransactions(RecordingTransactions):
         super().__init__()
         self.committed = asyncio.Condition()
 
-    async def commit(self, records: list[OutputRecord], offsets: list[TopicPartition]) -> None:
+    async def commit(self, records: list[OutputRecord], offsets: list[TopicPartition],
+                     last: list[OutputRecord] | None = None) -> None:
         await super().commit(records, offsets)
         async with self.committed:
             self.committed.notify_all()
@@ -154,7 +157,8 @@ class FailingTransactions(RecordingTransactions):
         super().__init__()
         self.tries = 0
 
-    async def commit(self, records: list[OutputRecord], offsets: list[TopicPartition]) -> None:
+    async def commit(self, records: list[OutputRecord], offsets: list[TopicPartition],
+                     last: list[OutputRecord] | None = None) -> None:
         self.tries += 1
         raise TransactionFailed("slot 0 was acquired by another worker")
 
@@ -193,7 +197,8 @@ def test_a_slot_whose_transaction_failed_never_commits_again_and_the_others_go_o
 
 
 class GivenUpTransactions(RecordingTransactions):
-    async def commit(self, records: list[OutputRecord], offsets: list[TopicPartition]) -> None:
+    async def commit(self, records: list[OutputRecord], offsets: list[TopicPartition],
+                     last: list[OutputRecord] | None = None) -> None:
         raise TransactionFailed("slot 2: no commit within 60 s", gave_up=True)
 
 
@@ -239,7 +244,8 @@ class SlowTransactions(CountingTransactions):
         self.seconds = seconds
         self.began_at: list[float] = []
 
-    async def commit(self, records: list[OutputRecord], offsets: list[TopicPartition]) -> None:
+    async def commit(self, records: list[OutputRecord], offsets: list[TopicPartition],
+                     last: list[OutputRecord] | None = None) -> None:
         loop = asyncio.get_running_loop()
         self.began_at.append(loop.time())
         await asyncio.sleep(self.seconds)  # a transaction that outlasts the commit interval

@@ -7,8 +7,11 @@ from __future__ import annotations
 from types import SimpleNamespace
 from typing import Any
 
-from keyrange.events import DLQ_SOURCE_TIMESTAMP
+import orjson
+
+from keyrange.events import DLQ_SOURCE_TIMESTAMP, totals_key
 from keyrange.inputmapping import InputMapping, record_headers
+from keyrange.ranges.layout import SlotLayout
 from keyrange.ranges.slots import partition_for_client
 from keyrange.worker.intake import Intake
 from keyrange.worker.restore import RestoredPartition
@@ -103,3 +106,22 @@ def test_a_bad_records_dead_letter_keeps_its_headers_and_timestamp() -> None:
     [(reason, record)] = outputs.letters
     assert reason == "missing-field"
     assert record_headers(*record) == [("other", b"x"), (DLQ_SOURCE_TIMESTAMP, str(NOW_MS).encode())]
+
+
+def test_a_hash_range_counts_a_client_keyed_otherwise_than_by_its_id_as_misplaced() -> None:
+    # With partitions cut into hash ranges a record is routed by its key; a clientId whose own hash
+    # falls in another range of the same partition would have its events split over two slots.
+    layout = SlotLayout(1, 2)
+    clients = [c for c in range(200) if partition_for_client(c, 1) == 0]
+    here = [c for c in clients if layout.slot_for_key(0, str(c).encode()) == 1][:2]
+    away = next(c for c in clients if layout.slot_for_key(0, str(c).encode()) == 0)
+    intake = Intake(1, 10.0, DeadLetters(), mapping=InputMapping(client_id="field:clientId", uuid="field:uuid",
+                                                                 created="timestamp"))  # type: ignore[arg-type]
+    intake.layout = layout
+    counters = SimpleNamespace(misplaced=Counter(), skewed_ahead=Counter(), skewed_behind=Counter())
+    slot = SlotState(1, 0, RestoredPartition(0), 10.0, lambda: NOW_MS / 1000 + 60, counters, None, 0,  # type: ignore[arg-type]
+                     totals_key(1, 2))
+    records = [Record(str(c).encode(), orjson.dumps({"clientId": c, "uuid": f"u{c}"}), None) for c in [*here, away]]
+    jobs = [intake.admit(slot, r, offset) for offset, r in enumerate(records)]
+    assert all(job is not None for job in jobs)
+    assert slot.metrics.misplaced.count == 1

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import time
 
-from keyrange.events import SOURCE_OFFSET_HEADER, TOTALS_KEY
+from keyrange.events import SOURCE_OFFSET_HEADER, TOTALS_KEY, totals_key
 from keyrange.worker.commitwindow import Outcome, Totals
 from keyrange.worker.restore import Finished, RestoredPartition
 from keyrange.worker.slot import SlotMetrics, SlotState
@@ -138,3 +138,24 @@ def test_a_slot_keeps_its_identity_apart_from_the_partition_it_reads() -> None:
     assert batch is not None and [(tp.topic, tp.partition, tp.offset) for tp in batch.offsets] == [("events", 1, 1)]
     assert {r.partition for r in batch.records if r.topic == STATE_TOPIC} == {1}
     assert (slot.slot, slot.partition, slot.metrics.labels[2]) == (4, 1, "1")  # the metrics' label stays `partition`
+
+
+def test_a_hash_range_commits_its_position_in_its_totals_record_after_its_outputs_and_its_share_of_lag() -> None:
+    slot = SlotState(5, 1, RestoredPartition(0), 10.0, time.time, SlotMetrics("c", "w0", "1:1/4"), None, 1,  # type: ignore[arg-type]
+                     totals_key(1, 4), 4)
+    assert not slot.whole_partition
+    slot.admit(0, 0, 0)
+    slot.pass_offset(1)  # another hash range's record of partition 1
+    slot.pass_offset(2)
+    slot.finish_processed(0, processed(0), 7, b"1", False)
+    batch = slot.take_batch("events", STATE_TOPIC)
+    assert batch is not None
+    # No group offset: the partition's other slots are elsewhere; the position is the totals record,
+    # written last, once the outputs are acknowledged.
+    assert batch.offsets == [] and batch.committable == 3
+    assert [(r.topic, r.key) for r in batch.last] == [(STATE_TOPIC, b"keyrange.totals.1/4")]
+    assert dict(batch.last[0].headers or [])[SOURCE_OFFSET_HEADER] == b"3"
+    assert all(r.key != b"keyrange.totals.1/4" for r in batch.records)
+    slot.committed(batch)
+    assert slot.committed_offset == 3
+    assert slot.report(43, 0)[0] == 10  # 40 records past it in the partition: about a quarter are its own

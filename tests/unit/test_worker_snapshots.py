@@ -36,7 +36,8 @@ class ChangelogTransactions:
         self.log: list[FakeMessage] = []
         self.end = 0
 
-    async def commit(self, records: list[OutputRecord], offsets: list[TopicPartition]) -> None:
+    async def commit(self, records: list[OutputRecord], offsets: list[TopicPartition],
+                     last: list[OutputRecord] | None = None) -> None:
         for r in records:
             if r.topic != SETTINGS.state:
                 continue

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from keyrange.ranges.layout import slot_of_label
 from keyrange.ranges.planner import SlotLag
 
 
@@ -49,7 +50,7 @@ def parse_metrics(text: str, at: float) -> WorkerSample:
             if name == "keyrange_events_processed_total":
                 sample.processed += value
                 if "partition" in labels:
-                    slot = int(labels["partition"])
+                    slot = slot_of_label(labels["partition"])
                     sample.slot_processed[slot] = sample.slot_processed.get(slot, 0.0) + value
             elif name == "keyrange_handler_seconds_sum":
                 sample.handler_seconds += value
@@ -62,9 +63,9 @@ def parse_metrics(text: str, at: float) -> WorkerSample:
             elif name == "keyrange_dead_letters_total":
                 sample.dead_letters += value
             elif name == "keyrange_consumer_lag" and "partition" in labels:
-                records[int(labels["partition"])] = int(value)
+                records[slot_of_label(labels["partition"])] = int(value)
             elif name == "keyrange_consumer_lag_seconds" and "partition" in labels:
-                seconds[int(labels["partition"])] = value
+                seconds[slot_of_label(labels["partition"])] = value
             elif name == "keyrange_event_latency_seconds_bucket":
                 le = float(labels["le"])
                 sample.latency_buckets[le] = sample.latency_buckets.get(le, 0.0) + value

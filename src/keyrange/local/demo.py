@@ -1,9 +1,10 @@
 """`keyrange demo`: the kata's load with a burst and a quiet spell, rescaled live, then a report.
 
 Embedded broker, one StreamConsumer (the `sleep` handler, 10 ms per event as in the kata, and a
-small concurrency so one worker tops out near 800 events/s), the supervisor of `keyrange run`,
-and three load phases: steady, a burst that one worker cannot keep up with (lag rises, ranges
-split), and a quiet spell (lag stays low, ranges merge back). At the end the processed topic is
+small concurrency so one worker tops out near 400 events/s) on a topic of 2 partitions cut into 4
+hash ranges of clientIds (one per worker at workers.max), the supervisor of `keyrange run`, and
+three load phases: steady, a burst that needs four workers (lag rises, ranges split inside the
+partitions), and a quiet spell (lag stays low, ranges merge back). At the end the processed topic is
 read back to compute exact latency percentiles and to check the guarantees, the Spark aggregation
 runs once over the processed topic (see `demo_aggregation`; skipped without pyspark or Java), and
 a PNG plot of rate, lag, latency and worker count is written next to the report.
@@ -28,27 +29,60 @@ from keyrange.local.demo_aggregation import AggregationSection, aggregate, rende
 from keyrange.local.load import LoadTotals, Phase, produce_phases
 from keyrange.local.supervisor import HistoryPoint, Supervisor
 from keyrange.logend import spans_behind
+from keyrange.ranges.layout import SlotLayout
+from keyrange.ranges.rangemap import RangeMap
 from keyrange.spec import load_file
 
 DEMO_SPEC = """\
-# Written by `keyrange demo`; run it yourself with `keyrange run -f {path} --produce 1500`.
+# Written by `keyrange demo`; run it yourself with `keyrange run -f {path} --produce 1200`.
 apiVersion: keyrange.dev/v1alpha1
 kind: StreamConsumer
 metadata:
   name: demo
 spec:
-  kafka: {{topic: demo-events, partitions: 12}}
+  kafka: {{topic: demo-events, partitions: 2}}   # fewer than workers.max: partitions are cut into hash ranges
   handler: sleep
   handlerConfig: {{meanMs: 10, stddevMs: 1}}
   dedup: {{ttlSeconds: 10}}
-  concurrency: 8            # ~800 events/s per worker: the burst needs more than one
+  concurrency: 4            # ~400 events/s per worker: the burst needs four
   maxPending: 2000
   workers: {{min: 1, max: 4}}
   scaling: {{lagHighRecords: 2000, lagHighSeconds: 3, lagLowRecords: 200, cooldownSeconds: {cooldown}}}
 """
 
-FULL_PHASES = (Phase(25, 500), Phase(50, 1500), Phase(70, 200))
-QUICK_PHASES = (Phase(10, 500), Phase(25, 1500), Phase(40, 200))
+FULL_PHASES = (Phase(25, 250), Phase(50, 1200), Phase(70, 120))
+QUICK_PHASES = (Phase(10, 250), Phase(25, 1200), Phase(40, 120))
+
+
+@dataclass(frozen=True)
+class KeySpace:
+    """How the demo topic's partitions were cut into hash ranges of clientIds, and which worker held
+    each range when the most workers ran."""
+
+    partitions: int
+    per_partition: int
+    """Hash ranges per partition (SlotLayout.for_workers of workers.max)."""
+    workers: int
+    """The most workers at once (a settled range map)."""
+    owners: dict[str, int]
+    """Range (`describe_slot`: "0:1/2", or "0" for a whole partition) -> its worker then."""
+
+    def partition_lines(self) -> list[str]:
+        """Per partition: its hash ranges and the workers they were spread over."""
+        lines = []
+        for p in range(self.partitions):
+            held = {label: w for label, w in self.owners.items() if label.split(":")[0] == str(p)}
+            ranges = "hash range" if self.per_partition == 1 else "hash ranges"
+            spread = ", ".join(f"{label} -> worker {w}" for label, w in held.items())
+            lines.append(f"partition {p}: {self.per_partition} {ranges} over {len(set(held.values()))} "
+                         f"worker(s) ({spread})")
+        return lines
+
+
+def key_space(layout: SlotLayout, widest: RangeMap) -> KeySpace:
+    """The KeySpace of `layout` with the owners of `widest` (the map with the most workers)."""
+    owners = {layout.describe_slot(s): a.worker for a in widest for s in a.range.slots}
+    return KeySpace(layout.partitions, layout.per_partition, widest.workers, owners)
 
 
 @dataclass(frozen=True)
@@ -72,6 +106,8 @@ class DemoReport:
     """The Spark aggregation's figures and cross-check; None when it did not run."""
     aggregation_skipped: str = ""
     """Why the aggregation did not run (--no-aggregate, or pyspark/Java missing)."""
+    key_space: KeySpace | None = None
+    """How the partitions' key space was split; None when no range map was seen."""
 
     @property
     def aggregation_mismatch(self) -> bool:
@@ -170,9 +206,13 @@ def run_demo(out_dir: Path, quick: bool, out: TextIO, aggregate_results: bool = 
                                 args=(bootstrap, consumer.spec.kafka.topic, shape, phases, stop, totals), daemon=True)
         load.start()
         last_print = 0.0
+        controller = supervisor.controller
+        widest = controller.publication.map
         while load.is_alive():
             time.sleep(supervisor.tick_seconds)
             supervisor.tick()
+            if not controller.publication.transit and controller.publication.map.workers > widest.workers:
+                widest = controller.publication.map
             if time.monotonic() - last_print >= 5.0:
                 last_print = time.monotonic()
                 print(supervisor.table() + f"\n  produced {totals.sent:,} (phase {totals.phase + 1} of "
@@ -187,7 +227,10 @@ def run_demo(out_dir: Path, quick: bool, out: TextIO, aggregate_results: bool = 
             time.sleep(2.0)
             supervisor.tick()
             processed = read_values(bootstrap, consumer.spec.sink_topic)
-        rescales = [dict(asdict(r), moved_slots=sorted(r.moved_slots)) for r in supervisor.controller.rescales]
+        layout = controller.layout
+        rescales = [dict(asdict(r), moved_slots=sorted(r.moved_slots),
+                         moved_ranges=[layout.describe_slot(s) for s in sorted(r.moved_slots)])
+                    for r in controller.rescales]
         history = list(supervisor.history)
         if aggregate_results:
             # Before stopping: the embedded broker goes away with the supervisor.
@@ -212,7 +255,7 @@ def run_demo(out_dir: Path, quick: bool, out: TextIO, aggregate_results: bool = 
         handled_twice_beyond_ttl=sum(1 for n in counts.values() if n > 1) - twice_within_ttl,
         latency_ms=_percentiles(latencies), rescales=rescales,
         max_workers=max((p.workers for p in history), default=0), seconds=time.monotonic() - started,
-        aggregation=section, aggregation_skipped=skipped,
+        aggregation=section, aggregation_skipped=skipped, key_space=key_space(layout, widest),
     )
     (out_dir / "report.json").write_text(json.dumps(asdict(report), indent=2))
     (out_dir / "history.json").write_text(json.dumps([asdict(p) for p in history]))
@@ -236,6 +279,14 @@ def render_report(r: DemoReport, out_dir: Path) -> str:
         f"- latency created -> handler start: {lat}",
         f"- rescales: {len(r.rescales)}; most workers at once: {r.max_workers}; run time {r.seconds:,.0f} s",
         "",
+    ]
+    if r.key_space is not None:
+        k = r.key_space
+        lines += ["## Key space", "",
+                  f"The topic's {k.partitions} partitions are each cut into {k.per_partition} hash range(s) of "
+                  f"clientIds, {k.partitions * k.per_partition} in all (one per worker at workers.max). "
+                  f"At the most workers ({k.workers}):", "", *(f"- {line}" for line in k.partition_lines()), ""]
+    lines += [
         "## Ranges over time",
         "",
     ]
@@ -243,7 +294,7 @@ def render_report(r: DemoReport, out_dir: Path) -> str:
     for x in r.rescales:
         settled = (x["settled_ms"] - x["decided_ms"]) / 1000 if x["settled_ms"] else float("nan")
         lines.append(f"- +{(x['decided_ms'] - t0) / 1000:6.1f} s  {x['action']:5}  {x['workers_before']} -> "
-                     f"{x['workers_after']} workers, epoch {x['epoch']}, {len(x['moved_slots'])} slots moved, "
+                     f"{x['workers_after']} workers, epoch {x['epoch']}, moved {' '.join(x.get('moved_ranges', []))}, "
                      f"handoff done in {settled:.1f} s: {x['reason']}")
     lines += ["", *render_section(r.aggregation, r.aggregation_skipped)]
     lines += [f"Plot: {out_dir / 'demo.png'}  (rate, lag, p99 latency and workers over time)", ""]

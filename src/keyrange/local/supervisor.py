@@ -26,6 +26,8 @@ from keyrange.local.monitoring import AlertingOptions, LocalAlertPath, without_l
 from keyrange.local.table import Totals, WorkerRow, render
 from keyrange.ranges.channel import ControlChannel, now_ms
 from keyrange.ranges.controller import Controller, ControllerStatus
+from keyrange.ranges.groupoffsets import GroupOffsetWriter
+from keyrange.ranges.layout import SlotLayout
 from keyrange.ranges.planner import Direction, ScaleOutcome, ScalingLimits, SlotLag
 from keyrange.ranges.sizing import Load
 from keyrange.ranges.slots import format_slot_list
@@ -117,14 +119,16 @@ class Supervisor:
                                client_properties=self.client_properties,
                                replication_factor=spec.kafka.replication_factor)
         ControlChannel.ensure_topic(self.bootstrap, group, self.client_properties, spec.kafka.replication_factor)
-        slot_count = counts[spec.kafka.topic]
+        slot_count = SlotLayout.for_workers(counts[spec.kafka.topic], spec.workers.max).slot_count
         self.fleet = ProcessFleet(self.spec_file, self.bootstrap, self.run_dir / "logs", self.worker_args,
                                   max_workers=min(spec.workers.max, slot_count), spare=self.spare_workers)
         channel = ControlChannel(self.bootstrap, group, "keyrange-run", self.client_properties)
         limits = ScalingLimits.from_spec(spec)
         if self.alerts is not None:
             limits = without_lag_thresholds(limits)
-        self.controller = Controller(channel, counts[spec.kafka.topic], limits, self, self.fleet)
+        offsets = GroupOffsetWriter(self.bootstrap, group, spec.kafka.topic, self.client_properties)
+        self.controller = Controller(channel, counts[spec.kafka.topic], limits, self, self.fleet,
+                                     group_offsets=offsets)
         self.controller.start()
         if self.alerts is not None:
             self.alerts.start(self)
@@ -143,7 +147,7 @@ class Supervisor:
         if self.fleet is not None:
             self.fleet.stop()
         if self.controller is not None:
-            self.controller.channel.close()
+            self.controller.close()
         if self.broker is not None:
             self.broker.stop()
 
@@ -234,7 +238,10 @@ class Supervisor:
                 lag = SlotLag(sum(x.records for x in sample.slot_lag.values()),
                               max((x.seconds for x in sample.slot_lag.values()), default=0.0))
             report = reports.get(ordinal)
-            held = format_slot_list(sorted(report.held)) if report and report.held else ""
+            held = ""
+            if report and report.held:
+                layout = status.layout
+                held = layout.describe_slots(report.held) if layout else format_slot_list(sorted(report.held))
             rows.append(WorkerRow(ordinal, w.alive(), held, self._worker_rate(ordinal), lag, w.restarts))
         totals = Totals(time.monotonic() - self.started, int(self._counters.processed), self._rate(), self._p99(),
                         int(self._counters.duplicates), int(self._counters.dead_letters))

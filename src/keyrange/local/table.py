@@ -1,4 +1,8 @@
-"""The live table of `keyrange run`: pure formatting of what the supervisor measured."""
+"""The live table of `keyrange run`: pure formatting of what the supervisor measured.
+
+Ranges show as partitions (`0-5`), or, where a partition's clients are cut into hash ranges, as
+parts of them (`0:0-1/4`, the first two quarters of partition 0: SlotLayout.describe_range).
+"""
 
 from __future__ import annotations
 
@@ -16,7 +20,8 @@ class WorkerRow:
     ordinal: int
     alive: bool
     held: str
-    """Slots the worker reports holding (control topic), e.g. `0-5`."""
+    """Slots the worker reports holding (control topic) as partitions and hash ranges, e.g. `0-5`
+    or `0:2/4-1:1/4` (SlotLayout.describe_slots)."""
     rate: float
     """Events handled per second over the last window."""
     lag: SlotLag
@@ -63,12 +68,16 @@ def render(name: str, status: ControllerStatus, rows: Sequence[WorkerRow], total
         lines.append(f"  handoff waits for worker(s) {', '.join(map(str, sorted(status.handoff_awaiting)))}")
     elif status.starting:
         lines.append("  starting a worker for the next split")
-    lines.append(f"  {'worker':>6} {'range':>8} {'holds':>8} {'rate/s':>9} {'lag':>9} {'lag s':>7} {'restarts':>8}")
-    ranges = {a.worker: str(a.range) for a in status.map}
+    ranges = {a.worker: status.map.describe_range(a.range, status.layout) for a in status.map}
+    # Hash ranges (`0:2/4-1:1/4`) are wider than partition numbers: the columns grow to fit them.
+    wide = max((len(text) for text in (*ranges.values(), *(row.held for row in rows))), default=0)
+    width = max(8, wide)
+    lines.append(f"  {'worker':>6} {'range':>{width}} {'holds':>{width}} {'rate/s':>9} {'lag':>9} {'lag s':>7} "
+                 f"{'restarts':>8}")
     for row in rows:
         mark = "" if row.alive else " (down)"
         lines.append(
-            f"  {row.ordinal:>6} {ranges.get(row.ordinal, '-'):>8} {row.held or '-':>8} {row.rate:>9,.0f} "
+            f"  {row.ordinal:>6} {ranges.get(row.ordinal, '-'):>{width}} {row.held or '-':>{width}} {row.rate:>9,.0f} "
             f"{row.lag.records:>9,} {row.lag.seconds:>7.1f} {row.restarts:>8}{mark}"
         )
     return "\n".join(lines)

@@ -34,9 +34,10 @@ from keyrange.errors import UserError
 from keyrange.kafkaio import TopicSpec, ensure_topics
 from keyrange.kafkaquirks import LONGEST_RETRY_SECONDS, Backoff
 from keyrange.operator.kafkasecrets import SecretReader, operator_client_properties, read_secret_key
-from keyrange.operator.rangecontrol import HandoffSummary, PlannedRescale, RangeStatus
+from keyrange.operator.rangecontrol import HandoffSummary, PlannedRescale, RangeStatus, map_status
 from keyrange.ranges.channel import ControlChannel, ControllerFenced, WorkerReport
 from keyrange.ranges.controller import Controller
+from keyrange.ranges.groupoffsets import GroupOffsetWriter
 from keyrange.ranges.planner import Direction, ScaleOutcome, ScalingLimits, SlotLag
 from keyrange.ranges.sizing import Load
 from keyrange.spec import StreamConsumerSpec
@@ -148,7 +149,9 @@ class KafkaRangeControl:
         group = spec.group_id(self._name, self._namespace)
         ControlChannel.ensure_topic(bootstrap, group, properties, replication)
         channel = ControlChannel(bootstrap, group, f"keyrange-operator-{self._name}", properties)
-        controller = Controller(channel, counts[spec.kafka.topic], planner_limits(spec), self._lag, self._fleet)
+        offsets = GroupOffsetWriter(bootstrap, group, spec.kafka.topic, properties)
+        controller = Controller(channel, counts[spec.kafka.topic], planner_limits(spec), self._lag, self._fleet,
+                                group_offsets=offsets)
         controller.start()
         return controller
 
@@ -195,7 +198,7 @@ class KafkaRangeControl:
     def _disconnect(self) -> None:
         controller, self._controller = self._controller, None
         if controller is not None:
-            controller.channel.close()
+            controller.close()
 
     def desired_workers(self) -> int:
         """What the Controller's fleet was last told."""
@@ -232,8 +235,7 @@ class KafkaRangeControl:
         s = controller.status()
         lags = s.range_lag
         return RangeStatus(
-            epoch=s.epoch, workers=s.map.workers,
-            ranges=tuple((a.worker, str(a.range)) for a in s.map.assignments),
+            **map_status(s.map, s.layout),
             lag_records=sum(x.records for x in lags) if lags else None,
             lag_seconds=max((x.seconds for x in lags), default=None),
             handoff_in_progress=bool(s.handoff_awaiting) or s.starting,

@@ -14,9 +14,11 @@ range map and the two-phase handoff; the operator owns pods. They meet here:
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
+from keyrange.ranges.layout import SlotLayout
 from keyrange.ranges.planner import Direction, ScaleOutcome
+from keyrange.ranges.rangemap import RangeMap
 from keyrange.spec import StreamConsumerSpec
 
 
@@ -30,6 +32,9 @@ class RangeStatus:
     """Workers the newest range map uses."""
     ranges: tuple[tuple[int, str], ...] = ()
     """(worker ordinal, slot list such as "0-5") in slot order."""
+    partition_ranges: tuple[tuple[int, str], ...] = ()
+    """The same ranges as partitions and hash ranges of partitions ("0-5", or "0:0-1/4" for the
+    first two quarters of partition 0's clients: SlotLayout.describe_range)."""
     lag_records: int | None = None
     """Records not yet handled, summed over ranges; None while unknown."""
     lag_seconds: float | None = None
@@ -40,6 +45,14 @@ class RangeStatus:
     """Why the controller cannot run (e.g. Kafka unreachable); None when it runs."""
     last_handoff: HandoffSummary | None = None
     """The newest handoff whose pause a new owner measured (None before the first)."""
+
+
+def map_status(m: RangeMap, layout: SlotLayout | None) -> dict[str, Any]:
+    """RangeStatus's fields that come from the map: epoch, workers and its ranges, in slots and in
+    partitions (with the consumer's layout; without one, slots are whole partitions)."""
+    return {"epoch": m.epoch, "workers": m.workers,
+            "ranges": tuple((a.worker, str(a.range)) for a in m),
+            "partition_ranges": tuple((a.worker, m.describe_range(a.range, layout)) for a in m)}
 
 
 @dataclass(frozen=True)

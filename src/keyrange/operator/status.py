@@ -1,5 +1,9 @@
 """Pure rendering of a StreamConsumer's `status`: phase, range map, lag and conditions.
 
+The range map is shown in slots (`ranges[].slots`, the control topic's numbers) and as people read
+it, in partitions and hash ranges of partitions (`ranges[].partitions`, and `rangeMap`, e.g.
+`w0=0:0-1/4 w1=0:2/4-1:1/4`, which `kubectl get` prints in its Ranges column).
+
 Conditions follow the Kubernetes convention (type, status, reason, message, lastTransitionTime,
 observedGeneration); a condition keeps its lastTransitionTime while its status does not change,
 so the clock is injected (`now`) and the previous conditions are passed in.
@@ -111,8 +115,10 @@ def render_status(seen: Observed, ranges: RangeStatus | None, now: datetime,
             "epoch": ranges.epoch,
             "workers": ranges.workers,
             "rangeCount": len(ranges.ranges),
-            "ranges": [{"worker": w, "slots": s} for w, s in ranges.ranges],
+            "ranges": _ranges(ranges),
         })
+        if ranges.partition_ranges:
+            status["rangeMap"] = " ".join(f"w{w}={text}" for w, text in ranges.partition_ranges)
         lag: dict[str, Any] = {}
         if ranges.lag_records is not None:
             lag["records"] = ranges.lag_records
@@ -123,6 +129,12 @@ def render_status(seen: Observed, ranges: RangeStatus | None, now: datetime,
         if ranges.last_handoff is not None:
             status["lastHandoff"] = handoff_record(ranges.last_handoff)
     return status
+
+
+def _ranges(ranges: RangeStatus) -> list[dict[str, Any]]:
+    """status.ranges: each worker's slots, and (when known) the partitions and hash ranges they are."""
+    shown = dict(ranges.partition_ranges)
+    return [{"worker": w, "slots": s, **({"partitions": shown[w]} if w in shown else {})} for w, s in ranges.ranges]
 
 
 def handoff_record(handoff: HandoffSummary) -> dict[str, Any]:

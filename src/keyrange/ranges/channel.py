@@ -164,6 +164,10 @@ class WorkerReport:
     claim: int = -1
     """The control-topic offset of the instance's first report, its claim on the worker id (-1: this
     record is that first report). A higher claim is a newer process: see `IdentityClaim`."""
+    positions: Mapping[int, int] = field(default_factory=dict)
+    """Per held hash-range slot, the input offset its last committed transaction counts up to (the
+    controller commits the lowest of a partition's to the consumer group: groupoffsets.py). Empty
+    for whole-partition slots, whose transactions commit the group's offset themselves."""
 
     def encode(self) -> bytes:
         """The record value."""
@@ -174,6 +178,8 @@ class WorkerReport:
             data["pause"] = {"epoch": self.pause.epoch, "ms": self.pause.pause_ms, "at": self.pause.at_ms}
         if self.instance:
             data["instance"], data["claim"] = self.instance, self.claim
+        if self.positions:
+            data["positions"] = {str(slot): offset for slot, offset in sorted(self.positions.items())}
         return orjson.dumps(data)
 
     @classmethod
@@ -184,7 +190,8 @@ class WorkerReport:
         pause = HandoffPause(int(p["epoch"]), int(p["ms"]), int(p["at"])) if p else None
         return cls(int(d["worker"]), int(d["epoch"]), _slots_parse(d.get("held", "")), int(d.get("at", 0)),
                    int(d.get("pid", 0)), _slots_parse(d.get("warm", "")), int(d.get("warmEpoch", 0)), pause,
-                   str(d.get("instance", "")), int(d.get("claim", -1)))
+                   str(d.get("instance", "")), int(d.get("claim", -1)),
+                   {int(slot): int(offset) for slot, offset in (d.get("positions") or {}).items()})
 
 
 @dataclass(frozen=True)

@@ -26,6 +26,7 @@ from typing import Protocol
 
 from keyrange.errors import UserError
 from keyrange.ranges.channel import ControllerFenced, ControlState, Prepare, Publication, now_ms
+from keyrange.ranges.groupoffsets import lowest_positions
 from keyrange.ranges.handoff import (
     Action,
     Announce,
@@ -37,6 +38,7 @@ from keyrange.ranges.handoff import (
     advance,
     begin,
 )
+from keyrange.ranges.layout import SlotLayout
 from keyrange.ranges.planner import Decision, Direction, Planner, ScaleOutcome, ScalingLimits, SlotLag, range_lag
 from keyrange.ranges.rangemap import RangeMap
 from keyrange.ranges.sizing import LoadSource
@@ -45,6 +47,20 @@ log = logging.getLogger(__name__)
 
 WAKE_CHECK_SECONDS = 0.05
 """How often an idle wait checks its stop event (a `request_scale` wakes it at once)."""
+GROUP_OFFSETS_EVERY_SECONDS = 1.0
+"""How often the group's offsets of hash-range slots are committed (as often as workers report)."""
+
+
+class GroupOffsetSink(Protocol):
+    """Where the consumer group's offsets per partition go (groupoffsets.GroupOffsetWriter)."""
+
+    def commit(self, offsets: Mapping[int, int]) -> None:
+        """Commit partition -> offset, forward only."""
+        ...
+
+    def close(self) -> None:
+        """Release the client."""
+        ...
 
 
 class LagSource(Protocol):
@@ -132,18 +148,26 @@ class ControllerStatus:
     rescales: tuple[Rescale, ...] = field(default=())
     phase: Phase = Phase.GRANTED
     """Where the current handoff is (handoff.py)."""
+    layout: SlotLayout | None = None
+    """How the map's slots cut the partitions (for showing ranges as partitions and hash ranges)."""
 
 
 class Controller:
     """Plans and publishes range maps for one consumer (see the module docstring)."""
 
-    def __init__(self, channel: ControlLog, slot_count: int, limits: ScalingLimits, lag_source: LagSource,
+    def __init__(self, channel: ControlLog, partitions: int, limits: ScalingLimits, lag_source: LagSource,
                  fleet: WorkerFleet | None = None, clock: Callable[[], float] = time.monotonic,
                  start_timeout_seconds: float = 60.0, warm_timeout_seconds: float = 10.0,
-                 wall_clock_ms: Callable[[], int] = now_ms) -> None:
+                 wall_clock_ms: Callable[[], int] = now_ms,
+                 group_offsets: GroupOffsetSink | None = None) -> None:
         self.channel = channel
-        self.slot_count = slot_count
+        self.partitions = partitions
+        """Partitions of the input topic."""
+        self.layout = SlotLayout.for_workers(partitions, limits.max_workers)
+        """How the partitions are cut into slots: for `workers.max` workers at first; a control topic
+        that holds a map keeps that map's layout (`start`)."""
         self.planner = Planner(limits)
+        self.planner.layout = self.layout
         self.lag_source = lag_source
         self.fleet = fleet
         self.clock = clock
@@ -158,6 +182,11 @@ class Controller:
         """How long a handoff waits for its new owners to read ahead, counted from when they run (a
         split's new worker may take longer than this to start); after that it goes on, and their
         acquire finishes the read-ahead (or restores in full if it failed)."""
+        self.group_offsets = group_offsets
+        """Commits the consumer group's offset per partition (groupoffsets.py): called with the lowest
+        position of each partition's slots while partitions are cut into hash ranges."""
+        self._positions: dict[int, int] = {}
+        self._positions_at = float("-inf")
         self._handoff: Handoff | None = None
         """The handoff's progress (handoff.py): set by `start`, replaced only once its actions are done."""
         self._lock = threading.RLock()
@@ -183,17 +212,23 @@ class Controller:
         self.channel.claim_writer()
         self.channel.catch_up()
         pub = self.channel.state.publication
-        if pub is not None and pub.map.slot_count != self.slot_count:
-            raise UserError(
-                f"the control topic {self.channel.topic} maps {pub.map.slot_count} slots but the input topic has "
-                f"{self.slot_count} partitions; delete the control topic (and the consumer's committed offsets) "
-                "after changing the partition count"
-            )
+        if pub is not None:
+            try:
+                self.layout = SlotLayout.of_slot_count(self.partitions, pub.map.slot_count)
+            except ValueError as exc:
+                raise UserError(f"the control topic {self.channel.topic}: {exc}") from None
+            self.planner.layout = self.layout
+            if self.layout.slot_count < self.planner.limits.max_workers:
+                log.warning("workers.max is %d but this consumer's range map has %d slots (%d partitions x %d), "
+                            "laid out when workers.max was lower: at most %d workers. A new groupId lays it out "
+                            "again.", self.planner.limits.max_workers, self.layout.slot_count, self.partitions,
+                            self.layout.per_partition, self.layout.slot_count)
         if pub is None:
-            first = RangeMap.even(self.slot_count, min(self.planner.limits.min_workers, self.slot_count))
+            slots = self.layout.slot_count
+            first = RangeMap.even(slots, min(self.planner.limits.min_workers, slots))
             pub = Publication(first, reason="initial map", published_ms=self.wall_clock_ms())
             self.channel.publish(pub)
-            log.info("published %s (initial)", first.describe())
+            log.info("published %s (initial)", first.describe(self.layout))
         self._handoff = Handoff.from_storage(pub)
         if self.fleet is not None:
             self.fleet.scale_to(max(pub.map.workers, max(pub.awaiting, default=-1) + 1))
@@ -209,7 +244,8 @@ class Controller:
             pub = self.publication
             before = pub.map.workers
             if self.handoff.in_flight:
-                return ScaleOutcome(False, f"a rescale is in progress ({pub.map.describe()})", before, before)
+                busy = f"a rescale is in progress ({pub.map.describe(self.layout)})"
+                return ScaleOutcome(False, busy, before, before)
             decision = self.planner.decide(pub.map, self._lag, self.clock(), direction)
             log.info("scale %s requested (%s): %s", direction, reason, decision.reason)
             self.last_decision = decision.reason
@@ -224,6 +260,7 @@ class Controller:
         publication. Thread-safe."""
         with self._lock:
             self.channel.poll(0.0)
+            self._commit_group_offsets()
             if self.handoff.in_flight:
                 return self._drive()
             self._lag = self.lag_source.slot_lag()
@@ -233,6 +270,24 @@ class Controller:
             if decision.next_map is None:
                 return self.publication
             return self._begin(decision)
+
+    def _commit_group_offsets(self) -> None:
+        """At most once a second, commit the group's offsets from the slots' reported positions."""
+        if self.group_offsets is None or not self.layout.splits_partitions:
+            return
+        now = self.clock()
+        if now - self._positions_at < GROUP_OFFSETS_EVERY_SECONDS:
+            return
+        self._positions_at = now
+        lowest = lowest_positions(self.layout, self._positions, self.channel.state.reports)
+        if lowest:
+            self.group_offsets.commit(lowest)
+
+    def close(self) -> None:
+        """Close the control channel and the group offsets' writer."""
+        self.channel.close()
+        if self.group_offsets is not None:
+            self.group_offsets.close()
 
     def _begin(self, decision: Decision, requested: str = "") -> Publication:
         self._handoff = begin(self.handoff, decision, self.wall_clock_ms(), requested,
@@ -272,15 +327,15 @@ class Controller:
         self.rescales.append(Rescale(decision.action, decision.reason, pub.epoch, plan.workers_before,
                                      pub.map.workers, pub.transit, plan.decided_ms, pub.published_ms,
                                      requested=plan.requested))
-        log.info("published %s: %s; waiting for w%s to release %d slots", pub.map.describe(), decision.reason,
-                 ",w".join(map(str, sorted(pub.awaiting))), len(pub.transit))
+        log.info("published %s: %s; waiting for w%s to release %d slots", pub.map.describe(self.layout),
+                 decision.reason, ",w".join(map(str, sorted(pub.awaiting))), len(pub.transit))
 
     def _settle(self, granted: Publication) -> None:
         for r in reversed(self.rescales):
             if r.epoch == granted.epoch - 1:
                 r.settled_ms = granted.published_ms
                 break
-        log.info("published %s (handoff complete)", granted.map.describe())
+        log.info("published %s (handoff complete)", granted.map.describe(self.layout))
 
     def status(self) -> ControllerStatus:
         """A consistent snapshot for tables, the operator's status, reports and tests (taken
@@ -291,7 +346,7 @@ class Controller:
             lags = tuple(range_lag(a, self._lag) for a in pub.map.assignments)
             starting = handoff.phase in (Phase.PREPARING, Phase.STARTING, Phase.READING_AHEAD)
             return ControllerStatus(pub.epoch, pub.map, lags, handoff.awaiting, starting, self.last_decision,
-                                    tuple(self.rescales), handoff.phase)
+                                    tuple(self.rescales), handoff.phase, self.layout)
 
     def run(self, stop: threading.Event, interval_seconds: float = 0.2, busy_interval_seconds: float = 0.02) -> None:
         """Step until `stop` is set (run it in a thread); see `step_and_wait`."""

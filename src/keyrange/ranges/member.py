@@ -34,7 +34,7 @@ import logging
 import os
 import socket
 import uuid
-from collections.abc import Collection, Set
+from collections.abc import Collection, Mapping, Set
 from typing import Protocol
 
 from confluent_kafka import KafkaException
@@ -67,6 +67,15 @@ class SlotOwner(Protocol):
 
     async def prefetch(self, slots: Collection[int]) -> bool:
         """Read ahead the logs a later `acquire(slots)` needs; return whether it succeeded."""
+        ...
+
+    def use_slot_count(self, slot_count: int) -> None:
+        """Hold slots of a range map of `slot_count` slots (hash ranges of partitions when there
+        are more slots than partitions: layout.py)."""
+        ...
+
+    def committed_positions(self) -> Mapping[int, int]:
+        """Per held hash-range slot, the input offset its committed transactions count up to."""
         ...
 
 
@@ -134,6 +143,7 @@ class RangeMember:
         pub = self.channel.state.publication
         if pub is None:
             return
+        self.engine.use_slot_count(pub.map.slot_count)
         self._follow_prepare(pub.epoch)
         self._note_transit(pub)
         loop = asyncio.get_running_loop()
@@ -263,7 +273,7 @@ class RangeMember:
             warm_epoch, warm = self._warm
             report = WorkerReport(self.worker, self._reported_epoch, frozenset(self.engine.held_slots), now_ms(),
                                   os.getpid(), warm, warm_epoch, self.pauses.last if self.pauses else None,
-                                  self.instance, self.claim)
+                                  self.instance, self.claim, dict(self.engine.committed_positions()))
             offset = await asyncio.to_thread(self.channel.report, report)
             if self.claim < 0:
                 self.claim = offset

@@ -36,6 +36,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Literal
 
+from keyrange.ranges.layout import SlotLayout
 from keyrange.ranges.rangemap import Assignment, RangeMap, SlotRange
 from keyrange.ranges.sizing import (
     Load,
@@ -189,6 +190,9 @@ class Planner:
         self.low_since: float | None = None
         self.capacity: float | None = None
         """Events per second one worker handles (the newest estimate; None until one was measured)."""
+        self.layout: SlotLayout | None = None
+        """How the consumer's slots cut its partitions, to name ranges in the reasons as partitions
+        and hash ranges (`0:0-1/4`); None names them by slot number."""
         self._last: Decision | None = None
         self._resumed_at: float | None = None
         """The first decision after the last rescale: its handoff had completed by then."""
@@ -198,6 +202,19 @@ class Planner:
     def max_workers(self, current: RangeMap) -> int:
         """The effective maximum: the spec's, capped by the slot count."""
         return min(self.limits.max_workers, current.slot_count)
+
+    def _at_maximum(self, current: RangeMap) -> str:
+        high = self.max_workers(current)
+        if high < self.limits.max_workers:
+            # The layout is fixed per consumer: only a new one (a new groupId) has more slots.
+            return (f"already at the maximum of {high} workers: the range map has {high} slots (laid out for a "
+                    f"lower workers.max); a new groupId lays the consumer out for "
+                    f"workers.max={self.limits.max_workers}")
+        return f"already at the maximum of {high} workers"
+
+    def _show(self, current: RangeMap, r: SlotRange) -> str:
+        layout = self.layout if self.layout is not None and self.layout.slot_count == current.slot_count else None
+        return current.describe_range(r, layout)
 
     def decide(self, current: RangeMap, lag: Mapping[int, SlotLag], now: float,
                force: Direction | None = None, load: Load | None = None) -> Decision:
@@ -237,14 +254,15 @@ class Planner:
                if x.records > lim.lag_high_records or x.seconds > lim.lag_high_seconds]
         if force == "up" or hot:
             if current.workers >= self.max_workers(current):
-                return Decision(None, f"lag is high but already at the maximum of {self.max_workers(current)} workers")
+                return Decision(None, f"lag is high but {self._at_maximum(current)}")
             splittable = [i for i in (hot or range(current.workers)) if current.assignments[i].range.size > 1]
             if not splittable:
                 return Decision(None, "lag is high but the hot ranges are single slots")
             index = max(splittable, key=lambda i: (lags[i].records, lags[i].seconds, current.assignments[i].range.size))
             x = lags[index]
+            hottest = self._show(current, current.assignments[index].range)
             why = "scale-up requested" if force == "up" and not hot else (
-                f"range {current.assignments[index].range} lags {x.records} records / {x.seconds:.1f} s")
+                f"range {hottest} lags {x.records} records / {x.seconds:.1f} s")
             return self._split(current, index, lag, why)
         if current.workers <= lim.min_workers:
             return Decision(None, "lag is fine" if force != "down" else f"already at workers.min={lim.min_workers}")
@@ -294,7 +312,7 @@ class Planner:
                 return Decision(None, f"settling after the last rescale ({summary})")
             target = fewest_workers(demand, capacity, TARGET_UTILIZATION, low, high)
             if current.workers >= high:
-                return Decision(None, f"over capacity but already at the maximum of {high} workers ({summary})")
+                return Decision(None, f"over capacity but {self._at_maximum(current)} ({summary})")
             if target <= current.workers:
                 if max(demand) > capacity:
                     return Decision(None, f"a single slot needs more than a worker; more would not help ({summary})")
@@ -320,7 +338,7 @@ class Planner:
     def _split(self, current: RangeMap, index: int, lag: Mapping[int, SlotLag], why: str) -> Decision:
         nxt = split(current, index, lag)
         moved = current.moved_slots(nxt)
-        return Decision(nxt, f"split {current.assignments[index].range}: {why}", "split", moved)
+        return Decision(nxt, f"split {self._show(current, current.assignments[index].range)}: {why}", "split", moved)
 
     def _merge(self, current: RangeMap, lags: list[SlotLag], why: str) -> Decision:
         index = min(range(current.workers - 1),
@@ -328,7 +346,8 @@ class Planner:
                                    current.assignments[i].range.size + current.assignments[i + 1].range.size))
         nxt = merge(current, index)
         a, b = current.assignments[index].range, current.assignments[index + 1].range
-        return Decision(nxt, f"merge {a} and {b}: {why}", "merge", current.moved_slots(nxt))
+        return Decision(nxt, f"merge {self._show(current, a)} and {self._show(current, b)}: {why}", "merge",
+                        current.moved_slots(nxt))
 
 
 def with_epoch(m: RangeMap, epoch: int) -> RangeMap:

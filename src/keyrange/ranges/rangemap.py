@@ -1,8 +1,9 @@
 """Range maps: which worker owns which contiguous run of slots, at which epoch.
 
-A slot is a partition of the input topic today (`slots.py`). Nothing here assumes that beyond
-"slots are the integers 0..slot_count-1", so sub-partition slots (a partition hashed again into
-several slots) would only change `slot_count` and how a worker maps a record to its slot.
+A slot is a whole partition of the input topic or a hash range of clientIds inside one
+(`layout.py`). Nothing here assumes more than "slots are the integers 0..slot_count-1": the
+consumer's `SlotLayout` says which partition and which part of its hash range a slot is, and
+`describe(layout)` shows a map that way (the JSON keeps slot numbers).
 
 Invariants of a RangeMap, checked on construction:
 - the ranges are sorted, contiguous, non-empty and cover 0..slot_count-1 exactly;
@@ -16,6 +17,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from keyrange.ranges.layout import SlotLayout
 from keyrange.ranges.slots import format_slot_list, parse_slot_list
 
 
@@ -131,10 +133,23 @@ class RangeMap:
             raise ValueError(f"slot counts differ: {self.slot_count} vs {newer.slot_count}")
         return frozenset(s for s in range(self.slot_count) if self.owner_of(s) != newer.owner_of(s))
 
-    def describe(self) -> str:
-        """A compact one-line form, e.g. `epoch 3: w0=0-5 w1=6-11`."""
-        parts = " ".join(f"w{a.worker}={a.range}" for a in self.assignments)
-        return f"epoch {self.epoch}: {parts}"
+    def describe(self, layout: SlotLayout | None = None) -> str:
+        """A compact one-line form, e.g. `epoch 3: w0=0-5 w1=6-11`; with the consumer's layout, in
+        partitions and hash ranges (`epoch 3: w0=0:0-1/4 w1=0:2/4-1:1/4 w2=1:2-3/4`)."""
+        return f"epoch {self.epoch}: {self.describe_owners(layout)}"
+
+    def describe_owners(self, layout: SlotLayout | None = None) -> str:
+        """`describe` without the epoch: `w0=0-5 w1=6-11` (the StreamConsumer's status.rangeMap)."""
+        return " ".join(f"w{a.worker}={self.describe_range(a.range, layout)}" for a in self.assignments)
+
+    def describe_range(self, r: SlotRange, layout: SlotLayout | None = None) -> str:
+        """One range in slot numbers, or in partitions and hash ranges with the layout (which must
+        be this map's: as many slots)."""
+        if layout is None:
+            return str(r)
+        if layout.slot_count != self.slot_count:
+            raise ValueError(f"the layout has {layout.slot_count} slots, the range map {self.slot_count}")
+        return layout.describe_range(r.first, r.last)
 
     def to_json(self) -> dict[str, Any]:
         """A JSON-able dict (the control topic's and the operator status's format)."""

@@ -1,9 +1,9 @@
-"""Slots: the unit of ownership. Today a slot is one partition of the input topic.
+"""Slots: the unit of ownership, and the hash that places a client.
 
 Producers place a clientId on partition `murmur2(key) % partitions`, exactly as Java clients do
 (librdkafka needs `partitioner=murmur2_random` for that), so keyrange can compute where any
-client lives without asking Kafka. Sub-partition slots (more workers than partitions) would
-hash the key a second time inside a partition; `slot_of` is where that would go.
+client lives without asking Kafka. A slot is a whole partition or a hash range of clientIds
+inside one, by the same murmur2 (layout.py); slot lists (`0-3,7`) are written and read here.
 """
 
 from __future__ import annotations
@@ -47,11 +47,6 @@ def partition_for_client(client_id: int | str, partitions: int) -> int:
     """The partition of a clientId: murmur2 of its key, the UTF-8 of its text (an integer's decimal), which
     are the bytes of the record key a producer keyed by clientId hashed."""
     return partition_for_key(str(client_id).encode(), partitions)
-
-
-def slot_of(client_id: int | str, partitions: int) -> int:
-    """The slot that owns a client: its partition, while slots are partitions."""
-    return partition_for_client(client_id, partitions)
 
 
 def parse_slot_list(text: str) -> list[int]:

@@ -43,8 +43,10 @@ from keyrange.worker.transactions import OutputRecord, TransactionFailed
 class SlotProducer(Protocol):
     """What the committer needs of a slot's producer (transactions.py's SlotTransactions)."""
 
-    async def commit(self, records: list[OutputRecord], offsets: list[TopicPartition]) -> None:
-        """Write `records` and commit `offsets` in one transaction; raise TransactionFailed."""
+    async def commit(self, records: list[OutputRecord], offsets: list[TopicPartition],
+                     last: list[OutputRecord] | None = None) -> None:
+        """Write `records` and commit `offsets` in one transaction, `last` once `records` were
+        acknowledged; raise TransactionFailed."""
 
 
 class CommitSlot(Protocol):
@@ -223,7 +225,7 @@ class Committer:
 
     async def _commit(self, slot: CommitSlot, batch: CommitBatch) -> SlotCommit:
         try:
-            await slot.transactions.commit(batch.records, batch.offsets)
+            await slot.transactions.commit(batch.records, batch.offsets, batch.last)
         except TransactionFailed as exc:
             self._lost.add(slot)
             return SlotCommit(slot, CommitOutcome.GAVE_UP if exc.gave_up else CommitOutcome.FENCED, exc)

@@ -70,6 +70,12 @@ class CommitWindow:
         self.pending_bytes += size_bytes
         self._next_offset = offset + 1
 
+    def pass_offset(self, offset: int) -> None:
+        """An offset of the partition that is not this window's (another slot's record of the same
+        partition: layout.py): the committable offset may move past it. O(1), nothing kept."""
+        if offset >= self._next_offset:
+            self._next_offset = offset + 1
+
     def finish(self, offset: int, outcome: Outcome) -> None:
         """Mark a fetched offset finished with `outcome`."""
         offsets = self._offsets

@@ -146,6 +146,18 @@ class ThreadedConsumer:
         # unpaused, so the consumer must too.
         consumer.resume(tps)
 
+    async def seek(self, offsets: dict[int, int]) -> None:
+        """Fetch the given assigned partitions from the given offsets next, unpaused (records
+        buffered past them are dropped and fetched again). Assigned afresh: librdkafka refuses a
+        seek of a partition whose fetch has not started yet."""
+        tps = [TopicPartition(self._topic, p, o) for p, o in offsets.items()]
+        if tps:
+            await self._call(self._reassign, tps)
+
+    def _reassign(self, tps: list[TopicPartition]) -> None:
+        self._c.incremental_unassign([TopicPartition(tp.topic, tp.partition) for tp in tps])
+        self._assign_unpaused(tps)
+
     async def unassign(self, partitions: Iterable[int]) -> None:
         """Stop fetching the given partitions; buffered records of them are discarded."""
         tps = [TopicPartition(self._topic, p) for p in partitions]

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import sys
 import time
 from collections.abc import Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
@@ -32,7 +33,8 @@ from keyrange import metrics as metric_defs
 from keyrange.handlers import Handler
 from keyrange.kafkaio import TopicSpec, ensure_topics, max_message_bytes, require_topic, until_reachable
 from keyrange.kafkalog import RepeatSummary
-from keyrange.kafkaquirks import Backoff
+from keyrange.kafkaquirks import Backoff, transaction_end_lock
+from keyrange.ranges.layout import SlotLayout, SlotRouter
 from keyrange.ranges.pauses import HandoffPauses
 from keyrange.worker.attempts import AttemptRunner, Job
 from keyrange.worker.committer import CommitOutcome, Committer, SlotCommit
@@ -44,7 +46,7 @@ from keyrange.worker.restorer import Prefetched, Restorer
 from keyrange.worker.scheduler import ClientScheduler
 from keyrange.worker.settings import WorkerSettings
 from keyrange.worker.slot import SlotMetrics, SlotState
-from keyrange.worker.snapshots import CHANGELOG_TOPIC_CONFIG
+from keyrange.worker.snapshots import CHANGELOG_TOPIC_CONFIG, slot_totals_key
 from keyrange.worker.stats import WorkerStats
 from keyrange.worker.transactions import SlotTransactions, TransactionFailed
 
@@ -94,6 +96,15 @@ class Worker:
         """What the liveness and readiness probes answer (health.py)."""
         self._slots: dict[int, SlotState] = {}
         self._slots_view = MappingProxyType(self._slots)
+        self._by_partition: dict[int, list[SlotState]] = {}
+        """Held slots by input partition (several when slots are hash ranges of partitions)."""
+        self._layout: SlotLayout | None = None
+        self._router: SlotRouter | None = None
+        self._fetches = 0
+        """Fetches started so far (the one in flight, if any, is number `_fetches`)."""
+        self._stale: dict[int, int] = {}
+        """Partition -> the last fetch whose records of it are stale: it was re-assigned from a lower
+        offset for a newly acquired slot after that fetch began (see `acquire`)."""
         self._acquiring: dict[int, _AcquireTicket] = {}
         self._losing: dict[int, asyncio.Task[None]] = {}
         """Slots whose producer failed, being released (see `_slot_failed`)."""
@@ -135,6 +146,39 @@ class Worker:
         """Partitions of the input topic (known after `start`)."""
         return self._counts[self.settings.topic]
 
+    @property
+    def layout(self) -> SlotLayout:
+        """How the input's partitions are cut into slots (after `start`; `use_layout` changes it)."""
+        assert self._layout is not None, "worker not started"
+        return self._layout
+
+    def committed_positions(self) -> dict[int, int]:
+        """Per held hash-range slot, the input offset its committed transactions count up to (what
+        its member reports; a whole partition's is the group's committed offset, so none here)."""
+        return {s: slot.committed_offset for s, slot in self._slots.items()
+                if not slot.whole_partition and not slot.revoked}
+
+    def use_slot_count(self, slot_count: int) -> None:
+        """Hold slots of a range map of `slot_count` slots (the member's, from the publication)."""
+        self.use_layout(SlotLayout.of_slot_count(self.partition_count, slot_count))
+
+    def use_layout(self, layout: SlotLayout) -> None:
+        """Hold slots of `layout` from now on (the range map's: layout.py). A worker holding slots
+        cannot change layouts: ValueError."""
+        if layout == self._layout:
+            return
+        if self._counts and layout.partitions != self.partition_count:
+            raise ValueError(f"a layout of {layout.partitions} partitions does not fit topic {self.settings.topic!r}, "
+                             f"which has {self.partition_count}")
+        if self._slots or self._acquiring:
+            raise ValueError(f"cannot change the slot layout while holding slots {sorted(self._slots)}")
+        self._layout = layout
+        self._router = SlotRouter(layout)
+        if self._restorer is not None:
+            self._restorer.layout = layout
+        if self._intake is not None:
+            self._intake.layout = layout
+
     async def start(self, stop: asyncio.Event | None = None) -> None:
         """Check the input topic, create the output topics, and connect. While Kafka does not
         answer this waits for it (one log line per try) until `stop` is set (StopRequested)."""
@@ -152,13 +196,16 @@ class Worker:
         outputs = await until_reachable(lambda timeout: ensure_topics(
             s.bootstrap, specs, timeout, s.client_properties, s.replication_factor), stop, longest)
         self._counts = {s.topic: count, **outputs}
-        self._restorer = Restorer(s, self._counts)
+        self._layout = self._layout if self._layout is not None else SlotLayout(count)
+        self._router = SlotRouter(self._layout)
+        self._restorer = Restorer(s, self._counts, self._layout)
         self._restorer.connect_next_reader()
         self._group_metadata = await self._consumer.open()
         limits = await until_reachable(lambda timeout: max_message_bytes(
             s.bootstrap, [s.sink, s.dlq, s.state], timeout, s.client_properties), stop, longest)
         self._outputs = Outputs(s, self._counts, limits)
         self._intake = Intake(count, s.restore_clock_slack_seconds, self._outputs, mapping=s.input_mapping)
+        self._intake.layout = self._layout
         attempts = self._attempts = AttemptRunner(s, self.handler, self._outputs, self._pool, self.stats,
                                                   self.handoff_pauses)
         self.health.set_abandoned_source(lambda: attempts.abandoned, attempts.held_releases,
@@ -217,11 +264,12 @@ class Worker:
     async def acquire(self, slots: Iterable[int]) -> None:
         """Restore the slots' state and dedup window, then resume them from their committed offsets."""
         wanted = sorted(set(slots))
+        layout = self.layout
         for slot in wanted:
-            if not 0 <= slot < self.partition_count:
-                raise ValueError(
-                    f"slot {slot} does not exist: topic {self.settings.topic!r} has {self.partition_count} partitions"
-                )
+            if not 0 <= slot < layout.slot_count:
+                cut = f", cut into {layout.per_partition} slots each" if layout.splits_partitions else ""
+                raise ValueError(f"slot {slot} does not exist: topic {self.settings.topic!r} has "
+                                 f"{self.partition_count} partitions{cut}")
         await self._losses_released(wanted)
         new = [s for s in wanted if s not in self._slots and s not in self._acquiring]
         if not new:
@@ -253,24 +301,52 @@ class Worker:
                 if self._acquiring.get(s) is ticket:
                     del self._acquiring[s]
         assign: dict[int, int] = {}
+        seek: dict[int, int] = {}
+        taken: list[int] = []
         for s, ticket in tickets.items():
             if ticket.cancelled or self._stopping:
                 await transactions[s].close()
                 continue
-            partition = s  # a slot is one whole partition (for now)
+            partition = layout.partition_of(s)
+            start = restored[s].start_offset
             assert self._outputs is not None
-            self._slots[s] = SlotState(
+            state = self._slots[s] = SlotState(
                 s, partition, restored[s], self.settings.ttl_seconds, time.time,
-                SlotMetrics(self.settings.metrics_consumer, self.settings.worker_id, partition), transactions[s],
-                self._outputs.output_partition(self.settings.sink, partition))
-            assign[partition] = restored[s].start_offset
-        await self._consumer.assign(assign)
+                SlotMetrics(self.settings.metrics_consumer, self.settings.worker_id, layout.describe_slot(s)),
+                transactions[s], self._outputs.output_partition(self.settings.sink, partition),
+                slot_totals_key(layout, s), layout.per_partition)
+            taken.append(s)
+            siblings = self._by_partition.setdefault(partition, [])
+            if partition in assign:
+                assign[partition] = min(assign[partition], start)
+            elif siblings:
+                # The partition is fetched for another slot already: back to where this one resumes
+                # (the others skip what they have seen: SlotState.admit). A fetch begun before the
+                # re-assignment may return records past that offset: dropped, they come again.
+                seek[partition] = min([start, seek.get(partition, start),
+                                       *(sibling.next_offset for sibling in siblings)])
+                self._stale[partition] = sys.maxsize  # until the re-assignment is queued behind the fetch
+                if siblings[0].paused:
+                    state.set_paused(True)  # its partition is paused for a sibling's backpressure
+            else:
+                assign[partition] = start
+            siblings.append(state)
+        try:
+            await self._consumer.assign(assign)
+        finally:
+            # The consumer's calls run in order on its thread: a fetch begun after the re-assignment
+            # is queued returns records from the new offsets (and if it is never queued, the
+            # partition's other slots must not wait).
+            self._stale.update(dict.fromkeys(seek, self._fetches))
+        if seek:
+            await self._consumer.pause([p for p in seek if self._by_partition[p][0].paused])
         self._held_gauge.set(len(self.held_slots))
         log.info("acquired slots %s at offsets %s in %.0f ms (producers initialised %.0f ms, restore %.0f ms%s; "
-                 "restored %d finished-after-commit offsets, %d uuids, %d client states)", sorted(assign), assign,
+                 "restored %d finished-after-commit offsets, %d uuids, %d client states)", taken,
+                 {layout.describe_slot(s): restored[s].start_offset for s in taken},
                  (time.monotonic() - began) * 1000, open_ms, restore_ms, " after a read-ahead" if prefetched else "",
-                 sum(len(restored[s].finished_offsets) for s in assign),
-                 sum(len(restored[s].seen) for s in assign), sum(len(restored[s].state) for s in assign))
+                 sum(len(restored[s].finished_offsets) for s in taken),
+                 sum(len(restored[s].seen) for s in taken), sum(len(restored[s].state) for s in taken))
 
     async def prefetch(self, slots: Iterable[int]) -> bool:
         """Read ahead the logs a later `acquire(slots)` restores from, while another worker still
@@ -300,7 +376,10 @@ class Worker:
         assert self._outputs is not None, "worker not started"
         # Batches no larger than the smallest output topic takes: records that fit one by one could
         # still fail their transaction together, on every try.
-        return SlotTransactions(self.settings, slot, self._group_metadata, batch_bytes=self._outputs.batch_bytes)
+        s = self.settings
+        partition = self._outputs.output_partition(s.sink, self.layout.partition_of(slot))
+        end_lock = transaction_end_lock(s.bootstrap, s.sink, partition)
+        return SlotTransactions(s, slot, self._group_metadata, batch_bytes=self._outputs.batch_bytes, end_lock=end_lock)
 
     async def _take_prefetch(self, slots: list[int]) -> Prefetched | None:
         """The read-ahead of exactly `slots` (waiting for it if it still runs), or None; either way
@@ -340,7 +419,9 @@ class Worker:
         began = time.monotonic()
         for slot in states:
             slot.revoke()
-        await self._consumer.unassign([slot.partition for slot in states])
+        # A partition stays assigned while another of its slots is held here.
+        await self._consumer.unassign(sorted({slot.partition for slot in states
+                                              if all(other.revoked for other in self._by_partition[slot.partition])}))
         await asyncio.gather(*(slot.drained() for slot in states))
         drained = time.monotonic()
         assert self._committer is not None
@@ -353,6 +434,10 @@ class Worker:
             slot.discard()
             if self._slots.get(slot.slot) is slot:
                 del self._slots[slot.slot]
+                siblings = self._by_partition[slot.partition]
+                siblings.remove(slot)
+                if not siblings:
+                    del self._by_partition[slot.partition]
         committed = time.monotonic()
         await asyncio.gather(*(slot.transactions.close() for slot in states))
         self._held_gauge.set(len(self.held_slots))
@@ -421,24 +506,27 @@ class Worker:
 
     async def _fetch_loop(self) -> None:
         while not self._stopping:
+            self._fetches += 1
             messages = await self._consumer.fetch()
             if messages:
+                if self._stale:
+                    messages = self._fresh(messages)
                 self._dispatch(messages)
             await self._apply_backpressure()
 
     def _dispatch(self, messages: list[Message]) -> None:
-        scheduler, intake, attempts = self._scheduler, self._intake, self._attempts
-        assert scheduler is not None and intake is not None and attempts is not None
+        scheduler, intake, attempts, router = self._scheduler, self._intake, self._attempts, self._router
+        assert scheduler is not None and intake is not None and attempts is not None and router is not None
         inline = self.handler.inline
-        slots = self._slots  # by partition: a slot is one whole partition (for now)
+        slots = self._slots
+        slot_of = self._slot_of_record
         for m in messages:
             if m.error() is not None:
                 fetch_log.warning("fetch error: %s", m.error())
                 continue
-            # A fetched record always has a partition and an offset (the stubs say Optional).
-            slot = slots.get(m.partition())  # type: ignore[arg-type]
+            slot = slot_of(m, router)
             if slot is None:
-                continue  # fetched just before a release: the new owner handles it
+                continue  # fetched just before a release, or another worker's: its owner handles it
             job = intake.admit(slot, m, m.offset())  # type: ignore[arg-type]
             if job is not None:
                 client = job.event.client_id
@@ -451,19 +539,56 @@ class Worker:
                 slot.metrics.consumed.inc(n)
                 self.stats.consumed += n
 
+    def _fresh(self, messages: list[Message]) -> list[Message]:
+        """The fetched records not of a partition re-assigned after this fetch began."""
+        number = self._fetches
+        stale = {p for p, last in self._stale.items() if last >= number}
+        self._stale = {p: last for p, last in self._stale.items() if last > number}
+        return [m for m in messages if m.partition() not in stale] if stale else messages
+
+    def _slot_of_record(self, m: Message, router: SlotRouter) -> SlotState | None:
+        """The held slot a fetched record belongs to, or None. A record of a partition cut into hash
+        ranges moves the partition's other held slots past its offset (commitwindow.py)."""
+        # A fetched record always has a partition and an offset (the stubs say Optional).
+        partition: int = m.partition()  # type: ignore[assignment]
+        held = self._by_partition.get(partition)
+        if held is None:
+            return None
+        if len(held) == 1 and held[0].whole_partition:
+            return held[0]
+        slot = router.slot_of(partition, m.key())
+        offset: int = m.offset()  # type: ignore[assignment]
+        mine = None
+        for candidate in held:
+            if candidate.slot == slot:
+                mine = candidate
+            elif not candidate.revoked:
+                # A slot being released skips its own records from now on: passing it on would
+                # commit its position past them, and its next owner would never see them.
+                candidate.pass_offset(offset)
+        return mine
+
     async def _apply_backpressure(self) -> None:
         limits = self.settings.max_pending, self.settings.max_pending_bytes
-        to_pause = [slot for slot in self._slots.values() if slot.wants_pause(*limits)]
-        to_resume = [slot for slot in self._slots.values() if slot.wants_resume(*limits)]
+        # Per partition: the consumer pauses a partition, with every slot of it held here.
+        to_pause: list[int] = []
+        to_resume: list[int] = []
+        for p, held in self._by_partition.items():
+            if not held[0].paused and any(slot.wants_pause(*limits) for slot in held):
+                to_pause.append(p)
+            elif held[0].paused and all(slot.wants_resume(*limits) for slot in held):
+                to_resume.append(p)
         if to_pause:
-            await self._consumer.pause([slot.partition for slot in to_pause])
-            for slot in to_pause:
-                slot.set_paused(True)
+            await self._consumer.pause(to_pause)
+            for p in to_pause:
+                for slot in self._by_partition.get(p, []):
+                    slot.set_paused(True)
             self.stats.pauses += len(to_pause)
         if to_resume:
-            await self._consumer.resume([slot.partition for slot in to_resume])
-            for slot in to_resume:
-                slot.set_paused(False)
+            await self._consumer.resume(to_resume)
+            for p in to_resume:
+                for slot in self._by_partition.get(p, []):
+                    slot.set_paused(False)
 
     # --- committing --------------------------------------------------------------------------
 

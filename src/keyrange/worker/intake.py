@@ -33,6 +33,7 @@ from confluent_kafka import Message
 
 from keyrange.events import BadEvent, ClientId, parse_input
 from keyrange.inputmapping import DEFAULT_MAPPING, InputMapping, InputParser
+from keyrange.ranges.layout import SlotLayout
 from keyrange.ranges.slots import partition_for_client
 from keyrange.worker.attempts import AttemptSlot, Job
 from keyrange.worker.outputs import Outputs
@@ -51,6 +52,10 @@ class IntakeSlot(AttemptSlot, Protocol):
     @property
     def placed_clients(self) -> Set[ClientId]:
         """Clients found on their murmur2 partition here."""
+
+    @property
+    def slot(self) -> int:
+        """The slot's number in the range map."""
 
     @property
     def stream_time(self) -> float:
@@ -72,10 +77,12 @@ class IntakeSlot(AttemptSlot, Protocol):
 class Intake:
     """Turns the records of held slots into jobs or immediate outcomes (module docstring)."""
 
-    __slots__ = ("_check_placements", "_outputs", "_parser", "_partition_count", "_skew_s", "_wall_clock")
+    __slots__ = ("_check_placements", "_outputs", "_parser", "_partition_count", "_skew_s", "_wall_clock", "layout")
 
     def __init__(self, partition_count: int, tolerated_skew_seconds: float, outputs: Outputs,
                  wall_clock: Callable[[], float] = time.time, mapping: InputMapping = DEFAULT_MAPPING) -> None:
+        self.layout = SlotLayout(partition_count)
+        """The slots' layout (the engine's): a hash range's clients must be keyed by their clientId."""
         self._parser: InputParser | None = None if mapping.is_default else mapping.parser
         """None: the default mapping, parsed by parse_input with no more work per event than before."""
         self._check_placements = mapping.client_id != "key"
@@ -137,8 +144,19 @@ class Intake:
 
     def _check_placement(self, slot: IntakeSlot, client_id: ClientId) -> None:
         expected = partition_for_client(client_id, self._partition_count)
+        layout = self.layout
         if expected == slot.partition:
-            slot.place(client_id)
+            if not layout.splits_partitions or layout.slot_for_key(expected, str(client_id).encode()) == slot.slot:
+                slot.place(client_id)
+                return
+            # Routed by a record key other than its clientId: its events may fall in two hash ranges.
+            slot.metrics.misplaced.inc()
+            if slot.first_misplaced():
+                log.warning(
+                    "slot %s holds events of client %r keyed otherwise than by its clientId: with partitions cut "
+                    "into hash ranges its order and state may be split over two of them. Producers must key events "
+                    "by clientId. Counted in keyrange_misplaced_events_total; warned once per slot.",
+                    layout.describe_slot(slot.slot), client_id)
             return
         slot.metrics.misplaced.inc()
         if slot.first_misplaced():

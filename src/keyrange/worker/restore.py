@@ -45,19 +45,20 @@ from keyrange.events import (
     GROUP_HEADER,
     SOURCE_OFFSET_HEADER,
     STATE_HEADER,
-    TOTALS_KEY,
     BadEvent,
     ClientId,
     decode_processed,
     decode_totals,
+    is_totals_key,
 )
 from keyrange.inputmapping import InputParser, source_timestamp
 from keyrange.logend import Span
+from keyrange.ranges.layout import SlotLayout, SlotRouter
 from keyrange.worker.commitwindow import Outcome, Totals
 from keyrange.worker.dedup import window_seconds
 from keyrange.worker.logreader import LogReader
 from keyrange.worker.settings import WorkerSettings
-from keyrange.worker.snapshots import changelog_starts, snapshot_named
+from keyrange.worker.snapshots import changelog_starts, slot_totals_key, snapshot_named
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,8 +98,10 @@ class RestoredPartition:
 
 
 def restore(settings: WorkerSettings, start_offsets: dict[int, int], partition_counts: dict[str, int],
-            now_s: float | None = None) -> dict[int, RestoredPartition]:
-    """Restore every partition in `start_offsets` (partition -> committed or first offset).
+            now_s: float | None = None, layout: SlotLayout | None = None) -> dict[int, RestoredPartition]:
+    """Restore every slot in `start_offsets` (slot -> the offset it resumes from: positions.py)
+    under `layout` (default: one slot per partition, a slot is its partition). A slot that is a
+    hash range of a partition keeps of each log only its own clients' records (`SlotRouter`).
 
     Five round trips on one consumer: the last records before each committed offset and the one
     at it; the offsets at the window's and the outputs' start times; the changelog's bounds and its
@@ -108,19 +111,31 @@ def restore(settings: WorkerSettings, start_offsets: dict[int, int], partition_c
     """
     reader = LogReader(settings)
     try:
-        return restore_with(reader, settings, start_offsets, partition_counts, now_s)
+        return restore_with(reader, settings, start_offsets, partition_counts, now_s, layout)
     finally:
         reader.close()
 
 
 def restore_with(reader: LogReader, settings: WorkerSettings, start_offsets: dict[int, int],
-                 partition_counts: dict[str, int], now_s: float | None) -> dict[int, RestoredPartition]:
+                 partition_counts: dict[str, int], now_s: float | None,
+                 layout: SlotLayout | None = None) -> dict[int, RestoredPartition]:
     """`restore` on a given reader."""
-    plan = plan_reads(reader, settings, start_offsets, partition_counts, now_s)
+    layout = layout or SlotLayout(partition_counts[settings.topic])
+    plan = plan_reads(reader, settings, start_offsets, partition_counts, now_s, layout=layout)
     parsed = ParsedLogs()
-    reader.read(plan.starts, {(settings.topic, p): start_offsets[p] for p in start_offsets},
+    reader.read(plan.starts, input_stops(settings.topic, start_offsets, layout),
                 each=lambda span, messages: parsed.add(settings, span, messages))
-    return fold_logs(start_offsets, parsed)
+    return fold_logs(start_offsets, parsed, layout)
+
+
+def input_stops(topic: str, start_offsets: dict[int, int], layout: SlotLayout) -> dict[Span, int]:
+    """Where the input is read to: the highest offset a slot of each partition resumes from (the
+    window is what lies before it)."""
+    stops: dict[Span, int] = {}
+    for slot, offset in start_offsets.items():
+        span = (topic, layout.partition_of(slot))
+        stops[span] = max(stops.get(span, offset), offset)
+    return stops
 
 
 TAIL_RECORDS = 64
@@ -136,69 +151,88 @@ class ReadPlan:
     """Input (the dedup window before the committed offset), sink and DLQ (outputs of offsets at or
     after it) and changelog (from its newest snapshot: snapshots.py) spans, with their first offsets."""
     stream_ms: dict[int, int]
-    """Per partition, the dedup window's stream time at the committed offset as the records before it
+    """Per slot, the dedup window's stream time at the committed offset as the records before it
     tell (never later than it was, within the clock slack): the input is read from TTL before."""
     written_ms: dict[int, int]
-    """Per partition, a time no later than when the outputs of offsets at or after the committed one
+    """Per slot, a time no later than when the outputs of offsets at or after the committed one
     were written (within the clock slack): the newest record timestamp up to that offset that is not
     past now, or now when the partition ends there."""
 
 
 def plan_reads(reader: LogReader, settings: WorkerSettings, start_offsets: dict[int, int],
-               partition_counts: dict[str, int], now_s: float | None, skip_ended: bool = True) -> ReadPlan:
-    """Two round trips: the last records before each committed offset and the record at it, then the
-    offsets at the window's and the outputs' start times. With `skip_ended`, partitions that end at
-    their committed offset get no output spans (nothing past the offset has run).
+               partition_counts: dict[str, int], now_s: float | None, skip_ended: bool = True,
+               layout: SlotLayout | None = None) -> ReadPlan:
+    """Two round trips: the last records before each slot's committed offset and the record at it,
+    then the offsets at the window's and the outputs' start times. With `skip_ended`, slots whose
+    partition ends at their committed offset get no output spans (nothing past the offset has run).
     Then the changelog's snapshot (snapshots.py `changelog_starts`)."""
     now_ms = int((time.time() if now_s is None else now_s) * 1000)
     slack_ms = int(settings.restore_clock_slack_seconds * 1000)
-    parts = list(start_offsets)
     topic = settings.topic
-
-    tails, ends = reader.read({(topic, p): max(0, o - TAIL_RECORDS) for p, o in start_offsets.items()},
-                              {(topic, p): o + 1 for p, o in start_offsets.items()})
+    layout = layout or SlotLayout(partition_counts[topic])
+    router = SlotRouter(layout)
+    slots = list(start_offsets)
+    lowest: dict[int, int] = {}
+    highest: dict[int, int] = {}
+    for s, o in start_offsets.items():
+        p = layout.partition_of(s)
+        lowest[p], highest[p] = min(lowest.get(p, o), o), max(highest.get(p, o), o)
+    # A hash-range slot holds one in per_partition of its partition's records: read as many more.
+    tail_records = TAIL_RECORDS * layout.per_partition
+    tails, ends = reader.read({(topic, p): max(0, o - tail_records) for p, o in lowest.items()},
+                              {(topic, p): o + 1 for p, o in highest.items()})
     stream_ms: dict[int, int] = {}
-    written_ms = dict.fromkeys(parts, now_ms)
+    written_ms = dict.fromkeys(slots, now_ms)
     parser = settings.input_mapping.parser
-    for p, committed in start_offsets.items():
-        tail = [_input_entry(parser, m) for m in tails.get((topic, p), [])]
-        before = [e for e in tail if e.offset < committed]
+    parsed_tails = {p: [(_input_entry(parser, m), m.key()) for m in tails.get((topic, p), [])] for p in lowest}
+    for s, committed in start_offsets.items():
+        p = layout.partition_of(s)
+        tail = [e for e, _ in parsed_tails[p] if e.offset <= committed]
+        before = [e for e, key in parsed_tails[p] if e.offset < committed and router.slot_of(p, key) == s]
         # The window's clock is the newest event time before C, capped at the wall clock (dedup.py),
         # so neither the record at C nor a late record before it can pull it back, and an idle
         # partition keeps the stream time its last events gave it, not now. An event stamped past
         # now moved it to when its owner saw it, which is not known (TtlSet.replay): left out.
         event_ms = [int(e.event_s * 1000) for e in before if e.uuid is not None]
         if any(ms <= now_ms for ms in event_ms):
-            stream_ms[p] = max(ms for ms in event_ms if ms <= now_ms)
+            stream_ms[s] = max(ms for ms in event_ms if ms <= now_ms)
         elif event_ms:
-            stream_ms[p] = now_ms - slack_ms  # all ahead of this clock: by the slack at most, or skewed
-        elif before:
-            stream_ms[p] = 0  # only bad input in the tail: the window's clock is older, read it all
+            stream_ms[s] = now_ms - slack_ms  # all ahead of this clock: by the slack at most, or skewed
+        elif before or (committed > 0 and layout.splits_partitions and tail and tail[0].offset > 0):
+            # Only bad input in the tail, or none of this slot's records among the partition's
+            # last ones: the window's clock is older, read it all.
+            stream_ms[s] = 0
         if any(e.offset >= committed for e in tail):
             # An output of an offset >= C was written after the record at C was appended, so after
             # every record before it was: the newest timestamp among them bounds it from below
             # (one stamped past now says nothing about when it was appended).
             stamped = [e.timestamp_ms for e in tail if e.timestamp_ms <= now_ms]
-            written_ms[p] = max(stamped) if stamped else now_ms - slack_ms
-    # A partition that ends at its committed offset has no event at or past it, so no output of
-    # one to find (a transaction marker at the offset does not count: records may follow it).
-    ended = {p for p in parts if ends[(topic, p)] <= start_offsets[p]} if skip_ended else set()
+            written_ms[s] = max(stamped) if stamped else now_ms - slack_ms
+    # A slot whose partition ends at its committed offset has no event at or past it, so no output
+    # of one to find (a transaction marker at the offset does not count: records may follow it).
+    ended = {s for s in slots if ends[(topic, layout.partition_of(s))] <= start_offsets[s]} if skip_ended else set()
 
     window_ms = int(window_seconds(settings.ttl_seconds) * 1000) + 1
-    times = {(topic, p): max(0, ms - window_ms - slack_ms) for p, ms in stream_ms.items()}
+    times: dict[Span, int] = {}
+    for s, ms in stream_ms.items():
+        span = (topic, layout.partition_of(s))
+        times[span] = min(times.get(span, now_ms), max(0, ms - window_ms - slack_ms))
     outputs_from_ms = max(0, min(written_ms.values(), default=now_ms) - slack_ms)
     input_count = partition_counts[topic]
     for out_topic in (settings.sink, settings.dlq):
         if partition_counts[out_topic] == input_count:
-            times.update({(out_topic, p): max(0, written_ms[p] - slack_ms) for p in parts if p not in ended})
-        elif not ended.issuperset(parts):
+            for s in slots:
+                if s not in ended:
+                    span = (out_topic, layout.partition_of(s))
+                    times[span] = min(times.get(span, now_ms), max(0, written_ms[s] - slack_ms))
+        elif not ended.issuperset(slots):
             times.update({(out_topic, p): outputs_from_ms for p in range(partition_counts[out_topic])})
     offsets = reader.offsets_at(times)
 
     # Input just before the committed offsets (the uuids the dedup window holds there), the outputs
     # of offsets >= C, and the changelog from the snapshot the committed offsets vouch for.
     starts = dict(offsets)
-    starts.update(changelog_starts(reader, settings.state, start_offsets))
+    starts.update(changelog_starts(reader, settings.state, start_offsets, layout))
     return ReadPlan(starts, stream_ms, written_ms)
 
 
@@ -211,6 +245,8 @@ class InputEntry:
     uuid: str | None
     """None for a record that is not a valid event."""
     event_s: float
+    key: bytes | None = None
+    """The record's key, which routes it to its slot (layout.py)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -224,6 +260,9 @@ class OutputEntry:
     state: tuple[ClientId, Any] | None
     """(clientId, state after the event; None = deleted) when the handler changed the state."""
     outcome: Outcome
+    key: bytes | None = None
+    """What routes it to its slot as its input record was: the clientId's text (the input's key)
+    for a processed record, the input's own key for a dead letter."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -246,6 +285,8 @@ class TotalsEntry:
     totals: Totals
     snapshot_start: int | None
     """The changelog snapshot it names (snapshots.py), if any."""
+    key: bytes = b""
+    """Its slot's totals key (events.totals_key)."""
 
 
 @dataclass
@@ -259,7 +300,7 @@ class ParsedLogs:
     states: dict[int, list[StateEntry]] = field(default_factory=dict)
     """Per changelog partition, in log order."""
     totals: dict[int, list[TotalsEntry]] = field(default_factory=dict)
-    """Per changelog partition, in log order."""
+    """Per changelog partition, in log order (every slot's of the partition)."""
 
     def add(self, settings: WorkerSettings, span: Span, messages: list[Message]) -> None:
         """Parse `messages` of `span` (records after those added for it before)."""
@@ -278,31 +319,39 @@ class ParsedLogs:
                 self.outputs.extend(e for m in ours if (e := _processed_entry(m)) is not None)
         elif topic == settings.state:
             for m in messages:
-                if m.key() == TOTALS_KEY:
+                if is_totals_key(m.key()):
                     if (totals := _totals_entry(m)) is not None:
                         self.totals.setdefault(partition, []).append(totals)
                 elif (change := _state_entry(parser, m)) is not None:
                     self.states.setdefault(partition, []).append(change)
 
 
-def fold_logs(start_offsets: dict[int, int], parsed: ParsedLogs) -> dict[int, RestoredPartition]:
-    """The restored partitions from the records read (see the module docstring for the rules).
-    Input records at or past a committed offset and outputs of offsets before it are ignored, so
-    the logs may hold more than a plan asked for, from earlier offsets or up to a later end."""
-    result = {p: RestoredPartition(o) for p, o in start_offsets.items()}
-    for p, restored in result.items():
+def fold_logs(start_offsets: dict[int, int], parsed: ParsedLogs,
+              layout: SlotLayout | None = None) -> dict[int, RestoredPartition]:
+    """The restored slots from the records read (see the module docstring for the rules). Input
+    records at or past a committed offset and outputs of offsets before it are ignored, so the logs
+    may hold more than a plan asked for, from earlier offsets or up to a later end; a record of
+    another slot of the same partition is ignored too."""
+    layout = layout or SlotLayout.whole_partitions(start_offsets)
+    router = SlotRouter(layout)
+    result = {s: RestoredPartition(o) for s, o in start_offsets.items()}
+    for s, restored in result.items():
+        p = layout.partition_of(s)
         for entry in parsed.inputs.get(p, []):
             if entry.offset >= restored.start_offset:
                 break  # offsets ascend within a partition
-            if entry.uuid is not None:
+            if entry.uuid is not None and router.slot_of(p, entry.key) == s:
                 restored.seen.append((entry.uuid, entry.event_s))
 
-    # (offset, clientId, state or None) from the processed records of offsets >= C, per partition.
-    states_after: dict[int, list[tuple[int, ClientId, Any]]] = {p: [] for p in result}
+    # (offset, clientId, state or None) from the processed records of offsets >= C, per slot.
+    states_after: dict[int, list[tuple[int, ClientId, Any]]] = {s: [] for s in result}
     for out in parsed.outputs:
         # An output of an event at or past the committed offset: it must not run again, its uuid
         # joins the window, and the client's state after it (if its handler changed it) is noted.
-        target = result.get(out.partition)
+        if not 0 <= out.partition < layout.partitions:
+            continue
+        slot = router.slot_of(out.partition, out.key)
+        target = result.get(slot)
         if target is None or out.offset < target.start_offset:
             continue
         # Not added to the window here: the old owner saw these events in log order, each with the
@@ -311,22 +360,25 @@ def fold_logs(start_offsets: dict[int, int], parsed: ParsedLogs) -> dict[int, Re
         # before it. The intake adds each when the fetch passes it.
         target.finished_offsets[out.offset] = Finished(out.outcome, out.uuid, out.created_s)
         if out.state is not None:
-            states_after[out.partition].append((out.offset, *out.state))
+            states_after[slot].append((out.offset, *out.state))
 
-    for p, restored in result.items():
+    for s, restored in result.items():
+        p = layout.partition_of(s)
+        key = slot_totals_key(layout, s)
         # The newest totals the committed offset covers; a newer record counting past it was
         # written by a transaction whose offsets did not commit (tansu workaround: torn on tansu;
         # Kafka never shows one): its offsets run again and are counted again.
-        for record in parsed.totals.get(p, []):
+        totals = [record for record in parsed.totals.get(p, []) if record.key == key]
+        for record in totals:
             if record.counted_to <= restored.start_offset:
                 restored.totals, restored.snapshot_start = record.totals, record.snapshot_start
-        changes = parsed.states.get(p, [])
-        restored.changelog_records = len(changes) + len(parsed.totals.get(p, []))
+        changes = [c for c in parsed.states.get(p, []) if router.slot_of(p, str(c.client).encode()) == s]
+        restored.changelog_records = len(changes) + len(totals)
         for change in changes:
             if change.source_offset is not None and change.source_offset >= restored.start_offset:
                 continue  # possibly ahead of its processed record: that record carries the state
             _set_state(restored, change.client, change.state, change.source_offset)
-        for offset, client, state in sorted(states_after[p], key=lambda entry: entry[0]):
+        for offset, client, state in sorted(states_after[s], key=lambda entry: entry[0]):
             _set_state(restored, client, state, offset)
     return result
 
@@ -339,9 +391,9 @@ def _input_entry(parser: InputParser, m: Message) -> InputEntry:
         # The intake's own mapping, so the window holds what the intake would have put there.
         event = parser.parse(m.key(), m.value(), m.headers(), timestamp_ms)
     except BadEvent:
-        return InputEntry(offset, timestamp_ms, None, 0.0)
+        return InputEntry(offset, timestamp_ms, None, 0.0, m.key())
     event_ms = event.created_ms or timestamp_ms  # as the engine does when `created` is missing
-    return InputEntry(offset, timestamp_ms, event.uuid, event_ms / 1000)
+    return InputEntry(offset, timestamp_ms, event.uuid, event_ms / 1000, m.key())
 
 
 def _processed_entry(m: Message) -> OutputEntry | None:
@@ -352,7 +404,8 @@ def _processed_entry(m: Message) -> OutputEntry | None:
     encoded = _header(m, STATE_HEADER)
     state = None if encoded is None else (record["clientId"], orjson.loads(encoded))
     created_s = (record.get("created") or m.timestamp()[1]) / 1000
-    return OutputEntry(record["partition"], record["offset"], record["uuid"], created_s, state, Outcome.HANDLED)
+    return OutputEntry(record["partition"], record["offset"], record["uuid"], created_s, state, Outcome.HANDLED,
+                       str(record["clientId"]).encode())
 
 
 def _dead_letter_entry(parser: InputParser, m: Message) -> OutputEntry | None:
@@ -369,9 +422,9 @@ def _dead_letter_entry(parser: InputParser, m: Message) -> OutputEntry | None:
     try:
         event = parser.parse(m.key(), m.value(), record_headers, timestamp_ms)
         created_s = (event.created_ms or timestamp_ms) / 1000
-        return OutputEntry(partition, offset, event.uuid, created_s, None, Outcome.DEAD_LETTERED)
+        return OutputEntry(partition, offset, event.uuid, created_s, None, Outcome.DEAD_LETTERED, m.key())
     except BadEvent:
-        return OutputEntry(partition, offset, None, 0.0, None, Outcome.DEAD_LETTERED)
+        return OutputEntry(partition, offset, None, 0.0, None, Outcome.DEAD_LETTERED, m.key())
 
 
 def _state_entry(parser: InputParser, m: Message) -> StateEntry | None:
@@ -389,7 +442,7 @@ def _totals_entry(m: Message) -> TotalsEntry | None:
     value = m.value()
     if named is None or value is None:
         return None
-    return TotalsEntry(named[0], Totals(*decode_totals(value)), named[1])
+    return TotalsEntry(named[0], Totals(*decode_totals(value)), named[1], m.key() or b"")
 
 
 def _set_state(restored: RestoredPartition, client: ClientId, state: Any, offset: int | None) -> None:

@@ -30,8 +30,17 @@ from dataclasses import dataclass
 from confluent_kafka import KafkaException, Message
 
 from keyrange.logend import Span
+from keyrange.ranges.layout import SlotLayout
 from keyrange.worker.logreader import LogReader
-from keyrange.worker.restore import ParsedLogs, RestoredPartition, fold_logs, plan_reads, restore_with
+from keyrange.worker.positions import slot_starts
+from keyrange.worker.restore import (
+    ParsedLogs,
+    RestoredPartition,
+    fold_logs,
+    input_stops,
+    plan_reads,
+    restore_with,
+)
 from keyrange.worker.settings import WorkerSettings
 
 
@@ -40,7 +49,7 @@ class Prefetched:
     """Logs read ahead for slots about to be acquired. Used once: the catch-up appends to `logs`."""
 
     committed: dict[int, int]
-    """The committed offsets (C0) the read-ahead was planned from."""
+    """Per slot, the committed offset (C0) the read-ahead was planned from."""
     logs: ParsedLogs
     """The records read, parsed."""
     reached: dict[Span, int]
@@ -50,9 +59,12 @@ class Prefetched:
 class Restorer:
     """Restores slots for one worker (see the module docstring). Blocking: call from a thread."""
 
-    def __init__(self, settings: WorkerSettings, partition_counts: dict[str, int]) -> None:
+    def __init__(self, settings: WorkerSettings, partition_counts: dict[str, int],
+                 layout: SlotLayout | None = None) -> None:
         self._settings = settings
         self._counts = dict(partition_counts)
+        self.layout = layout or SlotLayout(partition_counts[settings.topic])
+        """How the input's partitions are cut into slots (the slots it restores are of this layout)."""
         self._topics = list(partition_counts)
         self._lock = threading.Lock()
         self._ready: Future[LogReader] | None = None
@@ -98,12 +110,13 @@ class Restorer:
         """Read ahead what restoring `slots` will need (the slots may still be handled elsewhere)."""
         reader = self._take()
         try:
-            committed = reader.start_offsets(self._settings.topic, sorted(set(slots)))
+            committed = self._starts(reader, slots)
             # Outputs for every partition: one that ends at C0 now may not at C.
-            plan = plan_reads(reader, self._settings, committed, self._counts, now_s, skip_ended=False)
+            plan = plan_reads(reader, self._settings, committed, self._counts, now_s, skip_ended=False,
+                              layout=self.layout)
             starts = dict(plan.starts)
-            for p, offset in committed.items():
-                starts.setdefault((self._settings.topic, p), offset)  # C0 = 0: no window before it, but C may be later
+            for span, offset in input_stops(self._settings.topic, committed, self.layout).items():
+                starts.setdefault(span, offset)  # C0 = 0: no window before it, but C may be later
             logs = ParsedLogs()
             after_last: dict[Span, int] = {}
 
@@ -124,14 +137,18 @@ class Restorer:
         reading only what was appended since `prefetched` when that read-ahead covers the slots."""
         reader = self._take()
         try:
-            starts = reader.start_offsets(self._settings.topic, sorted(set(slots)))
+            starts = self._starts(reader, slots)
             if prefetched is not None:
-                caught_up = _catch_up(reader, self._settings, starts, prefetched)
+                caught_up = _catch_up(reader, self._settings, starts, prefetched, self.layout)
                 if caught_up is not None:
                     return caught_up
-            return restore_with(reader, self._settings, starts, self._counts, now_s)
+            return restore_with(reader, self._settings, starts, self._counts, now_s, self.layout)
         finally:
             self._done_with(reader)
+
+    def _starts(self, reader: LogReader, slots: Iterable[int]) -> dict[int, int]:
+        s = self._settings
+        return slot_starts(reader, s.topic, s.state, slots, self.layout)
 
     def close(self) -> None:
         """Close the ready reader, if any; no reader is prepared after this."""
@@ -144,17 +161,17 @@ class Restorer:
 
 
 def _catch_up(reader: LogReader, settings: WorkerSettings, committed: dict[int, int],
-              pre: Prefetched) -> dict[int, RestoredPartition] | None:
+              pre: Prefetched, layout: SlotLayout | None = None) -> dict[int, RestoredPartition] | None:
     """The restore from `committed` using `pre` plus what was appended since; None when `pre` does
     not cover it (other slots, or a committed offset that went back)."""
-    topic = settings.topic
-    if set(committed) != set(pre.committed) or any(committed[p] < pre.committed[p] for p in committed):
+    layout = layout or SlotLayout.whole_partitions(committed)
+    if set(committed) != set(pre.committed) or any(committed[s] < pre.committed[s] for s in committed):
         return None
     starts, stops = dict(pre.reached), {}
-    for p, offset in committed.items():
-        stops[(topic, p)] = max(starts[(topic, p)], offset)  # the window is what lies before C
+    for span, offset in input_stops(settings.topic, committed, layout).items():
+        stops[span] = max(starts[span], offset)  # the window is what lies before C
     fresh, _ = reader.read(starts, stops)
     logs = pre.logs
     for span, messages in fresh.items():
         logs.add(settings, span, messages)
-    return fold_logs(committed, logs)
+    return fold_logs(committed, logs, layout)

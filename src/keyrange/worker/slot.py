@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import Callable, Mapping, Set
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from types import MappingProxyType
 
 from confluent_kafka import KafkaError, Message, TopicPartition
@@ -41,7 +41,7 @@ class SlotMetrics:
         "paused", "pending", "processed", "skewed_ahead", "skewed_behind",
     )
 
-    def __init__(self, consumer: str, worker: str, partition: int) -> None:
+    def __init__(self, consumer: str, worker: str, partition: int | str) -> None:
         self.labels = (consumer, worker, str(partition))
         self.consumed = metrics.EVENTS_CONSUMED.labels(*self.labels)
         self.processed = metrics.EVENTS_PROCESSED.labels(*self.labels)
@@ -100,23 +100,54 @@ class CommitBatch:
     """Where the snapshot this transaction writes starts, if it writes one."""
     names_snapshot: int | None
     """The snapshot start its totals record names (None: no totals record, or none named)."""
+    last: list[OutputRecord] = field(default_factory=list)
+    """A hash-range slot's totals record: its position, written once `records` were acknowledged
+    (a whole partition's position is `offsets`)."""
 
 
 class SlotState:
     """A held slot: commit window, dedup window, keyed state and outputs not yet committed."""
 
     __slots__ = (
-        "_committed_offset", "_committed_totals", "_consumed", "_dead_letters", "_dedup", "_dirty_state", "_drained",
-        "_metrics", "_output_partition", "_outputs", "_partition", "_paused", "_placed_clients", "_processed",
-        "_restored_totals", "_revoked", "_running", "_skip", "_slot", "_snapshots", "_store", "_store_offsets",
-        "_store_view", "_transactions", "_warned_misplaced", "_window",
+        "_committed_offset",
+        "_committed_totals",
+        "_consumed",
+        "_dead_letters",
+        "_dedup",
+        "_dirty_state",
+        "_drained",
+        "_metrics",
+        "_output_partition",
+        "_outputs",
+        "_partition",
+        "_parts",
+        "_paused",
+        "_placed_clients",
+        "_processed",
+        "_restored_totals",
+        "_revoked",
+        "_running",
+        "_skip",
+        "_slot",
+        "_snapshots",
+        "_store",
+        "_store_offsets",
+        "_store_view",
+        "_totals_key",
+        "_transactions",
+        "_warned_misplaced",
+        "_window",
     )
 
     def __init__(self, slot: int, partition: int, restored: RestoredPartition, ttl_seconds: float,
                  wall_clock: Callable[[], float], slot_metrics: SlotMetrics, transactions: SlotTransactions,
-                 output_partition: int | None) -> None:
+                 output_partition: int | None, totals_key: bytes = TOTALS_KEY, parts: int = 1) -> None:
         self._slot = slot
         self._partition = partition
+        self._totals_key = totals_key
+        """The changelog key of its totals records (events.totals_key): a hash range's own."""
+        self._parts = parts
+        """The hash ranges its partition is cut into: its lag is its share of the partition's records."""
         self._transactions = transactions
         self._window = CommitWindow(restored.start_offset)
         self._committed_offset = restored.start_offset
@@ -160,6 +191,12 @@ class SlotState:
         self._output_partition = output_partition
 
     # --- identity and what others read -------------------------------------------------------
+
+    @property
+    def whole_partition(self) -> bool:
+        """Whether the slot is its whole partition (its transactions commit the group's offset), not
+        a hash range of it (ranges/layout.py: its position is its totals record)."""
+        return self._totals_key == TOTALS_KEY
 
     @property
     def slot(self) -> int:
@@ -291,6 +328,11 @@ class SlotState:
         window.finish(offset, finished.outcome)
         return False
 
+    def pass_offset(self, offset: int) -> None:
+        """An offset of the slot's partition that belongs to another slot (layout.py): the
+        committable offset may move past it."""
+        self._window.pass_offset(offset)
+
     def take_consumed(self) -> int:
         """Offsets admitted since the last call (for the consumed counters)."""
         consumed, self._consumed = self._consumed, 0
@@ -405,6 +447,8 @@ class SlotState:
         m.dedup_entries.set(len(self._dedup))
         m.pending.set(window.pending)
         lag = max(0, high_watermark - window.committable) if high_watermark >= 0 else 0
+        if self._parts > 1:
+            lag = -(-lag // self._parts)  # the records past it are all its partition's, its share of them its own
         m.lag.set(lag)
         oldest = window.oldest_timestamp_ms
         age_s = max(0.0, (now_ms - oldest) / 1000) if oldest is not None else 0.0
@@ -428,25 +472,29 @@ class SlotState:
         snapshot = None
         names = None
         duplicates = 0
+        last: list[OutputRecord] = []
         take_snapshot = self._snapshots.due(len(self._store))
         if committable > self._committed_offset or take_snapshot or not self._snapshots.named:
-            if committable > self._committed_offset:
+            whole = self.whole_partition
+            # A whole partition's position is the group's offset; a hash range's, its totals record
+            # (positions.py): the partition's other slots are at other offsets.
+            if committable > self._committed_offset and whole:
                 offsets.append(TopicPartition(topic, self._partition, committable))
             # A snapshot is every live client's state, then the totals record; it starts at its
             # first record (the totals record when no client has a state).
             written = self._snapshot_records(state_topic) if take_snapshot else []
             record, totals = self._totals_record(state_topic, committable)
-            written.append(record)
+            (written if whole else last).append(record)
             if take_snapshot:
-                snapshot = written[0].delivered = SnapshotStart()
+                snapshot = (written or last)[0].delivered = SnapshotStart()
             records.extend(written)
-            changelog_records += len(written)
+            changelog_records += len(written) + len(last)
             names = self._snapshots.start
             duplicates = totals.duplicates_dropped - self._committed_totals.duplicates_dropped
-        if not records:
+        if not records and not last:
             return None
         return CommitBatch(records, offsets, committable, processed, dead_letters, totals, duplicates,
-                           changelog_records, snapshot, names)
+                           changelog_records, snapshot, names, last)
 
     def committed(self, batch: CommitBatch) -> None:
         """`batch` (the last one taken) committed: its offset and totals are the committed ones, its
@@ -484,7 +532,7 @@ class SlotState:
         headers = [(SOURCE_OFFSET_HEADER, str(committable).encode())]
         if self._snapshots.start is not None:
             headers.append((SNAPSHOT_HEADER, str(self._snapshots.start).encode()))
-        return OutputRecord(state_topic, self._partition, TOTALS_KEY, value, headers), totals
+        return OutputRecord(state_topic, self._partition, self._totals_key, value, headers), totals
 
     def _snapshot_records(self, state_topic: str) -> list[OutputRecord]:
         """Every live client's state as changelog records (snapshots.py), each with the offset of the

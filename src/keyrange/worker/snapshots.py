@@ -32,11 +32,13 @@ every newer one follow it.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 
 from confluent_kafka import Message
 
-from keyrange.events import SNAPSHOT_HEADER, SOURCE_OFFSET_HEADER, TOTALS_KEY
+from keyrange.events import SNAPSHOT_HEADER, SOURCE_OFFSET_HEADER, is_totals_key, totals_key
 from keyrange.logend import Span
+from keyrange.ranges.layout import SlotLayout
 from keyrange.worker.logreader import LogReader
 
 SNAPSHOT_EVERY = 4
@@ -89,7 +91,7 @@ class SnapshotSchedule:
 def snapshot_named(m: Message) -> tuple[int, int | None] | None:
     """(the offset a totals record counts up to, the snapshot start it names or None), or None
     for any other changelog record."""
-    if m.key() != TOTALS_KEY:
+    if not is_totals_key(m.key()):
         return None
     headers = dict(m.headers() or [])
     counted_to = headers.get(SOURCE_OFFSET_HEADER)
@@ -99,39 +101,83 @@ def snapshot_named(m: Message) -> tuple[int, int | None] | None:
     return int(counted_to), (int(start) if isinstance(start, bytes) else None)
 
 
-def changelog_starts(reader: LogReader, state_topic: str, committed: Mapping[int, int]) -> dict[Span, int]:
-    """Per changelog partition of `committed` (partition -> committed offset C): where a restore
-    reads it from: the snapshot named by the newest totals record counting up to at most C, or
-    the log's start when none names one.
+@dataclass(frozen=True, slots=True)
+class TotalsQuery:
+    """Which totals record a restore looks for in one changelog partition."""
 
-    The first step reads to the end of the log, the later ones up to where the previous began.
-    A read to the end afterwards on the same reader ends where this one ended (logend.py), which
-    is enough: every record a restore from C uses was written before C committed."""
-    spans = {(state_topic, p): c for p, c in committed.items()}
-    bounds = reader.bounds(spans)
+    partition: int
+    key: bytes
+    """The slot's totals key (events.totals_key)."""
+    bound: int | None
+    """Only records counting up to at most this offset (the committed one); None: the newest."""
+
+
+def changelog_starts(reader: LogReader, state_topic: str, committed: Mapping[int, int],
+                     layout: SlotLayout | None = None) -> dict[Span, int]:
+    """Per changelog partition of the slots in `committed` (slot -> committed offset C): where a
+    restore reads it from: the oldest of the snapshots named by each slot's newest totals record
+    counting up to at most its C, or the log's start when one names none.
+
+    A read to the end afterwards on the same reader ends where this search's first step ended
+    (logend.py), which is enough: every record a restore from C uses was written before C committed."""
+    layout = layout or SlotLayout.whole_partitions(committed)
+    queries = {slot: TotalsQuery(layout.partition_of(slot), slot_totals_key(layout, slot), c)
+               for slot, c in committed.items()}
+    newest = newest_totals(reader, state_topic, queries)
+    bounds = reader.bounds({(state_topic, q.partition) for q in queries.values()})
     found: dict[Span, int] = {}
+    for slot, query in queries.items():
+        span = (state_topic, query.partition)
+        record = newest[slot]
+        start = bounds[span][0] if record is None or record[1] is None else record[1]
+        found[span] = min(found.get(span, start), start)
+    return found
+
+
+def slot_totals_key(layout: SlotLayout, slot: int) -> bytes:
+    """The changelog key of `slot`'s totals records."""
+    return totals_key(slot % layout.per_partition, layout.per_partition)
+
+
+def newest_totals(reader: LogReader, state_topic: str,
+                  queries: Mapping[int, TotalsQuery]) -> dict[int, tuple[int, int | None] | None]:
+    """Per query: (counted_to, snapshot start or None) of the newest totals record that answers it,
+    or None when the changelog partition holds none.
+
+    Found by reading each partition backwards from its end, in steps that double, so the read is
+    bounded by what was written since that record. The first step reads to the end of the log, the
+    later ones up to where the previous began."""
+    spans = {(state_topic, q.partition) for q in queries.values()}
+    bounds = reader.bounds(spans)
+    answers: dict[int, tuple[int, int | None]] = {}
+    asked: dict[Span, list[tuple[int, TotalsQuery]]] = {}
+    for qid, q in queries.items():
+        asked.setdefault((state_topic, q.partition), []).append((qid, q))
     upper: dict[Span, int] = {}
     """Where the next step's read stops (absent: the first step, read to the end)."""
-    newest: dict[Span, int | None] = {}
-    """The snapshot start named by the newest totals record counting up to C found so far."""
+    step_found: dict[int, tuple[int, int | None]] = {}
 
     def look(span: Span, messages: list[Message]) -> None:
-        for m in messages:  # in log order: the last one counting up to C is the newest
+        for m in messages:  # in log order: the last one that answers a query is the newest in this step
             named = snapshot_named(m)
-            if named is not None and named[0] <= spans[span]:
-                newest[span] = named[1]
+            if named is None:
+                continue
+            key = m.key()
+            for qid, q in asked[span]:
+                if qid not in answers and key == q.key and (q.bound is None or named[0] <= q.bound):
+                    step_found[qid] = named
 
     step = SEARCH_FIRST_RECORDS
-    pending = dict(spans)
+    pending = set(spans)
     while pending:
         starts = {span: max(bounds[span][0], upper.get(span, bounds[span][1]) - step) for span in pending}
+        step_found.clear()
         reader.read(starts, {span: upper[span] for span in pending if span in upper}, each=look)
+        answers.update(step_found)
         for span in list(pending):
-            if span in newest or starts[span] <= bounds[span][0]:
-                start = newest.get(span)
-                found[span] = bounds[span][0] if start is None else start
-                del pending[span]
+            if starts[span] <= bounds[span][0] or all(qid in answers for qid, _ in asked[span]):
+                pending.discard(span)
             else:
                 upper[span] = starts[span]
         step *= 2
-    return found
+    return {qid: answers.get(qid) for qid in queries}

@@ -15,30 +15,42 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+from keyrange.ranges.layout import SlotLayout
 from keyrange.worker.commitwindow import Totals
 from keyrange.worker.logreader import LogReader
+from keyrange.worker.positions import slot_starts
 from keyrange.worker.restore import ParsedLogs
 from keyrange.worker.settings import WorkerSettings
-from keyrange.worker.snapshots import changelog_starts
+from keyrange.worker.snapshots import changelog_starts, slot_totals_key
 
 
-def committed_totals(settings: WorkerSettings, partitions: Iterable[int]) -> dict[int, Totals]:
-    """Per input partition, the totals its committed offset covers (zeros when nothing committed)."""
+def committed_totals(settings: WorkerSettings, partitions: Iterable[int],
+                     layout: SlotLayout | None = None) -> dict[int, Totals]:
+    """Per input partition, the totals its slots' committed offsets cover, summed over the slots
+    (zeros when nothing committed). `layout`: how the partitions are cut into slots (default: one
+    slot per partition; the control topic's range map says: the control topic's range map)."""
     parts = sorted(set(partitions))
     reader = LogReader(settings)
     try:
-        committed = reader.start_offsets(settings.topic, parts)
+        layout = layout or SlotLayout.whole_partitions(parts)
+        slots = [s for p in parts for s in layout.slots_of_partition(p)]
+        committed = slot_starts(reader, settings.topic, settings.state, slots, layout)
         parsed = ParsedLogs()
-        reader.read(changelog_starts(reader, settings.state, committed),
+        reader.read(changelog_starts(reader, settings.state, committed, layout),
                     each=lambda span, messages: parsed.add(settings, span, messages))
     finally:
         reader.close()
     out = {}
     for p in parts:
-        # The newest record counting up to at most the committed offset (a newer one belongs to a
-        # transaction whose offsets did not commit: see rebuild.fold_logs).
-        covered = [e.totals for e in parsed.totals.get(p, []) if e.counted_to <= committed[p]]
-        out[p] = covered[-1] if covered else Totals()
+        total = Totals()
+        for s in layout.slots_of_partition(p):
+            key = slot_totals_key(layout, s)
+            # The newest record counting up to at most the committed offset (a newer one belongs to a
+            # transaction whose offsets did not commit: see restore.fold_logs).
+            covered = [e.totals for e in parsed.totals.get(p, []) if e.key == key and e.counted_to <= committed[s]]
+            if covered:
+                total = total.plus([covered[-1].handled, covered[-1].dead_lettered, covered[-1].duplicates_dropped])
+        out[p] = total
     return out
 
 

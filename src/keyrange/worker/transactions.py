@@ -28,12 +28,20 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException, Message, Producer, TopicPartition
 
 from keyrange.events import MAX_EVENT_BYTES
-from keyrange.kafkaquirks import Backoff, Failure, classify, kafka_error, outputs_acknowledged_before_offsets
+from keyrange.kafkaquirks import (
+    Backoff,
+    Failure,
+    classify,
+    kafka_error,
+    outputs_acknowledged_before_offsets,
+    transactions_end_one_at_a_time,
+)
 from keyrange.kafkaquirks import TransactionFailed as TransactionFailed  # its home; re-exported for the worker
 from keyrange.worker.callthread import CallThread
 from keyrange.worker.consumer import worker_client_id
@@ -142,8 +150,10 @@ class SlotTransactions:
 
     def __init__(self, settings: WorkerSettings, slot: int, group_metadata: Any,
                  make_producer: Callable[[dict[str, Any]], Producer] = Producer,
-                 batch_bytes: int | None = None) -> None:
+                 batch_bytes: int | None = None, end_lock: Path | None = None) -> None:
         self._settings = settings
+        self._end_lock = end_lock
+        """The lock its transactions end under (kafkaquirks.transaction_end_lock of its output partition)."""
         self._batch_bytes = batch_bytes
         """librdkafka's batch.size, when the output topics need one below its default (outputs.py)."""
         self._make_producer = make_producer
@@ -195,7 +205,7 @@ class SlotTransactions:
             self._created.result()
             assert self._producer is not None
             try:
-                self._producer.init_transactions(self._settings.kafka_timeout_seconds)
+                self._ending(self._producer.init_transactions, self._settings.kafka_timeout_seconds)
             except (KafkaException, SystemError) as exc:
                 raise TransactionFailed(f"cannot initialise {self.transactional_id}: {kafka_error(exc)}") from exc
             self._initialised = True
@@ -216,14 +226,19 @@ class SlotTransactions:
         except KafkaException as exc:
             log.debug("slot %d: no metadata before initialising (%s); init_transactions retries", self.slot, exc)
 
-    async def commit(self, records: list[OutputRecord], offsets: list[TopicPartition]) -> None:
+    async def commit(self, records: list[OutputRecord], offsets: list[TopicPartition],
+                     last: list[OutputRecord] | None = None) -> None:
         """Write `records` and commit `offsets` atomically; raise TransactionFailed if impossible
         (fenced: another worker acquired the slot), or not done within COMMIT_DEADLINE_SECONDS.
 
         The deadline is kept by the commit's own thread (`CommitRetry`); should a producer call
         ignore its timeout, this gives the producer up CALL_STUCK_SECONDS later all the same,
-        leaving the call to its thread, so that no slot waits on a producer for longer."""
-        running = asyncio.get_running_loop().run_in_executor(self._executor, self._commit, records, offsets)
+        leaving the call to its thread, so that no slot waits on a producer for longer.
+
+        `last`: records that say where the slot's position is (a hash-range slot's totals record,
+        as offsets do for a whole partition): written only once `records` were acknowledged."""
+        running = asyncio.get_running_loop().run_in_executor(self._executor, self._commit, records, offsets,
+                                                             last or [])
         longest = COMMIT_DEADLINE_SECONDS + CALL_STUCK_SECONDS
         try:
             await asyncio.wait_for(asyncio.shield(running), longest)
@@ -239,7 +254,8 @@ class SlotTransactions:
                 "(a producer call did not return within its timeout): giving this producer up; the slot resumes "
                 "from the last committed offsets", gave_up=True) from None
 
-    def _commit(self, records: list[OutputRecord], offsets: list[TopicPartition]) -> None:
+    def _commit(self, records: list[OutputRecord], offsets: list[TopicPartition],
+                last: list[OutputRecord] | None = None) -> None:
         producer = self._producer
         if producer is None or not self._initialised:
             raise TransactionFailed(f"{self.transactional_id} is not open")
@@ -252,12 +268,12 @@ class SlotTransactions:
                 producer.begin_transaction()
                 for r in records:
                     self._produce(producer, r)
-                if offsets:
+                if offsets or last:
                     outputs_acknowledged_before_offsets(
                         lambda: self._flush(producer, retry),
-                        lambda: self._retrying(retry, "sending its offsets", OFFSETS_TIMEOUT_SECONDS,
-                                               lambda timeout: self._send_offsets(producer, offsets, timeout)))
-                self._retrying(retry, "committing", self._timeout, producer.commit_transaction)
+                        lambda: self._position(producer, retry, offsets, last or []))
+                self._retrying(retry, "committing", self._timeout,
+                               lambda timeout: self._ending(producer.commit_transaction, timeout))
                 retry.recovered()
                 return
             except (KafkaException, SystemError) as exc:
@@ -266,9 +282,25 @@ class SlotTransactions:
                     raise self._failed(error, len(records)) from exc
                 retry.failed(f"the transaction was aborted ({error})")
                 try:
-                    self._retrying(retry, "aborting", self._timeout, producer.abort_transaction)
+                    self._retrying(retry, "aborting", self._timeout,
+                                   lambda timeout: self._ending(producer.abort_transaction, timeout))
                 except (KafkaException, SystemError) as abort_exc:
                     raise self._failed(kafka_error(abort_exc), len(records)) from abort_exc
+
+    def _ending(self, end: Callable[[float], object], timeout: float) -> None:
+        """`end(timeout)`, a call that ends a transaction (init_transactions ends the one a previous
+        producer left open), while no other producer of the slot's output partition on this host
+        ends one (a tansu workaround: kafkaquirks.transactions_end_one_at_a_time)."""
+        with transactions_end_one_at_a_time(self._end_lock, timeout):
+            end(timeout)
+
+    def _position(self, producer: Producer, retry: CommitRetry, offsets: list[TopicPartition],
+                  last: list[OutputRecord]) -> None:
+        for r in last:
+            self._produce(producer, r)
+        if offsets:
+            self._retrying(retry, "sending its offsets", OFFSETS_TIMEOUT_SECONDS,
+                           lambda timeout: self._send_offsets(producer, offsets, timeout))
 
     def _send_offsets(self, producer: Producer, offsets: list[TopicPartition], timeout: float) -> None:
         """send_offsets_to_transaction, on a thread of its own so that a call that never returns
