@@ -339,6 +339,7 @@ class Worker:
             # partition's other slots must not wait).
             self._stale.update(dict.fromkeys(seek, self._fetches))
         if seek:
+            await self._consumer.seek(seek)
             await self._consumer.pause([p for p in seek if self._by_partition[p][0].paused])
         self._held_gauge.set(len(self.held_slots))
         log.info("acquired slots %s at offsets %s in %.0f ms (producers initialised %.0f ms, restore %.0f ms%s; "
