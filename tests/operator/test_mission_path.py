@@ -84,7 +84,9 @@ def plane(tmp_path: Path) -> Iterator[ControlPlane]:
 def _consumer(bootstrap: str, topic: str, scaling: dict[str, Any], partitions: int) -> dict[str, Any]:
     return {"apiVersion": "keyrange.dev/v1alpha1", "kind": "StreamConsumer",
             "metadata": {"name": NAME, "namespace": NS},
-            "spec": {"kafka": {"bootstrapServers": bootstrap, "topic": topic, "partitions": partitions},
+            # A group of its own per topic: each parametrization's changelog has its topic's partitions.
+            "spec": {"kafka": {"bootstrapServers": bootstrap, "topic": topic, "partitions": partitions,
+                               "groupId": f"{topic}-g"},
                      "handler": "ledger", "handlerConfig": {"delayMs": 5}, "concurrency": 2,
                      "maxPending": 5000, "workers": {"min": 1, "max": 3}, "scaling": scaling}}
 
@@ -144,12 +146,12 @@ async def test_helm_install_apply_alerts_rescale_and_delete(plane: ControlPlane,
         distinct = len({e.uuid for e in log})
         processed = await asyncio.to_thread(read_processed, bootstrap, spec.sink_topic, distinct, 180)
         print(f"\nmission path timings: {json.dumps(timings.report(processed))}")
-        counts = await asyncio.to_thread(read_counts, bootstrap, topic_name, f"{NS}.{NAME}", len(log))
+        counts = await asyncio.to_thread(read_counts, bootstrap, topic_name, f"{topic_name}-g", len(log))
         try:
             check_all(log, processed, counts, ledger=True)
         except AssertionError:
             print(_describe_duplicates(log, processed))
-            print(await asyncio.to_thread(_describe_lost, bootstrap, f"{NS}.{NAME}", log, processed))
+            print(await asyncio.to_thread(_describe_lost, bootstrap, f"{topic_name}-g", log, processed))
             raise
         assert any(str(r["worker"]) != "0" for r in processed), "no event was handled by the split's new worker"
         assert {r["partition"] for r in processed} == set(range(partitions))
