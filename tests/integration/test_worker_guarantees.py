@@ -11,6 +11,7 @@ import threading
 import time
 from collections import Counter
 from typing import Any
+from unittest.mock import patch
 
 import orjson
 import pytest
@@ -21,6 +22,7 @@ from keyrange.events import DLQ_ATTEMPTS, DLQ_OFFSET, DLQ_PARTITION, DLQ_REASON,
 from keyrange.handlers import Handler, load_handler
 from keyrange.loadgen import make_producer
 from keyrange.worker import Worker
+from keyrange.worker.restorer import Restorer
 from tests.checkers import check_all, check_order_per_client, first_occurrences
 from tests.integration.worker_handlers import FAIL_FIRST_MARK, FAIL_MARK
 from tests.integration.worker_helpers import produce_stream, run_worker_until, settings_for, wait_for
@@ -279,36 +281,36 @@ async def test_release_during_acquire_never_handles_the_slot(bootstrap: str, top
     await worker.start()
     # The release must come while the acquire restores: hold the restore until it has.
     restoring, released = threading.Event(), threading.Event()
-    restore_slots = worker._restorer.restore_slots
+    restore_slots = Restorer.restore_slots
 
     def restore_after_the_release(*args: Any, **kwargs: Any) -> Any:
         restoring.set()
         assert released.wait(60), "the release never came"
         return restore_slots(*args, **kwargs)
 
-    worker._restorer.restore_slots = restore_after_the_release
-    try:
-        acquiring = asyncio.ensure_future(worker.acquire([0, 1]))
-        assert await asyncio.to_thread(restoring.wait, 60), "the acquire never began restoring"
-        await worker.release([1])
-        released.set()
-        await acquiring
-        assert worker.held_slots == frozenset({0})
-        in_zero = sum(1 for e in log if e.partition == 0)
-        await wait_for(lambda: worker.stats.processed >= in_zero, what="partition 0")
-        # Stray handling of partition 1 would show before this marker is handled: partition 1's
-        # records were all written before the acquire, so had it been assigned, the first fetches
-        # (which cover every assigned partition) would have brought them, and the marker, written
-        # to partition 0 only now, comes in a later one.
-        producer = make_producer(bootstrap)
-        key, value = encode_input(0, "marker", int(time.time() * 1000))
-        producer.produce(topic_name, value, key, partition=0)
-        assert producer.flush(30) == 0
-        await wait_for(lambda: worker.stats.processed >= in_zero + 1, what="the marker")
-        assert worker.stats.processed == in_zero + 1
-    finally:
-        released.set()
-        await worker.stop()
+    with patch.object(Restorer, "restore_slots", restore_after_the_release):
+        try:
+            acquiring = asyncio.ensure_future(worker.acquire([0, 1]))
+            assert await asyncio.to_thread(restoring.wait, 60), "the acquire never began restoring"
+            await worker.release([1])
+            released.set()
+            await acquiring
+            assert worker.held_slots == frozenset({0})
+            in_zero = sum(1 for e in log if e.partition == 0)
+            await wait_for(lambda: worker.stats.processed >= in_zero, what="partition 0")
+            # Stray handling of partition 1 would show before this marker is handled: partition 1's
+            # records were all written before the acquire, so had it been assigned, the first fetches
+            # (which cover every assigned partition) would have brought them, and the marker, written
+            # to partition 0 only now, comes in a later one.
+            producer = make_producer(bootstrap)
+            key, value = encode_input(0, "marker", int(time.time() * 1000))
+            producer.produce(topic_name, value, key, partition=0)
+            assert producer.flush(30) == 0
+            await wait_for(lambda: worker.stats.processed >= in_zero + 1, what="the marker")
+            assert worker.stats.processed == in_zero + 1
+        finally:
+            released.set()
+            await worker.stop()
     processed = read_processed(bootstrap, f"{topic_name}.processed", in_zero + 1)
     assert {r["partition"] for r in processed} == {0}
     processed = [r for r in processed if r["uuid"] != "marker"]

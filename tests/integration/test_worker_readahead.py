@@ -47,7 +47,7 @@ async def test_restorer_matches_restore_from_committed_offsets_acquire_after_acq
                 return all(committed[p] == ends[p] for p in WORKED)
 
             worker = await run_worker_until(settings, "ledger", WORKED, committed_to_the_end)
-            counts = dict(worker._counts)
+            counts = dict(worker.partition_counts)
             if restorer is None:
                 restorer = Restorer(settings, counts)
                 restorer.connect_next_reader()

@@ -147,6 +147,11 @@ class Worker:
         return self._counts[self.settings.topic]
 
     @property
+    def partition_counts(self) -> Mapping[str, int]:
+        """Partitions of each topic the worker reads or writes, by topic (known after `start`)."""
+        return MappingProxyType(self._counts)
+
+    @property
     def layout(self) -> SlotLayout:
         """How the input's partitions are cut into slots (after `start`; `use_layout` changes it)."""
         assert self._layout is not None, "worker not started"
