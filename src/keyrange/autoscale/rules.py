@@ -38,9 +38,10 @@ ALERT_DEAD_LETTERS = "KeyrangeDeadLettersRising"
 class RuleOptions:
     """How the rules are evaluated, beyond the spec's thresholds."""
 
-    lag_high_for_seconds: float = 5.0
-    """How long lag must stay high before the split alert fires; short, since the controller's
-    cooldown already damps rescales, and the scale reaction goal is 15 s end to end."""
+    lag_high_for_seconds: float = 2.0
+    """How long lag must stay high before the split alert fires: short, since the controller's
+    cooldown already damps rescales (a handoff's own lag falls inside it), and the scale reaction
+    goal is 5 s end to end (docs/autoscaling.md "How fast")."""
     worker_down_for_seconds: float = 30.0
     """How long a worker target may be down before alerting (a restart takes a few seconds)."""
     dead_letters_window_seconds: float = 300.0

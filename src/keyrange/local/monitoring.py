@@ -53,7 +53,7 @@ class AlertingOptions:
     """Bearer token Alertmanager must send."""
     alertmanager_port: int = 9093
     """Where the written prometheus.yml expects Alertmanager."""
-    lag_high_for_seconds: float = 5.0
+    lag_high_for_seconds: float = 2.0
     """`for:` of the lag-high alerts (the scale reaction time grows with it)."""
 
 
