@@ -7,11 +7,12 @@ import os
 import signal
 import threading
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from keyrange.kafkaquirks import transaction_end_lock, transactions_end_one_at_a_time
 from keyrange.loadgen import LoadShape
 from keyrange.local.fleet import ProcessFleet
 from keyrange.local.load import LoadTotals, Phase, produce_phases
@@ -35,16 +36,39 @@ TANSU_SETTLE_SECONDS = 1.0
 """How long a stopped process's last requests get to be answered by tansu before a fence."""
 
 
+def stop_outside_transaction_ends(pid: int, end_locks: Iterable[Path], timeout_seconds: float = 30) -> None:
+    """SIGSTOP `pid` while it ends no transaction: while this process holds `end_locks` (those its
+    slot producers end transactions under), until every thread of `pid` has stopped.
+
+    A worker stopped inside a transaction end would keep its partition's host-wide lock
+    (kafkaquirks.transactions_end_one_at_a_time): every other producer of that partition here would
+    wait the Kafka timeout (30 s) before each of its transaction ends (docs/ranges.md, "Known limits")."""
+    with ExitStack() as held:
+        for lock in sorted(set(end_locks)):
+            if not held.enter_context(transactions_end_one_at_a_time(lock, timeout_seconds)):
+                raise AssertionError(f"{lock} was held for {timeout_seconds:g} s: a transaction end never returned")
+        os.kill(pid, signal.SIGSTOP)
+        wait_for(lambda: all_threads_stopped(pid), timeout_seconds, f"process {pid} to stop")
+
+
+def all_threads_stopped(pid: int) -> bool:
+    """Whether every thread of process `pid` is stopped by a signal (state T in /proc)."""
+    states = [(task / "stat").read_text().rpartition(")")[2].split()[0]
+              for task in Path(f"/proc/{pid}/task").iterdir()]
+    return bool(states) and all(state == "T" for state in states)
+
+
 @contextmanager
-def stopped_while_fenced(pid: int, on_tansu: bool) -> Iterator[None]:
-    """On tansu, SIGSTOP `pid` for the block (its requests answered first); elsewhere nothing.
+def stopped_while_fenced(pid: int, on_tansu: bool, end_locks: Iterable[Path]) -> Iterator[None]:
+    """On tansu, SIGSTOP `pid` for the block (outside a transaction end: `stop_outside_transaction_ends`,
+    with `end_locks` = `SupervisedRun.transaction_end_locks`; its requests answered first); elsewhere nothing.
 
     tansu workaround: tansu (0.6) can leave a transaction open for good when its transactional id
     is initialised while the producer's requests of that transaction are still being handled
     (docs/ranges.md, "Known limits"), so a process about to be fenced there is stopped first and
     the fence meets it between requests, as it meets a zombie."""
     if on_tansu:
-        os.kill(pid, signal.SIGSTOP)
+        stop_outside_transaction_ends(pid, end_locks)
         time.sleep(TANSU_SETTLE_SECONDS)
     try:
         yield
@@ -85,6 +109,15 @@ class SupervisedRun:
         """A condition: `worker` reported holding slots."""
         reports = self.controller.channel.state.reports
         return lambda: worker in reports and bool(reports[worker].held)
+
+    @property
+    def transaction_end_locks(self) -> list[Path]:
+        """The host-wide locks the consumer's slot producers end their transactions under, one per
+        sink partition (kafkaquirks.transaction_end_lock)."""
+        sink, bootstrap = self.supervisor.consumer.spec.sink_topic, self.supervisor.bootstrap
+        assert bootstrap is not None
+        return [transaction_end_lock(bootstrap, sink, partition)
+                for partition in range(self.controller.layout.partitions)]
 
     def finish_load(self, timeout_seconds: float = 120) -> None:
         """Wait until the load was all sent."""

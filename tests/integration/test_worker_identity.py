@@ -47,7 +47,7 @@ def test_a_second_process_with_the_same_worker_id_stands_down_with_a_clear_error
             first = run.fleet.workers[0].process
             assert first is not None
             state = run.controller.channel.state
-            with stopped_while_fenced(first.pid, on_tansu), rogue_log.open("wb") as out:
+            with stopped_while_fenced(first.pid, on_tansu, run.transaction_end_locks), rogue_log.open("wb") as out:
                 rogue = subprocess.Popen(
                     [sys.executable, "-m", "keyrange.cli", "worker", "--spec-file", str(path), "--bootstrap",
                      bootstrap, "--worker-id", "0"], stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
@@ -58,7 +58,7 @@ def test_a_second_process_with_the_same_worker_id_stands_down_with_a_clear_error
             # Within seconds one stands down for good: worker 0 of the supervisor, restarted, keeps it.
             if on_tansu:
                 wait_for(lambda: run.fleet.workers[0].restarts >= 1, 60, "worker 0 to be restarted")
-                with stopped_while_fenced(rogue.pid, on_tansu):
+                with stopped_while_fenced(rogue.pid, on_tansu, run.transaction_end_locks):
                     wait_for(lambda: state.claims[0].pid not in (rogue.pid, first.pid)
                              and state.reports[0].pid == state.claims[0].pid
                              and len(state.reports[0].held) == 4, 60, "the restarted worker 0 to hold its slots")

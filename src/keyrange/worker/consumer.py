@@ -159,10 +159,19 @@ class ThreadedConsumer:
         self._assign_unpaused(tps)
 
     async def unassign(self, partitions: Iterable[int]) -> None:
-        """Stop fetching the given partitions; buffered records of them are discarded."""
-        tps = [TopicPartition(self._topic, p) for p in partitions]
+        """Stop fetching the given partitions; buffered records of them are discarded. One not
+        assigned is left alone: sibling slots released at once each unassign their partition."""
+        wanted = set(partitions)
+        if wanted:
+            await self._call(self._unassign_assigned, wanted)
+
+    def _unassign_assigned(self, partitions: set[int]) -> None:
+        consumer = self._c
+        # librdkafka refuses to unassign a partition that is not assigned, and fails the whole call.
+        tps = [TopicPartition(self._topic, tp.partition) for tp in consumer.assignment()
+               if tp.topic == self._topic and tp.partition in partitions]
         if tps:
-            await self._call(self._c.incremental_unassign, tps)
+            consumer.incremental_unassign(tps)
 
     async def pause(self, partitions: Iterable[int]) -> None:
         """Stop fetching the given partitions (backpressure) while keeping them assigned."""
