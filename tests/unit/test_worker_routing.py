@@ -115,6 +115,8 @@ def per_record_reference(by_partition: dict[int, list[SlotState]], batch: list[M
     unrevoked held slots past its offset."""
     admitted = []
     for m in batch:
+        if m.error() is not None:
+            continue
         p, offset = m.partition(), m.offset()
         slot = LAYOUT.slot_for_key(p, m.key())  # type: ignore[arg-type]
         for candidate in by_partition.get(p, []):  # type: ignore[call-overload]
@@ -143,7 +145,9 @@ def test_random_batches_finishes_refetches_and_revocations_match_record_by_recor
                 n = rng.randint(0, 60)
                 runs.append([record(p, o, rng.choice(keys)) for o in range(ends[p], ends[p] + n)])
                 ends[p] += n + rng.randint(0, 2)  # gaps: transaction markers
-            batch = _interleave(rng, *runs)
+            errors = [Message(topic="in", partition=rng.randint(0, 1), error=KafkaError(KafkaError._TRANSPORT))
+                      for _ in range(rng.randint(0, 2))]
+            batch = _interleave(rng, *runs, errors)
             admitted = dispatch(routing, batch)
             assert admitted == per_record_reference(reference, batch), trial
             unfinished.update(admitted)

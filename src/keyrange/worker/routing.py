@@ -91,23 +91,34 @@ class BatchRouter(Generic[S]):
         ends: dict[int, Message] = {}
         whole, split = self._whole, self._parts
         known, part_of = self._router.known_parts.get, self._router.part_of
+        # A fetch returns each partition's records in runs: the partition is looked up once per run.
+        run: int | None = None
+        run_slot: S | None = None
+        parts: list[S | None] | None = None
+        last: Message | None = None  # the run's latest record, where its partition is cut into hash ranges
         for m in messages:
             if m.error() is not None:
                 errors.append(m)
                 continue
             p = m.partition()
-            slot = whole.get(p)  # type: ignore[arg-type]
-            if slot is None:
-                parts = split.get(p)  # type: ignore[arg-type]
-                if parts is None:
-                    continue  # fetched just before its partition was released
-                ends[p] = m  # type: ignore[index]
-                key = m.key()
-                part = known(key)  # type: ignore[arg-type]
-                slot = parts[part_of(key) if part is None else part]
-                if slot is None:
-                    continue  # another worker's
-            own.append((slot, m))
+            if p != run:
+                if last is not None:
+                    ends[run] = last  # type: ignore[index]
+                    last = None
+                run, run_slot, parts = p, whole.get(p), split.get(p)  # type: ignore[arg-type]
+            if run_slot is not None:
+                own.append((run_slot, m))
+                continue
+            if parts is None:
+                continue  # fetched just before its partition was released
+            last = m
+            key = m.key()
+            part = known(key)  # type: ignore[arg-type]
+            slot = parts[part_of(key) if part is None else part]
+            if slot is not None:
+                own.append((slot, m))
+        if last is not None:
+            ends[run] = last  # type: ignore[index]
         return RoutedBatch(own, errors, ends)
 
     def pass_ends(self, ends: Mapping[int, Message]) -> None:
