@@ -13,7 +13,8 @@ commit its position. That is done once per batch, after the batch's own records 
 The same as passing each record in turn, because offsets of a partition only grow within a batch
 (a re-assignment from a lower offset drops the fetch it overlaps: engine.py), and a slot's own
 records in the batch are admitted or refused before: the last offset is either another slot's, or
-its own and already in its window. A revoked slot (being released) is not passed: its position
+its own and already in its window. (Were a batch's offsets ever to go down, passing its last one
+would only pass less, never past an unfinished record.) A revoked slot (being released) is not passed: its position
 must stay at its own records it no longer handles, which its next owner will.
 """
 
