@@ -6,6 +6,8 @@ import time
 from dataclasses import dataclass
 from typing import Any, cast
 
+from keyrange.events import totals_key
+from keyrange.ranges.layout import SlotLayout
 from keyrange.worker.restore import RestoredPartition
 from keyrange.worker.slot import SlotMetrics, SlotState
 from keyrange.worker.transactions import OutputRecord, SlotTransactions
@@ -18,6 +20,15 @@ def held_slot(slot: int = 0, transactions: Any = None, restored: RestoredPartiti
     uses its producer, so by default it has none)."""
     return SlotState(slot, slot, restored or RestoredPartition(0), 10.0, time.time, SlotMetrics("c", "w0", slot),
                      cast(SlotTransactions, transactions), slot)
+
+
+def held_hash_range(layout: SlotLayout, slot: int, start_offset: int = 0) -> SlotState:
+    """A held slot of `layout` from `start_offset`: a hash range of its partition when the layout
+    cuts partitions (no producer, as `held_slot`)."""
+    partition, parts = layout.partition_of(slot), layout.per_partition
+    return SlotState(slot, partition, RestoredPartition(start_offset), 10.0, time.time,
+                     SlotMetrics("c", "w0", layout.describe_slot(slot)), cast(SlotTransactions, None), partition,
+                     totals_key(slot % parts, parts), parts)
 
 
 @dataclass

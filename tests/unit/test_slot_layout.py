@@ -147,3 +147,13 @@ def test_held_slots_show_run_by_run() -> None:
     assert layout.describe_slots([]) == ""
     with pytest.raises(ValueError, match="slot 8 does not exist"):
         layout.describe_range(7, 8)
+
+
+def test_a_keys_part_is_its_slot_within_its_partition_and_is_remembered() -> None:
+    layout = SlotLayout(3, 4)
+    router = SlotRouter(layout)
+    key = b"client-42"
+    assert key not in router.known_parts
+    assert router.part_of(key) == layout.slot_for_key(2, key) % 4 == router.slot_of(2, key) - 8
+    assert router.known_parts[key] == router.part_of(key)
+    assert router.part_of(None) == 0 and None not in router.known_parts

@@ -20,7 +20,7 @@ dictionary lookup.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from keyrange.ranges.slots import murmur2
@@ -179,17 +179,28 @@ class SlotRouter:
         """Keys it remembers the slot of (at most MAX_ROUTED_KEYS)."""
         return len(self._parts)
 
+    @property
+    def known_parts(self) -> Mapping[bytes, int]:
+        """Key -> its `part_of`, for the keys remembered: a batch's loop looks a key up here and
+        calls `part_of` only for a key it does not find (worker/routing.py)."""
+        return self._parts
+
     def slot_of(self, partition: int, key: bytes | None) -> int:
         """The slot of a record of `partition` with `key` (a record without a key: the partition's
         first slot, where its dead letter belongs as any other record's would)."""
         per = self._layout.per_partition
         if per == 1:
             return partition
+        return partition * per + self.part_of(key)
+
+    def part_of(self, key: bytes | None) -> int:
+        """Which of its partition's hash ranges a record keyed `key` belongs to (slot % per_partition;
+        0 without a key), remembered for the key."""
         if key is None:
-            return partition * per
+            return 0
         part = self._parts.get(key)
         if part is None:
             if len(self._parts) >= MAX_ROUTED_KEYS:
                 self._parts.clear()
-            part = self._parts[key] = (murmur2(key) & 0x7FFFFFFF) * per >> 31
-        return partition * per + part
+            part = self._parts[key] = (murmur2(key) & 0x7FFFFFFF) * self._layout.per_partition >> 31
+        return part

@@ -1,6 +1,7 @@
 """The worker engine: its lifecycle and which slots it holds.
 
 An event's path, each hop a call into the module that owns its step: fetch (consumer.py) ->
+its held slot (routing.py: a fetched batch at once; other workers' hash ranges skipped) ->
 intake (intake.py: parse, skip, dedup, dead letters) -> per-client serial execution
 (scheduler.py) -> attempts (attempts.py: retries, finishing the offset with its outputs) ->
 commits (committer.py: one transaction per slot per interval) -> the slot's producer
@@ -43,6 +44,7 @@ from keyrange.worker.health import Health
 from keyrange.worker.intake import Intake
 from keyrange.worker.outputs import Outputs
 from keyrange.worker.restorer import Prefetched, Restorer
+from keyrange.worker.routing import BatchRouter
 from keyrange.worker.scheduler import ClientScheduler
 from keyrange.worker.settings import WorkerSettings
 from keyrange.worker.slot import SlotMetrics, SlotState
@@ -100,6 +102,8 @@ class Worker:
         """Held slots by input partition (several when slots are hash ranges of partitions)."""
         self._layout: SlotLayout | None = None
         self._router: SlotRouter | None = None
+        self._routing: BatchRouter[SlotState] | None = None
+        """Routes fetched batches to the held slots; None after they changed (made again on use)."""
         self._fetches = 0
         """Fetches started so far (the one in flight, if any, is number `_fetches`)."""
         self._stale: dict[int, int] = {}
@@ -179,6 +183,7 @@ class Worker:
             raise ValueError(f"cannot change the slot layout while holding slots {sorted(self._slots)}")
         self._layout = layout
         self._router = SlotRouter(layout)
+        self._routing = None
         if self._restorer is not None:
             self._restorer.layout = layout
         if self._intake is not None:
@@ -203,6 +208,7 @@ class Worker:
         self._counts = {s.topic: count, **outputs}
         self._layout = self._layout if self._layout is not None else SlotLayout(count)
         self._router = SlotRouter(self._layout)
+        self._routing = None
         self._restorer = Restorer(s, self._counts, self._layout)
         self._restorer.connect_next_reader()
         self._group_metadata = await self._consumer.open()
@@ -336,6 +342,7 @@ class Worker:
             else:
                 assign[partition] = start
             siblings.append(state)
+            self._routing = None
         try:
             await self._consumer.assign(assign)
         finally:
@@ -444,6 +451,7 @@ class Worker:
                 siblings.remove(slot)
                 if not siblings:
                     del self._by_partition[slot.partition]
+                self._routing = None
         committed = time.monotonic()
         await asyncio.gather(*(slot.transactions.close() for slot in states))
         self._held_gauge.set(len(self.held_slots))
@@ -521,18 +529,17 @@ class Worker:
             await self._apply_backpressure()
 
     def _dispatch(self, messages: list[Message]) -> None:
-        scheduler, intake, attempts, router = self._scheduler, self._intake, self._attempts, self._router
-        assert scheduler is not None and intake is not None and attempts is not None and router is not None
+        scheduler, intake, attempts = self._scheduler, self._intake, self._attempts
+        assert scheduler is not None and intake is not None and attempts is not None
         inline = self.handler.inline
         slots = self._slots
-        slot_of = self._slot_of_record
-        for m in messages:
-            if m.error() is not None:
-                fetch_log.warning("fetch error: %s", m.error())
-                continue
-            slot = slot_of(m, router)
-            if slot is None:
-                continue  # fetched just before a release, or another worker's: its owner handles it
+        routing = self._routing or self._new_routing()
+        # Records of slots not held here (fetched just before a release, or another worker's hash
+        # range: its owner handles them) are skipped by the routing, for the whole batch at once.
+        batch = routing.route(messages)
+        for m in batch.errors:
+            fetch_log.warning("fetch error: %s", m.error())
+        for slot, m in batch.own:
             job = intake.admit(slot, m, m.offset())  # type: ignore[arg-type]
             if job is not None:
                 client = job.event.client_id
@@ -540,6 +547,7 @@ class Worker:
                 # for its retries like any other job (attempts.py).
                 if not (inline and scheduler.can_run_now(client) and attempts.run_inline(job)):
                     scheduler.submit(client, job)
+        routing.pass_ends(batch.ends)
         for slot in slots.values():
             if n := slot.take_consumed():
                 slot.metrics.consumed.inc(n)
@@ -552,27 +560,10 @@ class Worker:
         self._stale = {p: last for p, last in self._stale.items() if last > number}
         return [m for m in messages if m.partition() not in stale] if stale else messages
 
-    def _slot_of_record(self, m: Message, router: SlotRouter) -> SlotState | None:
-        """The held slot a fetched record belongs to, or None. A record of a partition cut into hash
-        ranges moves the partition's other held slots past its offset (commitwindow.py)."""
-        # A fetched record always has a partition and an offset (the stubs say Optional).
-        partition: int = m.partition()  # type: ignore[assignment]
-        held = self._by_partition.get(partition)
-        if held is None:
-            return None
-        if len(held) == 1 and held[0].whole_partition:
-            return held[0]
-        slot = router.slot_of(partition, m.key())
-        offset: int = m.offset()  # type: ignore[assignment]
-        mine = None
-        for candidate in held:
-            if candidate.slot == slot:
-                mine = candidate
-            elif not candidate.revoked:
-                # A slot being released skips its own records from now on: passing it on would
-                # commit its position past them, and its next owner would never see them.
-                candidate.pass_offset(offset)
-        return mine
+    def _new_routing(self) -> BatchRouter[SlotState]:
+        assert self._router is not None, "worker not started"
+        self._routing = BatchRouter(self._router, self._by_partition)
+        return self._routing
 
     async def _apply_backpressure(self) -> None:
         limits = self.settings.max_pending, self.settings.max_pending_bytes
