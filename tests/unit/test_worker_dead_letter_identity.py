@@ -58,8 +58,8 @@ def dead_letter_of(mapping: InputMapping, key: bytes | None, value: bytes,
                       {settings.sink: KAFKA_DEFAULT_MAX_MESSAGE_BYTES, settings.state: KAFKA_DEFAULT_MAX_MESSAGE_BYTES,
                        settings.dlq: DLQ_LIMIT})
     event = mapping.parser.parse(key, value, headers, RECORD_MS)
-    # As the intake hands it on (intake.py): the record's headers and timestamp under a mapping only.
-    record = None if mapping.is_default else (headers, RECORD_MS)
+    # As the intake hands it on (intake.py): the fetched record under a mapping only.
+    record = None if mapping.is_default else FakeMessage(5, key, value, headers, RECORD_MS)
     letter = outputs.dead_letter(0, 5, key, value, "handler-error", "boom", 4, event, record)
     assert letter is not None
     return event, letter, settings

@@ -29,7 +29,7 @@ from keyrange.events import (
     dead_letter_headers,
     encode_identity,
 )
-from keyrange.inputmapping import Headers, record_headers
+from keyrange.inputmapping import SourceRecord, kept_headers
 from keyrange.worker.settings import WorkerSettings
 from keyrange.worker.transactions import PRODUCER_MAX_MESSAGE_BYTES, OutputRecord
 
@@ -112,14 +112,14 @@ class Outputs:
 
     def dead_letter(self, partition: int, offset: int, key: bytes | None, value: bytes | None,
                     reason: str, detail: str, attempts: int, event: InputEvent | None = None,
-                    record: tuple[Headers, int] | None = None) -> OutputRecord | None:
+                    record: SourceRecord | None = None) -> OutputRecord | None:
         """The dead letter of the event at `offset` of input `partition`: the original key and value
         (and `record`'s headers and timestamp, under an input mapping), and headers saying why and
         from where; truncated when it would be over the dead-letter topic's limit (module docstring;
         `event`, the parsed event if there is one, gives the identity a truncated value keeps).
         None when it fits nowhere even without key and value: not written, its offset ends anyway."""
         s = self._settings
-        headers = [*(record_headers(*record) if record is not None else ()),
+        headers = [*(kept_headers(record) if record is not None else ()),
                    *dead_letter_headers(reason, detail, s.topic, partition, offset, attempts), self._group_header]
         if not self._fits(key, value, headers):
             key, value = self._truncated(partition, offset, key, value, headers, event)
