@@ -284,7 +284,8 @@ def _client_getter(source: Source) -> Getter:
     text = _text_getter(source, "clientId")
 
     def text_client(key: bytes | None, body: Any, headers: Headers) -> ClientId:
-        return _not_reserved(source, text(key, body, headers))
+        client_id: str = text(key, body, headers)
+        return _not_reserved(source, client_id) if client_id.startswith(_RESERVED_ID) else client_id
     return text_client
 
 
@@ -307,7 +308,12 @@ def _text_getter(source: Source, what: str) -> Getter:
     missing = ("record has no key" if from_key else f"record has no header {name!r}")
 
     def key_or_header_text(key: bytes | None, body: Any, headers: Headers) -> str:
-        raw = key if from_key else _header(headers, name)
+        if from_key:
+            raw = key
+        elif type(headers) is list and headers and headers[-1][0] == name and type(headers[-1][1]) is bytes:
+            raw = headers[-1][1]  # the header is the record's last one: no call to `_header`
+        else:
+            raw = _header(headers, name)
         if raw:
             try:
                 return raw.decode()
