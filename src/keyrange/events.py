@@ -129,6 +129,24 @@ def encode_input(client_id: int, uuid: str, created_ms: int, **extra: Any) -> tu
     return str(client_id).encode(), json_bytes(body)
 
 
+def encode_identity(event: InputEvent) -> bytes:
+    """The value of a truncated dead letter (DLQ_TRUNCATED) of a parsed event, under any input mapping:
+    `{"clientId", "uuid", "created"}` as the intake found them (the default mapping's is an input value)."""
+    return json_bytes({"clientId": event.client_id, "uuid": event.uuid, "created": event.created_ms})
+
+
+def decode_identity(value: bytes | None) -> InputEvent:
+    """The event identity a truncated dead letter's value holds (`encode_identity`), its body the identity
+    itself; BadEvent when it holds none (bad input's dead letter, or one too large even for that)."""
+    if value is None:
+        raise BadEvent("missing-field", "truncated dead letter without the event's identity")
+    try:
+        body = orjson.loads(value)
+        return InputEvent(body["clientId"], body["uuid"], int(body["created"] or 0), body)
+    except (orjson.JSONDecodeError, TypeError, KeyError, ValueError) as exc:
+        raise BadEvent("bad-field", f"truncated dead letter's identity is not one: {exc}") from None
+
+
 def encode_processed(
     event: InputEvent,
     partition: int,

@@ -21,7 +21,7 @@ import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import cached_property
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 import orjson
 
@@ -54,6 +54,18 @@ _RESERVED_ID = TOTALS_KEY.decode()
 Headers = Sequence[tuple[str, str | bytes | None]] | Mapping[str, str | bytes | None] | None
 """A record's headers as confluent_kafka gives them (a list of pairs in practice)."""
 Decoder = Callable[[bytes], Any]
+
+
+class SourceRecord(Protocol):
+    """What a dead letter keeps of its input record under a mapping (a confluent_kafka Message):
+    asked only when one is written, so a record's headers are read per record only by a mapping
+    that reads a header."""
+
+    def headers(self) -> Headers:
+        """The record's headers."""
+
+    def timestamp(self) -> tuple[int, int]:
+        """(timestamp type, epoch ms)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -160,6 +172,11 @@ def record_headers(headers: Headers, timestamp_ms: int) -> list[tuple[str, bytes
     return kept
 
 
+def kept_headers(record: SourceRecord) -> list[tuple[str, bytes]]:
+    """`record_headers` of a fetched record."""
+    return record_headers(record.headers(), record.timestamp()[1])
+
+
 def source_timestamp(dead_letter_headers: Mapping[str, str | bytes | None], written_ms: int) -> int:
     """The timestamp of a dead letter's record: the kept one (`record_headers`), else the dead letter's."""
     kept = dead_letter_headers.get(DLQ_SOURCE_TIMESTAMP)
@@ -189,15 +206,20 @@ class InputParser:
     Each mapping becomes a getter once, here, so a record costs a few calls, not a dispatch on the
     mapping's kind per field (the ledger benchmark compares this path with the default's)."""
 
-    __slots__ = ("_created", "_decoder", "_default", "_format", "_get_client", "_get_uuid", "mapping")
+    __slots__ = ("_created", "_decoder", "_default", "_format", "_get_client", "_get_uuid", "_json", "_timestamp",
+                 "mapping", "reads_headers")
 
     def __init__(self, mapping: InputMapping, decoder: Decoder | None) -> None:
         self.mapping = mapping
+        self.reads_headers = mapping.reads_headers
+        """Whether `parse` needs the record's headers (None may be passed otherwise)."""
         self._default = mapping.is_default
         client, uuid, self._created = mapping.sources()
+        self._timestamp = self._created.kind == "timestamp"
         self._get_client = _client_getter(client)
         self._get_uuid = None if uuid.kind == "none" else _text_getter(uuid, "uuid")
         self._format = mapping.format
+        self._json = mapping.format == "json"
         self._decoder = decoder
 
     def parse(self, key: bytes | None, value: bytes | None, headers: Headers, timestamp_ms: int) -> InputEvent:
@@ -210,12 +232,20 @@ class InputParser:
             raise BadEvent("missing-field", "record has no value")
         if len(value) > MAX_EVENT_BYTES:
             raise BadEvent("oversized", f"value is {len(value)} bytes, the limit is {MAX_EVENT_BYTES}")
-        body = self._decode(value)
+        if self._json:  # `_decode`'s first case, inline: the common one
+            try:
+                body = orjson.loads(value)
+            except orjson.JSONDecodeError as exc:
+                raise BadEvent("not-json", str(exc)) from None
+            if type(body) is not dict:
+                raise BadEvent("not-an-object", f"value is a JSON {type(body).__name__}, expected an object (a dict)")
+        else:
+            body = self._decode(value)
         client_id = self._get_client(key, body, headers)
         uuid = None if self._get_uuid is None else self._get_uuid(key, body, headers)
-        source = self._created
-        if source.kind == "timestamp":
+        if self._timestamp:
             return InputEvent(client_id, uuid, timestamp_ms if timestamp_ms > 0 else 0, body)
+        source = self._created
         created = _find(body, source, "created", required=False)
         if created is None:
             created = 0
@@ -224,22 +254,16 @@ class InputParser:
         return InputEvent(client_id, uuid, created, body)
 
     def _decode(self, value: bytes) -> Any:
-        if self._format == "raw":
-            return value
+        """The value under `raw` or a user decoder (`parse` decodes JSON itself)."""
         if self._decoder is None:
-            try:
-                body = orjson.loads(value)
-            except orjson.JSONDecodeError as exc:
-                raise BadEvent("not-json", str(exc)) from None
-            gave = "value is a JSON"
-        else:
-            try:
-                body = self._decoder(value)
-            except Exception as exc:  # noqa: BLE001 - any decoder failure is this record's problem
-                raise BadEvent("decode-error", f"{self._format}: {type(exc).__name__}: {exc}") from None
-            gave = f"{self._format} returned a"
+            return value
+        try:
+            body = self._decoder(value)
+        except Exception as exc:  # noqa: BLE001 - any decoder failure is this record's problem
+            raise BadEvent("decode-error", f"{self._format}: {type(exc).__name__}: {exc}") from None
         if not isinstance(body, dict):
-            raise BadEvent("not-an-object", f"{gave} {type(body).__name__}, expected an object (a dict)")
+            raise BadEvent("not-an-object", f"{self._format} returned a {type(body).__name__}, expected an object "
+                                            "(a dict)")
         return body
 
 
@@ -260,12 +284,13 @@ def _client_getter(source: Source) -> Getter:
     text = _text_getter(source, "clientId")
 
     def text_client(key: bytes | None, body: Any, headers: Headers) -> ClientId:
-        return _not_reserved(source, text(key, body, headers))
+        client_id: str = text(key, body, headers)
+        return _not_reserved(source, client_id) if client_id.startswith(_RESERVED_ID) else client_id
     return text_client
 
 
 def _not_reserved(source: Source, client_id: str) -> str:
-    if client_id == _RESERVED_ID or client_id.startswith(_RESERVED_ID + "."):
+    if client_id.startswith(_RESERVED_ID) and (client_id == _RESERVED_ID or client_id[len(_RESERVED_ID)] == "."):
         raise BadEvent("bad-field", f"clientId ({source}) {client_id!r} is reserved by keyrange")
     return client_id
 
@@ -279,19 +304,25 @@ def _text_getter(source: Source, what: str) -> Getter:
                 raise BadEvent("bad-field", f"{what} ({source}) must be non-empty text, got {found!r}")
             return found
         return field_text
-    missing = ("record has no key" if source.kind == "key" else f"record has no header {source.name!r}")
+    from_key, name = source.kind == "key", source.name
+    missing = ("record has no key" if from_key else f"record has no header {name!r}")
 
     def key_or_header_text(key: bytes | None, body: Any, headers: Headers) -> str:
-        raw = key if source.kind == "key" else _header(headers, source.name)
+        if from_key:
+            raw = key
+        elif type(headers) is list and headers and headers[-1][0] == name and type(headers[-1][1]) is bytes:
+            raw = headers[-1][1]  # the header is the record's last one: no call to `_header`
+        else:
+            raw = _header(headers, name)
+        if raw:
+            try:
+                return raw.decode()
+            except UnicodeDecodeError:
+                raise BadEvent("bad-field", f"{what} ({source}) is not UTF-8 text ({len(raw)} binary bytes): "
+                                            "keyrange takes text ids only") from None
         if raw is None:
             raise BadEvent("missing-field", f"{what} ({source}): {missing}")
-        if not raw:
-            raise BadEvent("bad-field", f"{what} ({source}) is empty")
-        try:
-            return raw.decode()
-        except UnicodeDecodeError:
-            raise BadEvent("bad-field", f"{what} ({source}) is not UTF-8 text ({len(raw)} binary bytes): "
-                                        "keyrange takes text ids only") from None
+        raise BadEvent("bad-field", f"{what} ({source}) is empty")
     return key_or_header_text
 
 
@@ -309,11 +340,16 @@ def _find(body: Any, source: Source, what: str, required: bool) -> Any:
 def _header(headers: Headers, name: str) -> bytes | None:
     """The last header of that name (Kafka allows repeats; the newest wins, as in Kafka Streams);
     an empty value reads as b''."""
+    if type(headers) is list:  # what confluent_kafka gives: no isinstance checks
+        for header, value in reversed(headers):
+            if header == name:
+                return value if type(value) is bytes else _as_bytes(value)
+        return None
     if not headers:
         return None
-    if type(headers) is not list and isinstance(headers, Mapping):
+    if isinstance(headers, Mapping):
         return _as_bytes(headers[name]) if name in headers else None
-    for header, value in reversed(headers):  # type: ignore[arg-type]
+    for header, value in reversed(headers):
         if header == name:
             return _as_bytes(value)
     return None

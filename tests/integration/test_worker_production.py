@@ -9,11 +9,13 @@ import time
 from collections import Counter
 from typing import Any
 
+import orjson
 from confluent_kafka import Producer
 from prometheus_client import REGISTRY
 
 from keyrange.events import DLQ_DETAIL, DLQ_REASON, DLQ_TRUNCATED, MAX_EVENT_BYTES, encode_input, parse_input
 from keyrange.handlers import load_handler
+from keyrange.inputmapping import InputMapping
 from keyrange.kafkaio import TopicSpec, ensure_topics
 from keyrange.worker import Worker
 from keyrange.worker.health import Health
@@ -141,6 +143,27 @@ async def test_dead_letters_over_the_dlqs_limit_are_truncated_and_the_slot_keeps
     check_all(log, read_processed(bootstrap, f"{topic_name}.processed", 40),
               read_counts(bootstrap, topic_name, settings.group_id, covering=len(bodies)),
               dead_lettered=sorted(dead))
+
+
+async def test_a_truncated_dead_letter_under_an_input_mapping_keeps_the_events_identity(
+        kafka_bootstrap: str, topic_name: str) -> None:
+    """Under a mapping the identity is the mapping's: a text clientId from a header, the uuid from a
+    nested field, the record's timestamp. It used to be dropped, leaving the DLQ no way to name the event."""
+    bootstrap, dlq = kafka_bootstrap, f"{topic_name}.dlq"
+    ensure_topics(bootstrap, [TopicSpec(topic_name, 1, {"max.message.bytes": "2000000"}),
+                              TopicSpec(dlq, 1, {"max.message.bytes": "100000"})])
+    producer = Producer({"bootstrap.servers": bootstrap, "message.max.bytes": 2_000_000})
+    for i in range(11):
+        body = {"meta": {"id": f"e{i}"}, **({"mode": FAIL_MARK, "pad": "f" * 200_000} if i == 0 else {})}
+        producer.produce(topic_name, orjson.dumps(body), b"k", headers=[("account", b"acct-7")], timestamp=1_000 + i)
+    assert producer.flush(30) == 0
+    mapping = InputMapping(client_id="header:account", uuid="field:meta.id", created="timestamp")
+    settings = settings_for(bootstrap, topic_name, max_retries=0, input_mapping=mapping)
+    await run_worker_until(settings, f"{HANDLERS}:sync_counter", [0],
+                           lambda w: w.stats.processed >= 10 and w.stats.dead_letters >= 1)
+    (dead,) = read_topic(bootstrap, dlq, expect=1)
+    assert int(dict(dead.headers())[DLQ_TRUNCATED]) > 200_000
+    assert orjson.loads(dead.value()) == {"clientId": "acct-7", "uuid": "e0", "created": 1_000}
 
 
 async def test_liveness_fails_while_the_event_loop_is_blocked(bootstrap: str, topic_name: str) -> None:

@@ -48,6 +48,12 @@ def test_key_header_and_timestamp() -> None:
     assert event == InputEvent("user-7", "e-1", TS, {"op": "increment", "amount": 2})
 
 
+def test_no_headers_at_all_is_a_missing_header() -> None:
+    for headers in ([], None, {}):
+        assert failure(TOPIC_MAPPING, headers=headers) == (
+            "missing-field", "uuid (header:event-id): record has no header 'event-id'")
+
+
 def test_the_last_of_repeated_headers_wins() -> None:
     assert parse(TOPIC_MAPPING, headers=[("event-id", b"old"), ("event-id", b"new")]).uuid == "new"
 

@@ -10,7 +10,7 @@ from typing import Any
 import orjson
 
 from keyrange.events import DLQ_SOURCE_TIMESTAMP, totals_key
-from keyrange.inputmapping import InputMapping, record_headers
+from keyrange.inputmapping import InputMapping, kept_headers
 from keyrange.ranges.layout import SlotLayout
 from keyrange.ranges.slots import partition_for_client
 from keyrange.worker.intake import Intake
@@ -105,7 +105,35 @@ def test_a_bad_records_dead_letter_keeps_its_headers_and_timestamp() -> None:
     assert jobs == [None]
     [(reason, record)] = outputs.letters
     assert reason == "missing-field"
-    assert record_headers(*record) == [("other", b"x"), (DLQ_SOURCE_TIMESTAMP, str(NOW_MS).encode())]
+    assert kept_headers(record) == [("other", b"x"), (DLQ_SOURCE_TIMESTAMP, str(NOW_MS).encode())]
+
+
+class CountingRecord(Record):
+    """A Record that counts how often its headers are asked for."""
+
+    def __init__(self, key: bytes | None, value: bytes, headers: list[tuple[str, bytes]] | None) -> None:
+        super().__init__(key, value, headers)
+        self.asked = 0
+
+    def headers(self) -> list[tuple[str, bytes]] | None:
+        self.asked += 1
+        return super().headers()
+
+
+def test_headers_are_read_only_by_a_mapping_that_reads_one_and_dead_letters_keep_them_anyway() -> None:
+    body = b'{"uuid": "e-1"}'
+    by_field = InputMapping(client_id="key", uuid="field:uuid", created="timestamp")
+    good, bad = CountingRecord(b"user-7", body, [("trace", b"t")]), CountingRecord(b"", body, [("trace", b"t")])
+    _, jobs, outputs = admit_all(by_field, [good, bad], partition_for_client("user-7", PARTITIONS))
+    assert jobs[0] is not None and jobs[1] is None and good.asked == bad.asked == 0
+    # Each dead letter (bad input now, a failing handler later) still keeps the record's headers.
+    [(reason, record)] = outputs.letters
+    assert reason == "bad-field" and kept_headers(record)[0] == ("trace", b"t")
+    assert kept_headers(jobs[0].record)[0] == ("trace", b"t")
+    by_header = InputMapping(client_id="key", uuid="header:trace", created="timestamp")
+    good = CountingRecord(b"user-7", body, [("trace", b"t")])
+    _, jobs, _ = admit_all(by_header, [good], partition_for_client("user-7", PARTITIONS))
+    assert jobs[0] is not None and jobs[0].event.uuid == "t" and good.asked == 1
 
 
 def test_a_hash_range_counts_a_client_keyed_otherwise_than_by_its_id_as_misplaced() -> None:

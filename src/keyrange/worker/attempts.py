@@ -36,7 +36,7 @@ from typing import NamedTuple, Protocol
 from keyrange import metrics as metric_defs
 from keyrange.events import ClientId, InputEvent, encode_processed, json_bytes
 from keyrange.handlers import Handler
-from keyrange.inputmapping import Headers
+from keyrange.inputmapping import SourceRecord
 from keyrange.ranges.pauses import HandoffPauses
 from keyrange.worker.context import ClientState, HandlerContext
 from keyrange.worker.deadlines import CallDeadlines
@@ -99,8 +99,8 @@ class Job:
     """Attempts made so far (an inline first attempt that failed leaves 1)."""
     failure: str = ""
     """The last failed attempt's error, for its dead letter."""
-    record: tuple[Headers, int] | None = None
-    """The record's headers and timestamp, which its dead letter keeps under an input mapping
+    record: SourceRecord | None = None
+    """The fetched record, whose headers and timestamp its dead letter keeps under an input mapping
     (outputs.py); None under the default mapping."""
 
 

@@ -110,7 +110,7 @@ class Intake:
             self._check_placement(slot, event.client_id)
         # Event time is `created`; the record timestamp stands in when a producer left it out.
         event_s = (event.created_ms or timestamp_ms) / 1000
-        if event_s > self._wall_clock() + self._skew_s:  # `_check_skew`, inline on the hot path
+        if event_s > self._wall_clock() + self._skew_s:  # the skew check (module docstring), inline
             slot.metrics.skewed_ahead.inc()
         elif event_s < slot.stream_time - self._skew_s:
             slot.metrics.skewed_behind.inc()
@@ -123,24 +123,27 @@ class Intake:
     def _admit_mapped(self, parser: InputParser, slot: IntakeSlot, m: Message, offset: int, value: bytes | None,
                       timestamp_ms: int) -> Job | None:
         """`admit` after the skip, under a mapping other than the default (kept apart so that the
-        default's per-event work stays what it was)."""
-        headers = m.headers()
+        default's per-event work stays what it was). The record's headers are read only if the
+        mapping reads one: converting them to Python objects is most of what a header costs here."""
         key = m.key()
-        record = (headers, timestamp_ms)
         try:
-            event = parser.parse(key, value, headers, timestamp_ms)
+            event = parser.parse(key, value, m.headers() if parser.reads_headers else None, timestamp_ms)
         except BadEvent as exc:
             slot.finish_dead_lettered(offset, self._outputs.dead_letter(
-                slot.partition, offset, key, value, exc.reason, exc.detail, 0, record=record), exc.reason)
+                slot.partition, offset, key, value, exc.reason, exc.detail, 0, record=m), exc.reason)
             return None
         # With `clientId: key` the client's records share a partition whatever the partitioner.
         if self._check_placements and event.client_id not in slot.placed_clients:
             self._check_placement(slot, event.client_id)
         event_s = (event.created_ms or timestamp_ms) / 1000
-        self._check_skew(slot, event_s)
+        if event_s > self._wall_clock() + self._skew_s:  # `admit`'s skew check
+            slot.metrics.skewed_ahead.inc()
+        elif event_s < slot.stream_time - self._skew_s:
+            slot.metrics.skewed_behind.inc()
         if event.uuid is not None and not slot.first_seen(offset, event.uuid, event_s):
             return None  # a duplicate, as in `admit`
-        return Job(slot, offset, event, key, value, record=record)  # type: ignore[arg-type]
+        # The Message itself: its headers are converted only if it is dead-lettered.
+        return Job(slot, offset, event, key, value, record=m)  # type: ignore[arg-type]
 
     def _check_placement(self, slot: IntakeSlot, client_id: ClientId) -> None:
         expected = partition_for_client(client_id, self._partition_count)
@@ -165,9 +168,3 @@ class Intake:
                 "state are split over two partitions. Producers must key events by clientId and use Java's "
                 "default partitioner (librdkafka: partitioner=murmur2_random). Counted in "
                 "keyrange_misplaced_events_total; warned once per partition.", slot.partition, client_id, expected)
-
-    def _check_skew(self, slot: IntakeSlot, event_s: float) -> None:
-        if event_s > self._wall_clock() + self._skew_s:
-            slot.metrics.skewed_ahead.inc()
-        elif event_s < slot.stream_time - self._skew_s:
-            slot.metrics.skewed_behind.inc()

@@ -27,9 +27,9 @@ from keyrange.events import (
     STATE_HEADER,
     InputEvent,
     dead_letter_headers,
-    encode_input,
+    encode_identity,
 )
-from keyrange.inputmapping import Headers, record_headers
+from keyrange.inputmapping import SourceRecord, kept_headers
 from keyrange.worker.settings import WorkerSettings
 from keyrange.worker.transactions import PRODUCER_MAX_MESSAGE_BYTES, OutputRecord
 
@@ -112,18 +112,17 @@ class Outputs:
 
     def dead_letter(self, partition: int, offset: int, key: bytes | None, value: bytes | None,
                     reason: str, detail: str, attempts: int, event: InputEvent | None = None,
-                    record: tuple[Headers, int] | None = None) -> OutputRecord | None:
+                    record: SourceRecord | None = None) -> OutputRecord | None:
         """The dead letter of the event at `offset` of input `partition`: the original key and value
         (and `record`'s headers and timestamp, under an input mapping), and headers saying why and
         from where; truncated when it would be over the dead-letter topic's limit (module docstring;
         `event`, the parsed event if there is one, gives the identity a truncated value keeps).
         None when it fits nowhere even without key and value: not written, its offset ends anyway."""
         s = self._settings
-        headers = [*(record_headers(*record) if record is not None else ()),
+        headers = [*(kept_headers(record) if record is not None else ()),
                    *dead_letter_headers(reason, detail, s.topic, partition, offset, attempts), self._group_header]
         if not self._fits(key, value, headers):
-            # Under an input mapping the identity is the kept headers' (a truncated value keeps none).
-            key, value = self._truncated(partition, offset, key, value, headers, event if record is None else None)
+            key, value = self._truncated(partition, offset, key, value, headers, event)
             if key is None and value is None and not self._fits(None, None, headers):
                 log.error("the dead letter of partition %d offset %d does not fit topic %r even without its key and "
                           "value (max.message.bytes %d): not written, its offset ends anyway. Raise the topic's "
@@ -136,11 +135,8 @@ class Outputs:
         """The key and value a dead letter over the limit keeps; adds the header saying so to `headers`."""
         size = len(value) if value is not None else 0
         headers.append((DLQ_TRUNCATED, str(size).encode()))
-        # The identity keeps the uuid in the DLQ, where a restore finds it (restore.py).
-        if event is not None and isinstance(event.client_id, int) and event.uuid is not None:
-            value = encode_input(event.client_id, event.uuid, event.created_ms)[1]
-        else:
-            value = None
+        # The identity keeps the uuid in the DLQ, where a restore finds it (restore.py), under any mapping.
+        value = None if event is None else encode_identity(event)
         if not self._fits(key, value, headers):
             key = None
         if not self._fits(key, value, headers):

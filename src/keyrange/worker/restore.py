@@ -42,11 +42,13 @@ from confluent_kafka import Message
 from keyrange.events import (
     DLQ_OFFSET,
     DLQ_PARTITION,
+    DLQ_TRUNCATED,
     GROUP_HEADER,
     SOURCE_OFFSET_HEADER,
     STATE_HEADER,
     BadEvent,
     ClientId,
+    decode_identity,
     decode_processed,
     decode_totals,
     is_totals_key,
@@ -417,10 +419,14 @@ def _dead_letter_entry(parser: InputParser, m: Message) -> OutputEntry | None:
     except (KeyError, ValueError):
         return None
     # A dead letter keeps its record's key, value and (with a mapping that reads them) headers and
-    # timestamp (inputmapping.source_timestamp), so the mapping finds the event's uuid in it.
+    # timestamp (inputmapping.source_timestamp), so the mapping finds the event's uuid in it; a
+    # truncated one keeps the event's identity instead, whatever the mapping.
     timestamp_ms = source_timestamp(headers, m.timestamp()[1])
     try:
-        event = parser.parse(m.key(), m.value(), record_headers, timestamp_ms)
+        if DLQ_TRUNCATED in headers:
+            event = decode_identity(m.value())
+        else:
+            event = parser.parse(m.key(), m.value(), record_headers, timestamp_ms)
         created_s = (event.created_ms or timestamp_ms) / 1000
         return OutputEntry(partition, offset, event.uuid, created_s, None, Outcome.DEAD_LETTERED, m.key())
     except BadEvent:
