@@ -7,10 +7,13 @@ the time from a burst's start to the size it needs.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from itertools import pairwise
 from typing import Any, Protocol
+
+from keyrange.worker.stats import percentiles
 
 
 class RescaleTimes(Protocol):
@@ -83,3 +86,58 @@ def describe_pauses(pauses: Sequence[float]) -> str:
     if not pauses:
         return "pause not measured (no event of a moved range after the grant)"
     return f"pause {max(pauses):.2f} s (largest of {len(pauses)} moved range(s))"
+
+
+def needed_workers(rate: float, concurrency: int, handler_ms: float, max_workers: int,
+                   utilization: float) -> int:
+    """The workers a `rate` of events needs when each worker runs `concurrency` handler calls of
+    `handler_ms` at once and may be `utilization` busy (the target planner's sizing), within `max_workers`."""
+    per_worker = concurrency * 1000 / handler_ms
+    return max(1, min(max_workers, math.ceil(rate / (per_worker * utilization))))
+
+
+@dataclass(frozen=True)
+class ScalingSummary:
+    """How a run with a burst was sized: the figures a report states about its rescales."""
+
+    burst_rate: float
+    """Events/s of the burst."""
+    burst_at_s: float
+    """When the burst began, seconds after the load began."""
+    needed_workers: int
+    """The size the burst needs (needed_workers)."""
+    time_to_size_seconds: float | None
+    """From the burst's start to the decision that reached the needed size; None: never reached."""
+    splits: int
+    merges: int
+    flaps: int
+    """Splits after a merge (flaps)."""
+    read_ahead_waits: int
+    """Handoffs that waited out the read-ahead's timeout."""
+    pauses: tuple[float, ...]
+    """Every measured moved range's pause, seconds."""
+    quiet_latency_ms: dict[str, float]
+    """Latency percentiles of the events created after the burst."""
+
+
+def summary_lines(s: ScalingSummary) -> list[str]:
+    """The report's lines about sizing, decisions, flaps, pauses and the quiet phase's latency."""
+    if s.time_to_size_seconds is None:
+        reached = "never reached"
+    else:
+        reached = f"reached {s.time_to_size_seconds:.1f} s after the burst began"
+    if s.pauses:
+        p50, p99, top = percentiles(list(s.pauses), 0.5, 0.99, 1.0)
+        pause_line = (f"- handoff pauses: {len(s.pauses)} moved range(s), p50 {p50:.2f} s, p99 {p99:.2f} s, "
+                      f"max {top:.2f} s")
+    else:
+        pause_line = "- handoff pauses: none measured"
+    quiet = "  ".join(f"{k} {v:,.0f} ms" for k, v in s.quiet_latency_ms.items() if k in ("p50", "p99", "max"))
+    return [
+        f"- time to size: the burst ({s.burst_rate:,.0f} events/s from +{s.burst_at_s:.0f} s) needs "
+        f"{s.needed_workers} workers: {reached}",
+        f"- scale decisions: {s.splits + s.merges} ({s.splits} split, {s.merges} merge); flaps (a split after a "
+        f"merge): {s.flaps}; handoffs that waited out the read-ahead timeout: {s.read_ahead_waits}",
+        pause_line,
+        f"- latency of the events created after the burst: {quiet or 'no events'}",
+    ]
