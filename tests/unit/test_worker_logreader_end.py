@@ -60,3 +60,12 @@ def test_a_read_to_the_end_of_a_partition_written_in_back_to_back_transactions_e
     # transaction below it is decided.
     assert ends == {("events.processed", 0): 20}
     assert partition.fetches == 4
+
+
+def test_a_read_ahead_follows_the_end_a_bounded_number_of_times() -> None:
+    # What it reads on to is not read inside the handoff's pause; bounded, it still ends.
+    partition = BusyPartition()
+    reader = LogReader(SETTINGS, consumer=partition)  # type: ignore[arg-type]
+    _, ends = reader.read({("events.processed", 0): 0}, follow=2)
+    assert ends == {("events.processed", 0): 60}  # reached 20 at 35, 40 at 55, 60 at 75: no follow left
+    assert partition.fetches == 8

@@ -109,7 +109,7 @@ class LogReader:
         return out
 
     def read(self, starts: dict[Span, int], stops: dict[Span, int] | None = None,
-             each: Callable[[Span, list[Message]], None] | None = None
+             each: Callable[[Span, list[Message]], None] | None = None, follow: int = 0
              ) -> tuple[dict[Span, list[Message]], dict[Span, int]]:
         """Records from `starts` up to `stops` (exclusive; a span without a stop: to the end), per
         span in log order; and the offset each span was read to. With `each`, the records are
@@ -125,6 +125,10 @@ class LogReader:
         and the position passing it means every transaction below it is decided. The consumer keeps
         a partition's last high watermark after it is unassigned, so a span read to the end must not
         have been read before by this reader (a span with a stop may: the stop bounds it).
+
+        `follow`: how many times a span without a stop that reached its end goes on to the newest
+        end it was told, if that is further (a read-ahead: what it reads on is not read after the
+        grant); bounded, so it ends however busily the partition is written.
         """
         stops = stops or {}
         out: dict[Span, list[Message]] = {span: [] for span in starts}
@@ -148,6 +152,7 @@ class LogReader:
             # records or moves a position.
             progress_at, progress_mark = time.monotonic(), -1
             first_end: dict[Span, int] = {}
+            follows = dict.fromkeys(wanted, follow)
             while wanted:
                 mark = sum(last.values()) + sum(ends.values())
                 if mark != progress_mark:
@@ -185,6 +190,10 @@ class LogReader:
                         high = fetched_end(consumer, span)
                         end = min(stop, high) if high >= 0 else stop
                     if end >= 0 and reached(consumer, span, max(last.get(span, -1) + 1, wanted[span])) >= end:
+                        if stop is None and follows[span] > 0 and (newest := fetched_end(consumer, span)) > end:
+                            follows[span] -= 1
+                            first_end[span] = newest
+                            continue
                         done.append(TopicPartition(*span))
                         ends[span] = end
                 if done:
