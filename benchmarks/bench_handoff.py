@@ -34,6 +34,7 @@ from keyrange.kafkaio import TopicSpec, ensure_topics
 from keyrange.loadgen import LoadShape, generate, produce_all
 from keyrange.local.demo import read_values
 from keyrange.local.load import LoadTotals, Phase, produce_phases
+from keyrange.local.scaling_report import first_starts, handoff_pauses
 from keyrange.local.supervisor import Supervisor
 from keyrange.ranges.controller import Rescale
 from keyrange.ranges.layout import SlotLayout
@@ -114,6 +115,9 @@ class HandoffRun:
     merges: list[float]
     rescales: list[Rescale]
     warmup_pauses: list[float]
+    metric_pauses: list[float]
+    """Per moved slot of the measured rescales, the pause as `keyrange_handoff_pause_seconds`
+    measures it (scaling_report.handoff_pauses)."""
 
 
 def measure_handoffs(tmp: Path, rescales: int, bootstrap: str | None = None, warmup: int = 0,
@@ -155,7 +159,11 @@ def measure_handoffs(tmp: Path, rescales: int, bootstrap: str | None = None, war
     pauses, _ = handoff_figures(processed, done, layout)
     _, splits = handoff_figures(processed, [r for r in done if r.action == "split"], layout)
     _, merges = handoff_figures(processed, [r for r in done if r.action == "merge"], layout)
-    return HandoffRun(pauses, splits, merges, done, warmup_pauses)
+    starts = first_starts(processed, lambda r: r["partition"] if layout is None
+                          else layout.slot_for_key(r["partition"], str(r["clientId"]).encode()))
+    metric = [p for i, r in enumerate(done)
+              for p in handoff_pauses(starts, r, done[i + 1].published_ms if i + 1 < len(done) else None)]
+    return HandoffRun(pauses, splits, merges, done, warmup_pauses, metric)
 
 
 def measure_recovery(tmp: Path, max_workers: int, backlog: int, bootstrap: str | None = None) -> float:

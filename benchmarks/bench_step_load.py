@@ -17,7 +17,6 @@ import math
 import sys
 import tempfile
 import time
-from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +25,7 @@ import yaml
 from benchmarks.harness import load_average, row, running_broker, ticking
 from keyrange.loadgen import LoadShape
 from keyrange.local.load import Phase, produce_phases
+from keyrange.local.scaling_report import flaps
 from keyrange.local.supervisor import Supervisor
 from keyrange.spec import load_file
 
@@ -45,12 +45,6 @@ def _spec(path: Path, topic: str, policy: str, concurrency: int, max_workers: in
         },
     }))
     return path
-
-
-def flaps(sizes: list[int]) -> int:
-    """Turns from shrinking back to growing in a sequence of worker counts (2 -> 1 -> 2 is one)."""
-    moves = [b - a for a, b in pairwise(sizes) if b != a]
-    return sum(1 for earlier, later in pairwise(moves) if earlier < 0 < later)
 
 
 def measure(policy: str, setup: dict[str, Any], workdir: Path, engine: str) -> dict[str, Any]:

@@ -88,10 +88,11 @@ class ModelReader:
         return {span: (0, len(self.logs.get(span, []))) for span in spans}
 
     def read(self, starts: dict[Span, int], stops: dict[Span, int] | None = None,
-             each: Callable[[Span, list[FakeMessage]], None] | None = None
+             each: Callable[[Span, list[FakeMessage]], None] | None = None, follow: int = 0
              ) -> tuple[dict[Span, list[FakeMessage]], dict[Span, int]]:
         """Records from `starts` up to `stops` (exclusive; without a stop, to the end), handed to
-        `each` if given, else returned; and the offset each span was read to."""
+        `each` if given, else returned; and the offset each span was read to. Nothing is appended
+        while a modelled log is read, so `follow` finds no newer end."""
         stops = stops or {}
         out, ends = {}, {}
         for span, start in starts.items():

@@ -11,7 +11,8 @@ transaction is open (such a read waits until the transaction is decided). librdk
 partition's last high watermark after it is unassigned, so a consumer must not read the same
 partition to its end twice.
 
-The reads that follow this rule: the worker's restores (worker/logreader.py), the demo's report
+The reads that follow this rule: the worker's restores (worker/logreader.py, which takes the first
+end a read is told rather than the newest, see `LogReader.read`), the demo's report
 (local/demo.py) and the tests' `read_topic`. The aggregation's end probe
 (aggregation/partition_reads.py) differs on purpose: a streaming micro-batch must not wait for
 transactions still open, so its end is the last stable offset the fetch responses report.

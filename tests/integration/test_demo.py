@@ -55,6 +55,16 @@ def test_demo_report_has_the_aggregation_and_it_counts_every_processed_uuid_once
 
     md = (out / "report.md").read_text()
     assert "## Key space" in md and "- partition 1: 2 hash ranges over " in md
+    # What the run's scaling did, stated whatever it was (short phases may not rescale at all).
+    scaling = report["scaling"]
+    assert scaling["needed_workers"] == 4 and scaling["burst_rate"] == 1200
+    assert f"- time to size: the burst (1,200 events/s from +{scaling['burst_at_s']:.0f} s) needs 4 workers: " in md
+    assert f"- scale decisions: {scaling['splits'] + scaling['merges']} ({scaling['splits']} split, " \
+        f"{scaling['merges']} merge); flaps (a split after a merge): {scaling['flaps']}; handoffs that waited out " \
+        f"the read-ahead timeout: {scaling['read_ahead_waits']}" in md
+    assert "- handoff pauses: " in md and "- latency of the events created after the burst: " in md
+    assert len(report["rescales"]) == scaling["splits"] + scaling["merges"]
+    assert all(", pause " in line for line in md.splitlines() if " workers, epoch " in line)
     assert "## Spark aggregation" in md
     assert f"cross-check: OK: events aggregated {handled:,}; distinct processed uuids counted by the demo " \
         f"{handled:,}" in md

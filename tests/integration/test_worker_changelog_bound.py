@@ -37,10 +37,10 @@ class CountingReader(LogReader):
         self.records: Counter[str] = Counter()
 
     def read(self, starts: dict[Span, int], stops: dict[Span, int] | None = None,
-             each: Callable[[Span, list[Message]], None] | None = None
+             each: Callable[[Span, list[Message]], None] | None = None, follow: int = 0
              ) -> tuple[dict[Span, list[Message]], dict[Span, int]]:
         if each is None:
-            logs, ends = super().read(starts, stops)
+            logs, ends = super().read(starts, stops, follow=follow)
             for (topic, _), messages in logs.items():
                 self.records[topic] += len(messages)
             return logs, ends
@@ -50,7 +50,7 @@ class CountingReader(LogReader):
             self.records[span[0]] += len(messages)
             take(span, messages)
 
-        return super().read(starts, stops, each=counted)
+        return super().read(starts, stops, each=counted, follow=follow)
 
 
 def restore_counting(settings: WorkerSettings) -> tuple[RestoredPartition, CountingReader]:

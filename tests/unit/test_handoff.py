@@ -189,6 +189,7 @@ def test_a_new_owner_that_does_not_read_ahead_in_time_is_handed_over_anyway() ->
     assert [type(a) for a in actions] == [Warn, Publish]
     assert actions[0] == Warn("worker(s) [1] did not read ahead within 10 s; handing over anyway (their acquire "
                               "finishes the read-ahead, or restores in full if it failed)")
+    assert isinstance(actions[1], Publish) and actions[1].cold == (1,)  # the controller records the wait
 
 
 # --- IN_TRANSIT ----------------------------------------------------------------------------------

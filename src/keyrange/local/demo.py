@@ -27,11 +27,24 @@ from keyrange.kafkaclients import KafkaClients
 from keyrange.loadgen import LoadShape
 from keyrange.local.demo_aggregation import AggregationSection, aggregate, render_section
 from keyrange.local.load import LoadTotals, Phase, produce_phases
+from keyrange.local.scaling_report import (
+    ScalingSummary,
+    SizeChange,
+    describe_pauses,
+    first_starts,
+    flaps,
+    handoff_pauses,
+    needed_workers,
+    summary_lines,
+    time_to_size,
+)
 from keyrange.local.supervisor import HistoryPoint, Supervisor
 from keyrange.logend import spans_behind
+from keyrange.ranges.controller import Rescale
 from keyrange.ranges.layout import SlotLayout
+from keyrange.ranges.planner import TARGET_UTILIZATION
 from keyrange.ranges.rangemap import RangeMap
-from keyrange.spec import load_file
+from keyrange.spec import StreamConsumer, load_file
 
 DEMO_SPEC = """\
 # Written by `keyrange demo`; run it yourself with `keyrange run -f {path} --produce 1200`.
@@ -108,6 +121,8 @@ class DemoReport:
     """Why the aggregation did not run (--no-aggregate, or pyspark/Java missing)."""
     key_space: KeySpace | None = None
     """How the partitions' key space was split; None when no range map was seen."""
+    scaling: ScalingSummary | None = None
+    """Time to size, decisions, flaps, pauses and the quiet phase's latency; None without a burst."""
 
     @property
     def aggregation_mismatch(self) -> bool:
@@ -228,9 +243,13 @@ def run_demo(out_dir: Path, quick: bool, out: TextIO, aggregate_results: bool = 
             supervisor.tick()
             processed = read_values(bootstrap, consumer.spec.sink_topic)
         layout = controller.layout
-        rescales = [dict(asdict(r), moved_slots=sorted(r.moved_slots),
+        done = list(controller.rescales)
+        by_slot = first_starts(processed, lambda r: layout.slot_for_key(r["partition"], str(r["clientId"]).encode()))
+        pauses = [handoff_pauses(by_slot, r, done[i + 1].published_ms if i + 1 < len(done) else None)
+                  for i, r in enumerate(done)]
+        rescales = [dict(asdict(r), moved_slots=sorted(r.moved_slots), pauses=p,
                          moved_ranges=[layout.describe_slot(s) for s in sorted(r.moved_slots)])
-                    for r in controller.rescales]
+                    for r, p in zip(done, pauses, strict=True)]
         history = list(supervisor.history)
         if aggregate_results:
             # Before stopping: the embedded broker goes away with the supervisor.
@@ -241,6 +260,7 @@ def run_demo(out_dir: Path, quick: bool, out: TextIO, aggregate_results: bool = 
         supervisor.stop()
     counts = Counter(r["uuid"] for r in processed)
     latencies = [float(r["startedAt"] - r["created"]) for r in processed]
+    scaling = scaling_summary(consumer, phases, totals.phase_started_ms, done, pauses, processed)
     starts: dict[str, list[int]] = {}
     for r in processed:
         starts.setdefault(r["uuid"], []).append(r["startedAt"])
@@ -255,7 +275,7 @@ def run_demo(out_dir: Path, quick: bool, out: TextIO, aggregate_results: bool = 
         handled_twice_beyond_ttl=sum(1 for n in counts.values() if n > 1) - twice_within_ttl,
         latency_ms=_percentiles(latencies), rescales=rescales,
         max_workers=max((p.workers for p in history), default=0), seconds=time.monotonic() - started,
-        aggregation=section, aggregation_skipped=skipped, key_space=key_space(layout, widest),
+        aggregation=section, aggregation_skipped=skipped, key_space=key_space(layout, widest), scaling=scaling,
     )
     (out_dir / "report.json").write_text(json.dumps(asdict(report), indent=2))
     (out_dir / "history.json").write_text(json.dumps([asdict(p) for p in history]))
@@ -264,6 +284,27 @@ def run_demo(out_dir: Path, quick: bool, out: TextIO, aggregate_results: bool = 
     (out_dir / "report.md").write_text(render_report(report, out_dir))
     print(render_report(report, out_dir), file=out, flush=True)
     return report
+
+
+def scaling_summary(consumer: StreamConsumer, phases: tuple[Phase, ...], phase_started_ms: list[int],
+                    rescales: list[Rescale], pauses: list[list[float]],
+                    processed: list[dict[str, Any]]) -> ScalingSummary | None:
+    """The demo's ScalingSummary: the burst is its fastest phase, the quiet phase the one after it."""
+    burst = max(range(len(phases)), key=lambda i: phases[i].rate)
+    if burst + 1 >= len(phase_started_ms):
+        return None  # the load stopped before the burst ended
+    spec = consumer.spec
+    handler_ms = float(spec.handler_config.get("meanMs", 10))
+    needed = needed_workers(phases[burst].rate, spec.concurrency, handler_ms, spec.workers.max, TARGET_UTILIZATION)
+    burst_ms, quiet_ms = phase_started_ms[burst], phase_started_ms[burst + 1]
+    changes = [SizeChange(r.decided_ms, r.workers_after) for r in rescales]
+    sizes = [rescales[0].workers_before] + [r.workers_after for r in rescales] if rescales else []
+    quiet = [float(r["startedAt"] - r["created"]) for r in processed if r["created"] >= quiet_ms]
+    return ScalingSummary(
+        phases[burst].rate, (burst_ms - phase_started_ms[0]) / 1000, needed, time_to_size(changes, burst_ms, needed),
+        sum(1 for r in rescales if r.action == "split"), sum(1 for r in rescales if r.action == "merge"),
+        flaps(sizes), sum(1 for r in rescales if r.not_read_ahead), tuple(p for ps in pauses for p in ps),
+        _percentiles(quiet))
 
 
 def render_report(r: DemoReport, out_dir: Path) -> str:
@@ -278,6 +319,7 @@ def render_report(r: DemoReport, out_dir: Path) -> str:
         f"- duplicates dropped by the workers: {r.duplicates_dropped:,}",
         f"- latency created -> handler start: {lat}",
         f"- rescales: {len(r.rescales)}; most workers at once: {r.max_workers}; run time {r.seconds:,.0f} s",
+        *(summary_lines(r.scaling) if r.scaling is not None else []),
         "",
     ]
     if r.key_space is not None:
@@ -293,9 +335,11 @@ def render_report(r: DemoReport, out_dir: Path) -> str:
     t0 = r.rescales[0]["decided_ms"] if r.rescales else 0
     for x in r.rescales:
         settled = (x["settled_ms"] - x["decided_ms"]) / 1000 if x["settled_ms"] else float("nan")
+        waited = ", waited out the read-ahead timeout" if x.get("not_read_ahead") else ""
         lines.append(f"- +{(x['decided_ms'] - t0) / 1000:6.1f} s  {x['action']:5}  {x['workers_before']} -> "
                      f"{x['workers_after']} workers, epoch {x['epoch']}, moved {' '.join(x.get('moved_ranges', []))}, "
-                     f"handoff done in {settled:.1f} s: {x['reason']}")
+                     f"handoff done in {settled:.1f} s{waited}, {describe_pauses(x.get('pauses', []))}: "
+                     f"{x['reason']}")
     lines += ["", *render_section(r.aggregation, r.aggregation_skipped)]
     lines += [f"Plot: {out_dir / 'demo.png'}  (rate, lag, p99 latency and workers over time)", ""]
     return "\n".join(lines)

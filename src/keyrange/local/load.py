@@ -10,7 +10,7 @@ import dataclasses
 import threading
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from keyrange.loadgen import LoadShape, generate, make_producer
 
@@ -30,6 +30,8 @@ class LoadTotals:
     sent: int = 0
     duplicates: int = 0
     phase: int = 0
+    phase_started_ms: list[int] = field(default_factory=list)
+    """When each phase began (epoch ms), in order."""
 
 
 def produce_phases(bootstrap: str, topic: str, shape: LoadShape, phases: Sequence[Phase],
@@ -42,6 +44,7 @@ def produce_phases(bootstrap: str, topic: str, shape: LoadShape, phases: Sequenc
     try:
         for index, phase in enumerate(phases):
             totals.phase = index
+            totals.phase_started_ms.append(int(time.time() * 1000))
             seed = None if shape.seed is None else shape.seed + index
             records = generate(dataclasses.replace(shape, rate=phase.rate, seed=seed), duration_s=phase.seconds)
             start = time.monotonic()

@@ -130,6 +130,9 @@ class Rescale:
     """Wall-clock time the new owners were allowed to acquire."""
     requested: str = ""
     """The reason given to `request_scale` (an alert's name); empty when the planner decided alone."""
+    not_read_ahead: tuple[int, ...] = ()
+    """New owners that had not reported their read-ahead when the epoch was published: the handoff
+    waited out the read-ahead's timeout for them."""
 
 
 @dataclass(frozen=True)
@@ -316,17 +319,17 @@ class Controller:
         elif isinstance(action, Publish):
             self.channel.publish(action.publication)
             if action.plan is not None:
-                self._record(action.publication, action.plan)
+                self._record(action.publication, action.plan, action.cold)
             else:
                 self._settle(action.publication)
         else:
             log.warning("%s", action.message)
 
-    def _record(self, pub: Publication, plan: Plan) -> None:
+    def _record(self, pub: Publication, plan: Plan, cold: tuple[int, ...]) -> None:
         decision = plan.decision
         self.rescales.append(Rescale(decision.action, decision.reason, pub.epoch, plan.workers_before,
                                      pub.map.workers, pub.transit, plan.decided_ms, pub.published_ms,
-                                     requested=plan.requested))
+                                     requested=plan.requested, not_read_ahead=cold))
         log.info("published %s: %s; waiting for w%s to release %d slots", pub.map.describe(self.layout),
                  decision.reason, ",w".join(map(str, sorted(pub.awaiting))), len(pub.transit))
 

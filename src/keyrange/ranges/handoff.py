@@ -151,6 +151,9 @@ class Publish:
     publication: Publication
     plan: Plan | None = None
     """The rescale whose moved slots it puts in transit; None for the grant that ends a handoff."""
+    cold: tuple[int, ...] = ()
+    """The new owners that had not reported their read-ahead when the epoch was published (the
+    read-ahead's timeout was waited out)."""
 
 
 @dataclass(frozen=True)
@@ -244,7 +247,7 @@ def _reading_ahead(handoff: Handoff, reports: Mapping[int, WorkerReport],
         warning = (Warn(f"worker(s) {cold} did not read ahead within {plan.read_ahead_timeout_ms / 1000:.0f} s; "
                         "handing over anyway (their acquire finishes the read-ahead, or restores in full if it "
                         "failed)"),)
-    return published, (*warning, Publish(transit, plan))
+    return published, (*warning, Publish(transit, plan, tuple(cold)))
 
 
 def _in_transit(handoff: Handoff, reports: Mapping[int, WorkerReport],

@@ -244,7 +244,10 @@ class RangeMember:
             self._read_ahead_task = asyncio.create_task(self._read_ahead(prepare.epoch, frozenset(slots)))
 
     async def _read_ahead(self, epoch: int, slots: frozenset[int]) -> None:
+        began = asyncio.get_running_loop().time()
         if await self.engine.prefetch(slots):
+            log.info("w%d: read ahead %s in %.0f ms", self.worker, format_slot_list(sorted(slots)),
+                     (asyncio.get_running_loop().time() - began) * 1000)
             self._warm = (epoch, slots)
             try:
                 await self.report(self._reported_epoch)

@@ -109,7 +109,7 @@ class LogReader:
         return out
 
     def read(self, starts: dict[Span, int], stops: dict[Span, int] | None = None,
-             each: Callable[[Span, list[Message]], None] | None = None
+             each: Callable[[Span, list[Message]], None] | None = None, follow: int = 0
              ) -> tuple[dict[Span, list[Message]], dict[Span, int]]:
         """Records from `starts` up to `stops` (exclusive; a span without a stop: to the end), per
         span in log order; and the offset each span was read to. With `each`, the records are
@@ -117,9 +117,18 @@ class LogReader:
         read then holds one batch at a time.
 
         "The end" follows logend.py: the high watermark of the fetch responses, reached when the
-        position (which moves past transaction markers) is there. The consumer keeps a partition's
-        last high watermark after it is unassigned, so a span read to the end must not have been
-        read before by this reader (a span with a stop may: the stop bounds it).
+        position (which moves past transaction markers) is there. It is the first high watermark
+        this read was told, not the newest: a partition that others keep writing in transactions
+        (the old owner during a read-ahead, a hash range's siblings) has one open at almost every
+        fetch, which holds the read_committed position back from the newest end, so chasing that
+        end can take any time. Every record written before the read began is below the first one,
+        and the position passing it means every transaction below it is decided. The consumer keeps
+        a partition's last high watermark after it is unassigned, so a span read to the end must not
+        have been read before by this reader (a span with a stop may: the stop bounds it).
+
+        `follow`: how many times a span without a stop that reached its end goes on to the newest
+        end it was told, if that is further (a read-ahead: what it reads on is not read after the
+        grant); bounded, so it ends however busily the partition is written.
         """
         stops = stops or {}
         out: dict[Span, list[Message]] = {span: [] for span in starts}
@@ -142,6 +151,8 @@ class LogReader:
             # changelog or backlog takes as long as it takes, as long as every `timeout` brings
             # records or moves a position.
             progress_at, progress_mark = time.monotonic(), -1
+            first_end: dict[Span, int] = {}
+            follows = dict.fromkeys(wanted, follow)
             while wanted:
                 mark = sum(last.values()) + sum(ends.values())
                 if mark != progress_mark:
@@ -168,10 +179,21 @@ class LogReader:
                             each(span, batch)
                 done = []
                 for span in wanted:
-                    high = fetched_end(consumer, span)
                     stop = stops.get(span)
-                    end = high if stop is None else (min(stop, high) if high >= 0 else stop)
+                    if stop is None:
+                        end = first_end.get(span, -1)
+                        if end < 0:
+                            end = fetched_end(consumer, span)
+                            if end >= 0:
+                                first_end[span] = end
+                    else:
+                        high = fetched_end(consumer, span)
+                        end = min(stop, high) if high >= 0 else stop
                     if end >= 0 and reached(consumer, span, max(last.get(span, -1) + 1, wanted[span])) >= end:
+                        if stop is None and follows[span] > 0 and (newest := fetched_end(consumer, span)) > end:
+                            follows[span] -= 1
+                            first_end[span] = newest
+                            continue
                         done.append(TopicPartition(*span))
                         ends[span] = end
                 if done:

@@ -9,9 +9,10 @@ done before the grant rather than after it:
   take for the end (`LogReader.read`).
 - **Read-ahead (`prefetch`).** While the old owner still handles the slots, the new owner reads
   what a restore from the committed offsets of that moment (C0) would read, with every span read
-  on to its current end. After the grant, the restore from the final committed offsets C >= C0
-  reads only what was appended since (`restore_slots(..., prefetched)`): its window and outputs
-  need nothing before what was read ahead, because both were read from lower bounds that cannot go
+  to its end, and on to newer ends a bounded number of times (`LogReader.read`'s `follow`). After
+  the grant, the restore from the final committed offsets C >= C0 reads only what was appended
+  since (`restore_slots(..., prefetched)`): its window and outputs need nothing before what was
+  read ahead, because both were read from lower bounds that cannot go
   back as the committed offset moves on (the window's stream time at C0, which the stream time at
   C is not below; when outputs of offsets >= C0 were written, which those of offsets >= C are not
   before: rebuild.plan_reads). Reading a span in two pieces returns what one read would: a read
@@ -42,6 +43,10 @@ from keyrange.worker.restore import (
     restore_with,
 )
 from keyrange.worker.settings import WorkerSettings
+
+READ_AHEAD_FOLLOWS = 2
+"""How many times a read-ahead that reached a log's end reads on to its newest end (records
+appended while it read, which the acquire would otherwise read inside the pause)."""
 
 
 @dataclass
@@ -124,7 +129,7 @@ class Restorer:
                 logs.add(self._settings, span, messages)
                 after_last[span] = messages[-1].offset() + 1  # type: ignore[operator]
 
-            _, ends = reader.read(starts, each=take)
+            _, ends = reader.read(starts, each=take, follow=READ_AHEAD_FOLLOWS)
             # A read can return records past the end it stopped at (they came in the same fetch).
             reached = {span: max(ends[span], after_last.get(span, 0)) for span in starts}
             return Prefetched(committed, logs, reached)
