@@ -16,6 +16,7 @@ of a processed record from worker 1. Goal <= 5 s (issue 30; KEDA's default loop 
 
 from __future__ import annotations
 
+import shutil
 import statistics
 import sys
 import tempfile
@@ -160,7 +161,13 @@ def run_on(quick: bool, engine: str) -> list[dict[str, Any]]:
         for mode in MODES:
             loads.append(load_average())
             with tempfile.TemporaryDirectory(prefix="keyrange-bench-") as tmp:
-                results[mode].append(measure(mode, Path(tmp), engine))
+                try:
+                    results[mode].append(measure(mode, Path(tmp), engine))
+                except Exception:
+                    kept = Path(tempfile.mkdtemp(prefix=f"keyrange-bench-{mode}-failed-"))
+                    shutil.copytree(Path(tmp) / "run" / "logs", kept / "logs", dirs_exist_ok=True)
+                    print(f"{mode} on {engine} failed; its workers' logs: {kept / 'logs'}", file=sys.stderr)
+                    raise
 
     def median(mode: str, key: str) -> float:
         return statistics.median(r[key] for r in results[mode])
