@@ -9,14 +9,15 @@ for the given minutes, and watches it from outside:
 - once a second it scrapes every worker's /metrics (the ports the workers listen on, found under
   /proc) for the lag each reports per partition (`keyrange_consumer_lag`).
 
-An event *waits* at time t when it was created at least `--wait` seconds (2) before t, the soak's reader
-had already received it from the broker by t (so it was in the log, fetchable), and its handler had not
-started by t. A partition's lag *reads 0 while events wait* at a scrape t when some worker reported the
-partition with lag 0 and one of its events waited at t. Apart: a partition no worker reported at t (a
-handoff), "unreported"; and lag 0 while an event created `--wait` s before t had reached no consumer
-yet ("transit": the producer's queue or the broker's append, which no consumer lag can show). A scrape
-is judged once the reader has seen events handled 20 s after it (`JUDGE_AFTER_MS`), so an event read
-late is not taken for one waiting.
+An event *waits* at time t when the soak's reader had received it from the broker (so it was in the log,
+fetchable) at least `--wait` seconds (2) before t, and its handler had not started by t: 2 s is what a
+worker's lag gauge may trail the log by (it is refreshed every second, with the broker's ListOffsets
+answer of the refresh before). A partition's lag *reads 0 while events wait* at a scrape t when some
+worker reported the partition with lag 0 and one of its events waited at t. Apart: a partition no
+worker reported at t (a handoff), "unreported"; and lag 0 while an event created `--wait` s before t was
+not in the log yet, or for less than `--wait` s ("transit": mostly the producer's queue and the broker's
+append, which no consumer's lag can show). A scrape is judged once the reader has seen events handled
+20 s after it (`JUDGE_AFTER_MS`), so an event read late is not taken for one waiting.
 
 Per minute (of handler start): events handled, latency (created -> handler start) p50/p99/max, the
 delivery delay p99 (created -> the soak's reader received it), the
@@ -77,7 +78,7 @@ class Minute:
     unreported_waiting: int = 0
     """Partition-scrapes where no worker reported the partition while an event of it waited."""
     transit: int = 0
-    """Partition-scrapes with lag 0 while an event was `wait` old and had reached no consumer yet."""
+    """Partition-scrapes with lag 0 while an event was `wait` old and not `wait` in the log yet."""
     delivery_ms: list[float] = field(default_factory=list)
     workers: int = 0
     load1: float = 0.0
@@ -102,7 +103,7 @@ class Watch:
         self.waits: dict[int, list[list[int]]] = {}
         """Per partition, merged intervals [waits from, startedAt) when some event waited."""
         self.transits: dict[int, list[list[int]]] = {}
-        """Per partition, merged intervals [created + wait, received) when an event was in transit."""
+        """Per partition, merged intervals [created + wait, received + wait) when an event was in transit."""
         self.newest_started = 0
         self.samples: deque[tuple[int, dict[int, int], int, float]] = deque()
         """(t, {partition: reported lag}, workers, load1) not judged yet."""
@@ -117,17 +118,18 @@ class Watch:
     def on_input(self, uuid: str, partition: int, created: int, received: int) -> None:
         """An input record read at `received`."""
         with self.lock:
-            if uuid in self.pending or uuid in self.handled:
+            early = self.early.pop(uuid, None)
+            if early is None and (uuid in self.pending or uuid in self.handled):
                 return  # a duplicate
             self.minute(received).delivery_ms.append(received - created)
-            visible = max(created + self.wait_ms, received)
-            if uuid in self.early:
-                _, started = self.early.pop(uuid)
-                _extend(self.transits, partition, created + self.wait_ms, min(received, started))
-                _extend(self.waits, partition, visible, started)
+            in_log = max(created, received) + self.wait_ms
+            if early is not None:
+                _, started = early
+                _extend(self.transits, partition, created + self.wait_ms, min(in_log, started))
+                _extend(self.waits, partition, in_log, started)
                 return
-            _extend(self.transits, partition, created + self.wait_ms, received)
-            self.pending[uuid] = (partition, visible)
+            _extend(self.transits, partition, created + self.wait_ms, in_log)
+            self.pending[uuid] = (partition, in_log)
             self.order.setdefault(partition, deque()).append(uuid)
 
     def on_processed(self, uuid: str, created: int, started: int) -> None:
@@ -364,7 +366,7 @@ def _watch_run(proc: subprocess.Popen[str], log: TextIO, watch: Watch, out: Text
     reader = threading.Thread(target=_read, args=(bootstrap, topic, sink, partitions, watch, stop), daemon=True)
     reader.start()
     print(f"soak: {title} on the embedded broker ({bootstrap}); an event waits from {watch.wait_ms / 1000:g} s "
-          "after its creation, once in the log, until its handler starts", file=out, flush=True)
+          "after it reached the log until its handler starts", file=out, flush=True)
     print(HEADER, file=out, flush=True)
     urls: list[str] = []
     printed = 0
