@@ -1,8 +1,9 @@
 """A soak of `keyrange run` on its embedded broker: latency per minute, and lag that reads 0 while events wait.
 
 Runs the real CLI, `keyrange run -f examples/streamconsumer.yaml --produce RATE` (the kata's consumer:
-12 partitions, `sleep` 10 ms, 1-4 workers) with no bootstrap servers, so on the embedded tansu broker,
-for the given minutes, and watches it from outside:
+12 partitions, `sleep` 10 ms, 1-4 workers) with no bootstrap servers, so on the embedded tansu broker
+(`--bootstrap B`: on a fresh broker of your own instead, for the comparison), for the given minutes,
+and watches it from outside:
 
 - a reader of its own (no group commits) follows the input topic and the processed topic from the
   start, so it knows each event's partition, `created` and `startedAt` (handler start);
@@ -319,15 +320,17 @@ class SoakResult:
 
 
 def run_soak(minutes: float, rate: float, out: TextIO, log_path: Path, wait_seconds: float = 2.0,
-             spec: Path = SPEC) -> SoakResult:
-    """Run `keyrange run --produce RATE` on the embedded broker for `minutes`; print a row per minute."""
+             spec: Path = SPEC, bootstrap: str | None = None) -> SoakResult:
+    """Run `keyrange run --produce RATE` on the embedded broker (or on `bootstrap`, a fresh broker
+    for the comparison) for `minutes`; print a row per minute."""
     start_ms = int(time.time() * 1000)
     watch = Watch(int(wait_seconds * 1000), start_ms)
     with open(log_path, "w") as log:
         run_dir = log_path.with_suffix(".run")
         proc = subprocess.Popen(
             [sys.executable, "-m", "keyrange.cli", "run", "-f", str(spec), "--produce", str(rate),
-             "--duration", str(minutes * 60), "--run-dir", str(run_dir)],
+             "--duration", str(minutes * 60), "--run-dir", str(run_dir),
+             *(["--bootstrap", bootstrap] if bootstrap else [])],
             stdout=subprocess.PIPE, stderr=log, text=True, cwd=ROOT)
         try:
             title = f"keyrange run -f {spec.relative_to(ROOT)} --produce {rate:g} for {minutes:g} min"
@@ -365,7 +368,7 @@ def _watch_run(proc: subprocess.Popen[str], log: TextIO, watch: Watch, out: Text
     threading.Thread(target=_copy, args=(proc.stdout, log, lines), daemon=True).start()
     reader = threading.Thread(target=_read, args=(bootstrap, topic, sink, partitions, watch, stop), daemon=True)
     reader.start()
-    print(f"soak: {title} on the embedded broker ({bootstrap}); an event waits from {watch.wait_ms / 1000:g} s "
+    print(f"soak: {title} on the broker at {bootstrap}; an event waits from {watch.wait_ms / 1000:g} s "
           "after it reached the log until its handler starts", file=out, flush=True)
     print(HEADER, file=out, flush=True)
     urls: list[str] = []
@@ -408,9 +411,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--wait", type=float, default=2.0, help="seconds unstarted after which an event waits")
     p.add_argument("--out", type=Path, help="also write the rows as JSON here")
     p.add_argument("--log", type=Path, default=Path("soak-run.log"), help="keyrange run's output")
+    p.add_argument("--bootstrap", help="a fresh broker to compare with (e.g. `keyrange broker --engine kafka`); "
+                                       "default: the embedded one")
     args = p.parse_args(argv)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # unwinds run_soak, which stops `keyrange run`
-    result = run_soak(args.minutes, args.rate, sys.stdout, args.log, args.wait)
+    result = run_soak(args.minutes, args.rate, sys.stdout, args.log, args.wait, bootstrap=args.bootstrap)
     print(f"lag read 0 while events waited: {result.lag_zero_waiting} partition-scrapes; {result.produced_line}",
           flush=True)
     if args.out:
