@@ -17,14 +17,15 @@ answer of the refresh before). A partition's lag *reads 0 while events wait* at 
 worker reported the partition with lag 0 and one of its events waited at t. Apart: a partition no
 worker reported at t (a handoff), "unreported"; and lag 0 while an event created `--wait` s before t was
 not in the log yet, or for less than `--wait` s ("transit": mostly the producer's queue and the broker's
-append, which no consumer's lag can show). A scrape is judged once the reader has seen events handled
-20 s after it (`JUDGE_AFTER_MS`), so an event read late is not taken for one waiting.
+append, which no consumer's lag can show). A scrape is judged once the reader has read an event
+created or handled 20 s after it (`JUDGE_AFTER_MS`), so an event read late is not taken for one
+waiting, and a halt, where nothing is handled, is judged too.
 
 Per minute (of handler start): events handled, latency (created -> handler start) p50/p99/max, the
-delivery delay p99 (created -> the soak's reader received it), the
-largest total lag the workers reported, the most partitions with an event waiting, the
-partition-scrapes where lag read 0 while events waited, workers running, and the machine's 1-minute
-load average (`uptime`'s first figure: the machine may be shared). `make soak` runs it for SOAK_MINUTES (60).
+delivery delay p99 (created -> the soak's reader received it), the largest total lag the workers
+reported, the most partitions with an event waiting, the partition-scrapes where lag read 0 while
+events waited, workers running, and the machine's 1-minute load average (`uptime`'s first figure:
+the machine may be shared). `make soak` runs it for SOAK_MINUTES (60).
 
     python -m benchmarks.soak_embedded --minutes 60 [--rate 1000] [--out soak.json]
 """
@@ -105,7 +106,8 @@ class Watch:
         """Per partition, merged intervals [waits from, startedAt) when some event waited."""
         self.transits: dict[int, list[list[int]]] = {}
         """Per partition, merged intervals [created + wait, received + wait) when an event was in transit."""
-        self.newest_started = 0
+        self.newest_read = 0
+        """The latest `created` or handler start among the records read: how far the reader has come."""
         self.samples: deque[tuple[int, dict[int, int], int, float]] = deque()
         """(t, {partition: reported lag}, workers, load1) not judged yet."""
         self.minutes: dict[int, Minute] = {}
@@ -119,6 +121,7 @@ class Watch:
     def on_input(self, uuid: str, partition: int, created: int, received: int) -> None:
         """An input record read at `received`."""
         with self.lock:
+            self.newest_read = max(self.newest_read, created)  # the input goes on while nothing is handled
             early = self.early.pop(uuid, None)
             if early is None and (uuid in self.pending or uuid in self.handled):
                 return  # a duplicate
@@ -136,7 +139,7 @@ class Watch:
     def on_processed(self, uuid: str, created: int, started: int) -> None:
         """A processed record read."""
         with self.lock:
-            self.newest_started = max(self.newest_started, started)
+            self.newest_read = max(self.newest_read, started)
             m = self.minute(started)
             m.handled += 1
             m.latencies_ms.append(started - created)
@@ -162,7 +165,7 @@ class Watch:
     def judge(self) -> None:
         """Judge the scrapes the reader has read far enough past."""
         with self.lock:
-            while self.samples and self.samples[0][0] + JUDGE_AFTER_MS <= self.newest_started:
+            while self.samples and self.samples[0][0] + JUDGE_AFTER_MS <= self.newest_read:
                 t, lag, _, _ = self.samples.popleft()
                 self._judge_one(t, lag)
 

@@ -53,3 +53,14 @@ def test_a_duplicate_and_a_processed_record_read_before_its_input_are_one_event(
     watch.on_scrape(3000, {4: 0}, 1, 0.0)
     watch.on_scrape(7000, {4: 0}, 1, 0.0)
     assert judged(watch) == (2, 1, 0, 0)
+
+
+def test_scrapes_during_a_halt_are_judged_once_the_reader_has_read_past_them() -> None:
+    watch = Watch(WAIT_MS, 0)
+    watch.on_input("f", 5, created=0, received=10)  # never handled: no worker handles anything
+    watch.on_scrape(3000, {}, 0, 0.0)  # no worker reports the partition
+    watch.on_scrape(4000, {5: 0}, 1, 0.0)
+    watch.on_input("g", 6, created=4000 + JUDGE_AFTER_MS, received=4000 + JUDGE_AFTER_MS)
+    watch.judge()
+    m = watch.minutes[0]
+    assert (m.scrapes, m.lag_zero_waiting, m.unreported_waiting) == (2, 1, 1)
