@@ -58,14 +58,15 @@ bench: install-dev tools spark-connector
 # SOAK_SEEDS picks them, e.g. `make soak SOAK_SEEDS=100-199`. And the slow broker faults CI leaves
 # out: a rolling restart of all three Kafka nodes under load (tests/integration/test_kafka_faults.py).
 # And `keyrange run` on its embedded broker under the kata's load for SOAK_MINUTES, latency and lag per
-# minute (benchmarks/soak_embedded.py; rows in build/soak-embedded.json). Not part of `make test`.
+# minute (benchmarks/soak_embedded.py; rows in build/soak-embedded.json), and its few-minute check that
+# lag is never read 0 while events wait (tests/integration/test_soak_embedded.py). Not part of `make test`.
 SOAK_SEEDS ?= 1-40
 SOAK_MINUTES ?= 60
 soak: install-dev tools
 	KEYRANGE_CHAOS_SEEDS=$(SOAK_SEEDS) $(PY) -m pytest -q -p no:cacheprovider -o timeout=600 \
 		tests/integration/test_handoff_random.py
 	KEYRANGE_SOAK=1 $(PY) -m pytest -q -p no:cacheprovider -o timeout=900 \
-		tests/integration/test_kafka_faults.py -k every-node
+		tests/integration/test_kafka_faults.py -k every-node tests/integration/test_soak_embedded.py
 	mkdir -p build
 	$(PY) -m benchmarks.soak_embedded --minutes $(SOAK_MINUTES) --out build/soak-embedded.json \
 		--log build/soak-embedded-run.log

@@ -5,6 +5,7 @@ minute: `make soak` (benchmarks/soak_embedded.py, which defines "waits"). No bou
 from __future__ import annotations
 
 import io
+import os
 from pathlib import Path
 
 import pytest
@@ -18,9 +19,11 @@ RATE = 1000.0
 
 
 @pytest.mark.timeout(420)
-@pytest.mark.xfail(reason="tansu does not hold the kata's load on a busy machine: its fetch and ListOffsets answers "
-                          "come seconds late, so the workers' log ends are stale (BENCHMARKS.md, 'The embedded broker "
-                          "over an hour (issue 30)'); open until the embedded default changes", strict=False)
+@pytest.mark.skipif(os.environ.get("KEYRANGE_SOAK") != "1", reason=(
+    "soak tier (`make soak`): tansu does not hold the kata's load on a busy machine (its fetch and ListOffsets "
+    "answers come seconds late, so the workers' log ends are stale: BENCHMARKS.md, 'The embedded broker over an "
+    "hour (issue 30)'), so in the suite this would fail by the machine's load, not by a change; it joins the suite "
+    "once the embedded default holds"))
 def test_lag_is_never_read_as_zero_while_events_wait(tmp_path: Path) -> None:
     out = io.StringIO()
     result = run_soak(MINUTES, RATE, out, tmp_path / "run.log")
