@@ -111,10 +111,29 @@ def test_forced_requests_skip_thresholds_but_keep_cooldown_and_limits() -> None:
     assert up.action == "split" and "scale-up requested" in up.reason
     assert up.next_map is not None
     assert planner.decide(up.next_map, {}, now=5, force="down").reason.startswith("cooling down")
-    down = planner.decide(up.next_map, {}, now=31, force="down")
+    down = planner.decide(up.next_map, lag_on(range(12), 0), now=31, force="down")
     assert down.action == "merge" and "scale-down requested" in down.reason
     assert Planner(LIMITS).decide(RangeMap.even(12, 1), {}, now=0, force="down").next_map is None
     assert Planner(LIMITS).decide(RangeMap.even(12, 4), {}, now=0, force="up").next_map is None
+
+
+def test_no_merge_while_a_slot_reports_no_lag() -> None:
+    """A slot no worker measures (its owner is down, restarting or in a handoff) may be one nobody
+    handles: its backlog is unknown, not zero, so neither the low lag of the others, an alert's
+    request nor the target policy's headroom merges; once it is measured again, the merge goes."""
+    planner = Planner(LIMITS)
+    current = RangeMap.even(12, 2)
+    outage = lag_on(range(6), 0)  # worker 1 (slots 6-11) reports nothing
+    assert planner.decide(current, outage, now=0).reason == "lag is fine"
+    for now in (40, 80):
+        d = planner.decide(current, outage, now=now)
+        assert d.next_map is None and "no worker reports the lag of slot(s) 6-11" in d.reason, d.reason
+    assert planner.decide(current, outage, now=90, force="down").next_map is None
+    planner.layout = SlotLayout(3, 4)
+    d = planner.decide(current, outage, now=95, force="down")
+    assert "slot(s) 1:2/4-2:3/4" in d.reason, d.reason
+    back = planner.decide(current, lag_on(range(12), 0), now=100)
+    assert back.action == "merge", back.reason
 
 
 def test_twenty_rescales_keep_every_invariant() -> None:
@@ -139,7 +158,7 @@ def test_with_the_consumers_layout_reasons_name_hash_ranges() -> None:
     planner.layout = SlotLayout(1, 4)  # one partition, its clients cut in quarters
     d = planner.decide(RangeMap.even(4, 2), lag_on([2, 3], 800), now=0)
     assert d.action == "split" and d.reason == "split 0:2-3/4: range 0:2-3/4 lags 1600 records / 0.0 s"
-    d = planner.decide(RangeMap.even(4, 2, epoch=2), {}, now=100, force="down")
+    d = planner.decide(RangeMap.even(4, 2, epoch=2), lag_on(range(4), 0), now=100, force="down")
     assert d.action == "merge" and d.reason == "merge 0:0-1/4 and 0:2-3/4: scale-down requested"
 
 

@@ -12,6 +12,8 @@ from keyrange.spec import parse_spec
 LIMITS = ScalingLimits(min_workers=1, max_workers=6, lag_high_records=5000, lag_high_seconds=5.0,
                        lag_low_records=100, cooldown_seconds=20.0)
 
+CAUGHT_UP = {s: SlotLag() for s in range(12)}
+"""Every slot of a 12-slot map measured, none behind (a slot nobody measures blocks merges)."""
 
 def load(current: RangeMap, per_slot: float, capacity: float = 800.0,
          handled: Mapping[int, float] | None = None) -> Load:
@@ -38,7 +40,7 @@ def test_a_burst_splits_to_the_size_it_needs_in_one_decision() -> None:
 def test_the_size_counts_whole_slots_and_the_backlog() -> None:
     current = RangeMap.even(12, 1)
     # 1,200 ev/s: 2 workers would do at 75 % ...
-    fits = Planner(LIMITS).decide(current, {}, now=0, load=load(current, 100, handled={0: 800}))
+    fits = Planner(LIMITS).decide(current, CAUGHT_UP, now=0, load=load(current, 100, handled={0: 800}))
     assert fits.next_map is not None and fits.next_map.workers == 2
     # ... but 6,000 records behind must drain within lagHighSeconds: 2,400 ev/s, 4 workers
     behind = {s: SlotLag(500, 3.0) for s in range(12)}
@@ -62,14 +64,14 @@ def test_a_single_hot_slot_gets_a_range_of_its_own_not_the_maximum() -> None:
 
 def test_no_rescale_while_the_workers_have_capacity() -> None:
     current = RangeMap.even(12, 2)
-    d = Planner(LIMITS).decide(current, {}, now=0, load=load(current, 60))  # 360 of 800 ev/s per worker
+    d = Planner(LIMITS).decide(current, CAUGHT_UP, now=0, load=load(current, 60))  # 360 of 800 ev/s per worker
     assert d.next_map is None and "capacity is fine" in d.reason
 
 
 def test_a_second_split_follows_after_the_settle_time_not_the_cooldown() -> None:
     planner = Planner(LIMITS)
     current = RangeMap.even(12, 1)
-    first = planner.decide(current, {}, now=0, load=load(current, 100, handled={0: 800}))
+    first = planner.decide(current, CAUGHT_UP, now=0, load=load(current, 100, handled={0: 800}))
     assert first.next_map is not None and first.next_map.workers == 2
     current = first.next_map
     # the input grew again: each worker handles 500 but 1,200 each arrive
@@ -85,13 +87,13 @@ def test_merge_needs_headroom_for_the_whole_window_and_goes_there_at_once() -> N
     planner = Planner(LIMITS)
     current = RangeMap.even(12, 6)
     quiet = load(current, 25)  # 300 ev/s: one worker stays at 37 %
-    assert planner.decide(current, {}, now=0, load=quiet).next_map is None
+    assert planner.decide(current, CAUGHT_UP, now=0, load=quiet).next_map is None
     # a blip that 1 worker could not keep within 70 % (600 of 800 ev/s), 2 could
-    blip = planner.decide(current, {}, now=10, load=load(current, 50))
+    blip = planner.decide(current, CAUGHT_UP, now=10, load=load(current, 50))
     assert blip.next_map is None
-    waiting = planner.decide(current, {}, now=19, load=quiet)
+    waiting = planner.decide(current, CAUGHT_UP, now=19, load=quiet)
     assert waiting.next_map is None and "merging in 1 s" in waiting.reason
-    d = planner.decide(current, {}, now=20, load=quiet)
+    d = planner.decide(current, CAUGHT_UP, now=20, load=quiet)
     assert d.action == "merge" and d.next_map is not None
     assert d.next_map.workers == 2  # the largest size the window needed, not one step
     assert sorted(a.worker for a in d.next_map.assignments) == [0, 1]
@@ -101,19 +103,19 @@ def test_load_above_the_headroom_restarts_the_merge_window() -> None:
     planner = Planner(LIMITS)
     current = RangeMap.even(12, 2)
     quiet = load(current, 25)
-    planner.decide(current, {}, now=0, load=quiet)
+    planner.decide(current, CAUGHT_UP, now=0, load=quiet)
     # 600 ev/s: one worker would be at 75 %, above the 70 % headroom
-    planner.decide(current, {}, now=15, load=load(current, 50))
-    assert planner.decide(current, {}, now=25, load=quiet).next_map is None
-    assert planner.decide(current, {}, now=44, load=quiet).next_map is None
-    d = planner.decide(current, {}, now=45, load=quiet)
+    planner.decide(current, CAUGHT_UP, now=15, load=load(current, 50))
+    assert planner.decide(current, CAUGHT_UP, now=25, load=quiet).next_map is None
+    assert planner.decide(current, CAUGHT_UP, now=44, load=quiet).next_map is None
+    d = planner.decide(current, CAUGHT_UP, now=45, load=quiet)
     assert d.action == "merge" and d.next_map is not None and d.next_map.workers == 1
 
 
 def test_no_split_from_a_handoffs_own_pause() -> None:
     planner = Planner(LIMITS)
     current = RangeMap.even(12, 1)
-    up = planner.decide(current, {}, now=0, load=load(current, 100, handled={0: 800}))
+    up = planner.decide(current, CAUGHT_UP, now=0, load=load(current, 100, handled={0: 800}))
     assert up.next_map is not None
     current, moved = up.next_map, up.moved_slots
     # after the handoff the moved slots carry its pause: old events, thousands of records, and their
@@ -140,7 +142,7 @@ def test_the_demos_flap_does_not_happen() -> None:
         if handoff_until is not None and now < handoff_until:
             now += 1  # the controller decides nothing while a handoff is in flight
             continue
-        lag = {s: SlotLag(1450 // max(1, len(moved)), 11.2) for s in moved}
+        lag = {**CAUGHT_UP, **{s: SlotLag(1450 // max(1, len(moved)), 11.2) for s in moved}}
         d = planner.decide(current, lag, now, load=load(current, 25))
         if d.next_map is not None:
             current, moved, handoff_until = d.next_map, d.moved_slots, now + 11
@@ -152,8 +154,8 @@ def test_the_demos_flap_does_not_happen() -> None:
 def test_a_split_soon_after_a_merge_needs_the_rate_short_of_capacity() -> None:
     planner = Planner(LIMITS)
     current = RangeMap.even(12, 2)
-    planner.decide(current, {}, now=0, load=load(current, 25))
-    down = planner.decide(current, {}, now=20, load=load(current, 25))
+    planner.decide(current, CAUGHT_UP, now=0, load=load(current, 25))
+    down = planner.decide(current, CAUGHT_UP, now=20, load=load(current, 25))
     assert down.next_map is not None and down.next_map.workers == 1
     current = down.next_map
     # lag alone (backlog over budget, rate fits: 600 of 800 ev/s) does not undo the merge ...
@@ -170,8 +172,8 @@ def test_an_idle_worker_whose_events_wait_after_a_merge_does_not_split_it_again(
     handled 20 ev/s with its permits 10 % busy; taking that for its capacity split to 4 workers."""
     planner = Planner(LIMITS)
     current = RangeMap.even(12, 2)
-    planner.decide(current, {}, now=0, load=load(current, 5, capacity=200))
-    down = planner.decide(current, {}, now=20, load=load(current, 5, capacity=200))
+    planner.decide(current, CAUGHT_UP, now=0, load=load(current, 5, capacity=200))
+    down = planner.decide(current, CAUGHT_UP, now=20, load=load(current, 5, capacity=200))
     assert down.next_map is not None and down.next_map.workers == 1
     current = down.next_map
     waiting = {s: SlotLag(8, 3.0) for s in range(12)}

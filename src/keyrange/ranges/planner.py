@@ -47,6 +47,7 @@ from keyrange.ranges.sizing import (
     slot_demand,
     worker_capacity,
 )
+from keyrange.ranges.slots import format_slot_list
 from keyrange.spec import StreamConsumerSpec
 
 Direction = Literal["up", "down"]
@@ -212,9 +213,11 @@ class Planner:
                     f"workers.max={self.limits.max_workers}")
         return f"already at the maximum of {high} workers"
 
+    def _layout_fits(self, current: RangeMap) -> bool:
+        return self.layout is not None and self.layout.slot_count == current.slot_count
+
     def _show(self, current: RangeMap, r: SlotRange) -> str:
-        layout = self.layout if self.layout is not None and self.layout.slot_count == current.slot_count else None
-        return current.describe_range(r, layout)
+        return current.describe_range(r, self.layout if self._layout_fits(current) else None)
 
     def decide(self, current: RangeMap, lag: Mapping[int, SlotLag], now: float,
                force: Direction | None = None, load: Load | None = None) -> Decision:
@@ -223,6 +226,15 @@ class Planner:
         if self.last_rescale_at is not None and self._resumed_at is None:
             self._resumed_at = now
         decision = self._decide(current, lag, now, force, load)
+        unmeasured = [s for s in range(current.slot_count) if s not in lag]
+        # A request is refused only against a partial measurement: with none at all (no lag source) it goes.
+        blind = unmeasured and (force is None or len(unmeasured) < current.slot_count)
+        if decision.action == "merge" and blind and current.workers <= self.max_workers(current):
+            # A slot nobody measures may be one nobody handles: its backlog is unknown, not zero.
+            layout = self.layout if self._layout_fits(current) else None
+            shown = layout.describe_slots(unmeasured) if layout is not None else format_slot_list(unmeasured)
+            decision = Decision(None, f"not merging: no worker reports the lag of slot(s) {shown} (a handoff, a "
+                                      f"restart or an outage); the merge waits until every slot is measured")
         if decision.next_map is not None:
             self.last_rescale_at = now
             self.low_since = None
