@@ -119,8 +119,8 @@ def test_forced_requests_skip_thresholds_but_keep_cooldown_and_limits() -> None:
 
 def test_no_merge_while_a_slot_reports_no_lag() -> None:
     """A slot no worker measures (its owner is down, restarting or in a handoff) may be one nobody
-    handles: its backlog is unknown, not zero, so neither the low lag of the others, an alert's
-    request nor the target policy's headroom merges; once it is measured again, the merge goes."""
+    handles: its backlog is unknown, not zero, so the low lag of the others does not merge; once it
+    is measured again, the merge goes. A request (an alert's, an operator's) is the requester's call."""
     planner = Planner(LIMITS)
     current = RangeMap.even(12, 2)
     outage = lag_on(range(6), 0)  # worker 1 (slots 6-11) reports nothing
@@ -128,12 +128,12 @@ def test_no_merge_while_a_slot_reports_no_lag() -> None:
     for now in (40, 80):
         d = planner.decide(current, outage, now=now)
         assert d.next_map is None and "no worker reports the lag of slot(s) 6-11" in d.reason, d.reason
-    assert planner.decide(current, outage, now=90, force="down").next_map is None
     planner.layout = SlotLayout(3, 4)
-    d = planner.decide(current, outage, now=95, force="down")
+    d = planner.decide(current, outage, now=95)
     assert "slot(s) 1:2/4-2:3/4" in d.reason, d.reason
     back = planner.decide(current, lag_on(range(12), 0), now=100)
     assert back.action == "merge", back.reason
+    assert Planner(LIMITS).decide(current, outage, now=0, force="down").action == "merge"
 
 
 def test_twenty_rescales_keep_every_invariant() -> None:

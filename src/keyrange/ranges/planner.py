@@ -227,9 +227,8 @@ class Planner:
             self._resumed_at = now
         decision = self._decide(current, lag, now, force, load)
         unmeasured = [s for s in range(current.slot_count) if s not in lag]
-        # A request is refused only against a partial measurement: with none at all (no lag source) it goes.
-        blind = unmeasured and (force is None or len(unmeasured) < current.slot_count)
-        if decision.action == "merge" and blind and current.workers <= self.max_workers(current):
+        # Only the planner's own merges wait: a request (an alert, an operator) is the requester's call.
+        if decision.action == "merge" and unmeasured and force is None and current.workers <= self.max_workers(current):
             # A slot nobody measures may be one nobody handles: its backlog is unknown, not zero.
             layout = self.layout if self._layout_fits(current) else None
             shown = layout.describe_slots(unmeasured) if layout is not None else format_slot_list(unmeasured)
