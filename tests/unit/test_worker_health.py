@@ -3,7 +3,11 @@ releases held up by them."""
 
 from __future__ import annotations
 
-from keyrange.worker.health import Health
+import socket
+
+import pytest
+
+from keyrange.worker.health import Health, serve
 
 
 def test_liveness_follows_the_heartbeat_and_stuck_threads() -> None:
@@ -37,3 +41,25 @@ def test_liveness_fails_while_a_release_waits_for_a_timed_out_call() -> None:
     assert health.liveness() == (False, held[0])
     held[0] = None
     assert health.liveness()[0]
+
+
+def test_a_scraper_that_hangs_up_is_not_a_traceback(capsys: pytest.CaptureFixture[str]) -> None:
+    """A scraper that gave up after its timeout (a busy machine) closes the connection before the
+    answer is written: the worker's log shows no traceback for it; other errors are still shown."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    server = serve(listener, Health())
+    try:
+        for hung_up in (BrokenPipeError(32, "Broken pipe"), ConnectionResetError(104, "reset")):
+            try:
+                raise hung_up
+            except OSError:
+                server.handle_error(None, ("127.0.0.1", 1))  # type: ignore[arg-type]
+        assert capsys.readouterr().err == ""
+        try:
+            raise ValueError("a real bug")
+        except ValueError:
+            server.handle_error(None, ("127.0.0.1", 1))  # type: ignore[arg-type]
+        assert "a real bug" in capsys.readouterr().err
+    finally:
+        server.shutdown()
+        server.server_close()

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import socket
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -95,6 +96,15 @@ class Health:
         return self.liveness()
 
 
+class _QuietOnHangUp(ThreadingHTTPServer):
+    """An HTTP server that says nothing when a client hangs up before its answer is written."""
+
+    def handle_error(self, request: object, client_address: object) -> None:
+        # A scraper that gave up after its timeout is not the worker's error; anything else is shown.
+        if not isinstance(sys.exc_info()[1], ConnectionError):
+            super().handle_error(request, client_address)  # type: ignore[arg-type]
+
+
 def serve(listener: socket.socket, health: Health | None) -> ThreadingHTTPServer:
     """Serve /metrics, and /healthz and /readyz unless `health` is None, in a daemon thread on a
     socket already bound and listening (keyrange.commands.metricsargs)."""
@@ -121,7 +131,7 @@ def serve(listener: socket.socket, health: Health | None) -> ThreadingHTTPServer
         def log_message(self, format: str, *args: object) -> None:
             return  # a scrape every few seconds is not news
 
-    server = ThreadingHTTPServer(listener.getsockname()[:2], Handler, bind_and_activate=False)
+    server = _QuietOnHangUp(listener.getsockname()[:2], Handler, bind_and_activate=False)
     server.socket.close()
     server.socket = listener
     server.daemon_threads = True
