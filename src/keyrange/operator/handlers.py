@@ -219,6 +219,11 @@ def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
     return kopf.login_with_service_account(**kwargs) or kopf.login_with_kubeconfig(**kwargs)
 
 
+TIMER_EXIT_POLL_SECONDS = 1.0
+"""How often kopf looks again whether a refresh that was running when its consumer was deleted has
+returned; only then does it remove the finalizer (kopf's default is 60 s)."""
+
+
 def configure(settings: kopf.OperatorSettings, exact_namespaces: bool = False, **_: Any) -> None:
     """kopf settings: keyrange's own annotation prefix and finalizer name, quiet event posting.
 
@@ -234,6 +239,8 @@ def configure(settings: kopf.OperatorSettings, exact_namespaces: bool = False, *
     settings.posting.level = logging.WARNING
     settings.watching.server_timeout = 300
     settings.watching.client_timeout = 330
+    # A deletion that finds the refresh timer running waits for it: look again soon, not in a minute.
+    settings.background.cancellation_polling = TIMER_EXIT_POLL_SECONDS
 
 
 def register_handlers(registry: kopf.OperatorRegistry, settings: OperatorSettings,
