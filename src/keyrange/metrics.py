@@ -112,7 +112,8 @@ PARTITION_PAUSED = Gauge(
     "keyrange_partition_paused", "1 while the partition is paused for backpressure (max pending).", _WP
 )
 CONSUMER_LAG = Gauge(
-    "keyrange_consumer_lag", "Records between the committable offset and the partition's high watermark.", _WP
+    "keyrange_consumer_lag", "Records between the committable offset and the partition's high watermark "
+    "(absent while that end is unknown).", _WP
 )
 CONSUMER_LAG_SECONDS = Gauge(
     "keyrange_consumer_lag_seconds", "Age of the oldest unfinished event of the partition (0 when none).", _WP

@@ -38,6 +38,20 @@ def test_rates_and_busy_fractions_over_the_window() -> None:
     assert load.slot_rates == pytest.approx({0: 500, 1: 200})
 
 
+def test_a_slot_whose_lag_was_first_measured_mid_window_is_rated_from_then_on() -> None:
+    """A worker that just started drains the backlog of its start-up: what it handles then is not
+    what arrives. Once its lag was measured twice, the input is what it handled since plus the
+    lag's growth since (here: 381 ev/s handled, the backlog falling by 131 a second: 250 arrive)."""
+    tracker = LoadTracker(concurrency=8)
+    tracker.observe(0.0, {0: sample(0.0, {0: 0})})  # acquired, its end not yet read
+    tracker.observe(1.0, {0: sample(1.0, {0: 381}, lag={0: 264})})
+    once = tracker.load()
+    assert once is not None and once.slot_rates[0] == pytest.approx(381)  # measured once: handled
+    tracker.observe(2.0, {0: sample(2.0, {0: 762}, lag={0: 133})})
+    twice = tracker.load()
+    assert twice is not None and twice.slot_rates[0] == pytest.approx(250)
+
+
 def test_a_slot_moved_mid_window_sums_over_its_owners_and_restarts_count_from_zero() -> None:
     tracker = LoadTracker(concurrency=8)
     tracker.observe(0.0, {0: sample(0.0, {0: 1000}), 1: sample(0.0, {})})

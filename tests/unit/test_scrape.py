@@ -36,6 +36,12 @@ def test_parse_metrics_sums_counters_and_keeps_lag_per_slot() -> None:
     assert sample.latency_buckets == {0.01: 50, 0.1: 90, float("inf"): 100}
 
 
+def test_a_slot_without_a_lag_in_records_is_unmeasured_whatever_its_age() -> None:
+    """The worker exports no lag while its slot's end is unknown; the slot is then missing, not 0."""
+    text = EXPOSITION.replace('keyrange_consumer_lag{consumer="c",worker="0",partition="0"} 7.0\n', "")
+    assert parse_metrics(text, at=1.0).slot_lag == {1: SlotLag(0, 0.0)}
+
+
 def test_histogram_quantile_interpolates_like_prometheus() -> None:
     buckets = {0.01: 50.0, 0.1: 90.0, float("inf"): 100.0}
     assert histogram_quantile(0.5, buckets) == pytest.approx(0.01)

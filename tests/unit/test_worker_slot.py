@@ -5,6 +5,8 @@ from __future__ import annotations
 import asyncio
 import time
 
+from prometheus_client import REGISTRY
+
 from keyrange.events import SOURCE_OFFSET_HEADER, TOTALS_KEY, totals_key
 from keyrange.worker.commitwindow import Outcome, Totals
 from keyrange.worker.restore import Finished, RestoredPartition
@@ -127,6 +129,27 @@ def test_the_gauges_report_lag_from_the_committable_offset_and_the_oldest_unfini
     assert slot.report(-1, 15_000) == (0, 5.0)  # no high watermark known
     slot.finish_dead_lettered(0, None, "bad")
     assert slot.report(10, 15_000) == (8, 0.0)
+
+
+def test_a_slots_lag_in_records_is_not_exported_while_its_partitions_end_is_unknown() -> None:
+    """Unmeasured is not 0: a lag read as 0 while events wait would count its first measure as
+    growth (an input rate it never had) and let a merge go ahead in an outage."""
+    slot = held_slot(7)
+    labels = {"consumer": "c", "worker": "w0", "partition": "7"}
+
+    def exported() -> float | None:
+        return REGISTRY.get_sample_value("keyrange_consumer_lag", labels)
+
+    assert exported() is None  # acquired, not yet measured
+    slot.admit(0, 10_000, 0)
+    slot.report(-1, 15_000)
+    assert exported() is None
+    slot.report(10, 15_000)
+    assert exported() == 10
+    slot.report(-1, 15_000)  # its end could not be read (an outage): unmeasured again
+    assert exported() is None
+    slot.report(10, 15_000)
+    assert exported() == 10
 
 
 def test_a_slot_keeps_its_identity_apart_from_the_partition_it_reads() -> None:

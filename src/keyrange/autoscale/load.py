@@ -59,7 +59,6 @@ class LoadTracker:
 
     def _load(self) -> Load | None:
         workers: dict[int, WorkerLoad] = {}
-        slot_rates: dict[int, float] = {}
         for ordinal, points in self._samples.items():
             first, last = points[0], points[-1]
             seconds = last.at - first.at
@@ -70,14 +69,28 @@ class LoadTracker:
                 permits_busy=_delta(last.handler_seconds, first.handler_seconds) / seconds / self.concurrency,
                 cpu_busy=_delta(last.cpu_seconds, first.cpu_seconds) / seconds,
             )
-            for slot, count in last.slot_processed.items():
-                handled = _delta(count, first.slot_processed.get(slot, 0.0)) / seconds
-                slot_rates[slot] = slot_rates.get(slot, 0.0) + handled
         if not workers:
             return None
-        (t0, lag0), (t1, lag1) = self._lag[0], self._lag[-1]
-        if t1 > t0:
-            for slot in lag0.keys() & lag1.keys():
-                grown = slot_rates.get(slot, 0.0) + (lag1[slot] - lag0[slot]) / (t1 - t0)
-                slot_rates[slot] = max(0.0, grown)
+        slot_rates: dict[int, float] = {}
+        t1, lag1 = self._lag[-1]
+        slots = {slot for points in self._samples.values() for slot in points[-1].slot_processed} | lag1.keys()
+        for slot in slots:
+            # From the first scrape that measured its lag: before that it may have drained a backlog.
+            since = next(((t, lag[slot]) for t, lag in self._lag if slot in lag), None) if slot in lag1 else None
+            if since is None or since[0] >= t1:
+                slot_rates[slot] = self._handled(slot, None)
+            else:
+                grown = (lag1[slot] - since[1]) / (t1 - since[0])
+                slot_rates[slot] = max(0.0, self._handled(slot, since[0]) + grown)
         return Load(slot_rates, workers)
+
+    def _handled(self, slot: int, since: float | None) -> float:
+        """Events of `slot` its owners handled per second over the window (from `since` on)."""
+        rate = 0.0
+        for points in self._samples.values():
+            kept = points if since is None else [p for p in points if p.at >= since]
+            if len(kept) < 2 or kept[-1].at <= kept[0].at or slot not in kept[-1].slot_processed:
+                continue
+            first, last = kept[0], kept[-1]
+            rate += _delta(last.slot_processed[slot], first.slot_processed.get(slot, 0.0)) / (last.at - first.at)
+        return rate

@@ -69,8 +69,8 @@ def parse_metrics(text: str, at: float) -> WorkerSample:
             elif name == "keyrange_event_latency_seconds_bucket":
                 le = float(labels["le"])
                 sample.latency_buckets[le] = sample.latency_buckets.get(le, 0.0) + value
-    for slot in records.keys() | seconds.keys():
-        sample.slot_lag[slot] = SlotLag(records.get(slot, 0), seconds.get(slot, 0.0))
+    for slot, behind in records.items():  # no lag in records: unmeasured, whatever its age says
+        sample.slot_lag[slot] = SlotLag(behind, seconds.get(slot, 0.0))
     return sample
 
 

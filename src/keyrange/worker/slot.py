@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 
 from confluent_kafka import KafkaError, Message, TopicPartition
+from prometheus_client import Gauge
 
 from keyrange import metrics
 from keyrange.events import SNAPSHOT_HEADER, SOURCE_OFFSET_HEADER, TOTALS_KEY, ClientId, encode_totals, json_bytes
@@ -50,7 +51,7 @@ class SlotMetrics:
         self.dedup_entries = metrics.DEDUP_ENTRIES.labels(*self.labels)
         self.pending = metrics.PENDING_EVENTS.labels(*self.labels)
         self.paused = metrics.PARTITION_PAUSED.labels(*self.labels)
-        self.lag = metrics.CONSUMER_LAG.labels(*self.labels)
+        self.lag: Gauge | None = None  # exported once measured (`show_lag`)
         self.lag_seconds = metrics.CONSUMER_LAG_SECONDS.labels(*self.labels)
         self.skewed_ahead = metrics.CLOCK_SKEWED_EVENTS.labels(*self.labels, "ahead")
         self.skewed_behind = metrics.CLOCK_SKEWED_EVENTS.labels(*self.labels, "behind")
@@ -59,6 +60,19 @@ class SlotMetrics:
     def dead_letter(self, reason: str) -> None:
         """Count one dead letter with its reason code."""
         self.dead_letters.labels(*self.labels, reason).inc()
+
+    def show_lag(self, records: int) -> None:
+        """Export the slot's lag in records."""
+        if self.lag is None:
+            self.lag = metrics.CONSUMER_LAG.labels(*self.labels)
+        self.lag.set(records)
+
+    def hide_lag(self) -> None:
+        """Stop exporting the slot's lag: unknown (its partition's end could not be read) is not 0."""
+        if self.lag is not None:
+            self.lag = None
+            with contextlib.suppress(KeyError):
+                metrics.CONSUMER_LAG.remove(*self.labels)
 
     def remove(self) -> None:
         """Drop the gauges of a released slot so they do not report stale values."""
@@ -446,10 +460,14 @@ class SlotState:
         window, m = self._window, self._metrics
         m.dedup_entries.set(len(self._dedup))
         m.pending.set(window.pending)
-        lag = max(0, high_watermark - window.committable) if high_watermark >= 0 else 0
-        if self._parts > 1:
-            lag = -(-lag // self._parts)  # the records past it are all its partition's, its share of them its own
-        m.lag.set(lag)
+        if high_watermark >= 0:
+            lag = max(0, high_watermark - window.committable)
+            if self._parts > 1:
+                lag = -(-lag // self._parts)  # the records past it are all its partition's, its share of them its own
+            m.show_lag(lag)
+        else:
+            lag = 0
+            m.hide_lag()
         oldest = window.oldest_timestamp_ms
         age_s = max(0.0, (now_ms - oldest) / 1000) if oldest is not None else 0.0
         m.lag_seconds.set(age_s)
