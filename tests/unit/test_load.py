@@ -23,7 +23,7 @@ def test_no_load_before_a_worker_was_scraped_twice() -> None:
 
 
 def test_rates_and_busy_fractions_over_the_window() -> None:
-    tracker = LoadTracker(concurrency=8)
+    tracker = LoadTracker(concurrency=8, warmup_seconds=0)
     tracker.observe(0.0, {0: sample(0.0, {0: 0, 1: 0}, lag={0: 0, 1: 0})})
     # 2 s later: 800 + 400 events handled, 8 s in handlers (half of 8 permits), 1.2 s of CPU,
     # and slot 0's lag grew by 200 records (100 ev/s more arrive than are handled)
@@ -53,12 +53,12 @@ def test_a_slot_whose_lag_was_first_measured_mid_window_is_rated_from_then_on() 
 
 
 def test_a_slot_moved_mid_window_sums_over_its_owners_and_restarts_count_from_zero() -> None:
-    tracker = LoadTracker(concurrency=8)
+    tracker = LoadTracker(concurrency=8, warmup_seconds=0)
     tracker.observe(0.0, {0: sample(0.0, {0: 1000}), 1: sample(0.0, {})})
     tracker.observe(2.0, {0: sample(2.0, {0: 1100}), 1: sample(2.0, {0: 100})})
     load = tracker.load()
     assert load is not None and load.slot_rates[0] == pytest.approx(100)
-    restarted = LoadTracker(concurrency=8)
+    restarted = LoadTracker(concurrency=8, warmup_seconds=0)
     restarted.observe(0.0, {0: sample(0.0, {0: 5000})})
     restarted.observe(1.0, {0: sample(1.0, {0: 50})})  # the counter went down: the worker restarted
     again = restarted.load()
@@ -66,7 +66,7 @@ def test_a_slot_moved_mid_window_sums_over_its_owners_and_restarts_count_from_ze
 
 
 def test_old_scrapes_leave_the_window() -> None:
-    tracker = LoadTracker(concurrency=8, window_seconds=5.0)
+    tracker = LoadTracker(concurrency=8, window_seconds=5.0, warmup_seconds=0)
     tracker.observe(0.0, {0: sample(0.0, {0: 0})})
     tracker.observe(3.0, {0: sample(3.0, {0: 9000})})  # a burst
     tracker.observe(6.0, {0: sample(6.0, {0: 9300})})
@@ -90,3 +90,21 @@ process_cpu_seconds_total 2.5
     s = parse_metrics(text, at=1.0)
     assert s.slot_processed == {0: 10, 3: 5} and s.processed == 15
     assert s.handler_seconds == pytest.approx(0.15) and s.cpu_seconds == pytest.approx(2.5)
+
+
+def test_a_worker_is_warming_up_until_it_was_scraped_over_a_window_after_its_first_answer() -> None:
+    """Its first seconds (imports, connecting, restoring) say nothing of what it can handle: its
+    rates count from `warmup_seconds` after it first answered, or after it restarted."""
+    tracker = LoadTracker(concurrency=8, window_seconds=5.0, warmup_seconds=10.0)
+    for t in range(0, 11):
+        tracker.observe(float(t), {0: sample(float(t), {0: 20.0 * t}, lag={0: 0})})
+    early = tracker.load()
+    assert early is not None and early.workers == {} and early.warming == {0}
+    assert early.slot_rates[0] == pytest.approx(20)  # what arrives is measured all the same
+    tracker.observe(11.0, {0: sample(11.0, {0: 200.0 + 300}, lag={0: 0})})
+    warm = tracker.load()
+    assert warm is not None and warm.warming == frozenset()
+    assert warm.workers[0].processed_per_second == pytest.approx(300)  # from 10 s on, not from 6 s
+    tracker.observe(12.0, {0: sample(12.0, {0: 5.0}, lag={0: 0})})  # the counter went down: restarted
+    restarted = tracker.load()
+    assert restarted is not None and restarted.warming == {0}

@@ -39,7 +39,7 @@ def test_lag_is_scraped_from_every_pod_the_fleet_runs_and_merged() -> None:
 
 def test_the_pod_scraper_measures_the_load_for_the_target_planner() -> None:
     fleet = StatefulSetFleet(1)
-    times = iter([0.0, 2.0])
+    times = iter([0.0, 2.0, 12.0, 14.0])
 
     def fetch(url: str, at: float) -> WorkerSample | None:
         sample = WorkerSample(at, processed=400 * at, handler_seconds=4 * at)
@@ -50,6 +50,10 @@ def test_the_pod_scraper_measures_the_load_for_the_target_planner() -> None:
                          clock=lambda: next(times))
     pods.slot_lag()
     assert pods.load() is None  # one scrape: no rate yet
+    pods.slot_lag()
+    warming = pods.load()
+    assert warming is not None and warming.workers == {} and warming.warming == {0}  # its first 10 s
+    pods.slot_lag()
     pods.slot_lag()
     load = pods.load()
     assert load is not None

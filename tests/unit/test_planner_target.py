@@ -204,3 +204,20 @@ def test_the_policy_comes_from_the_spec_and_defaults_to_target() -> None:
     assert ScalingLimits.from_spec(step).policy == "step"
     with pytest.raises(ValueError, match="policy"):
         parse_spec({"kafka": {"topic": "t"}, "scaling": {"policy": "fast"}})
+
+
+def test_no_sizing_while_every_worker_is_warming_up() -> None:
+    """`keyrange demo`'s start on a busy machine: the one worker, seconds old, handled 46 ev/s of
+    250 and was 1,049 records behind; sized on that it split 1 -> 4, and merged back within 20 s.
+    A worker's first seconds say nothing of its capacity: the planner waits for a measure, and does
+    not fall back to splitting on lag meanwhile."""
+    planner = Planner(LIMITS)
+    current = RangeMap.even(12, 1)
+    behind = {s: SlotLag(90, 5.4) for s in range(12)}
+    warming = Load({s: 2.5 for s in range(12)}, {}, warming=frozenset({0}))
+    d = planner.decide(current, behind, now=0, load=warming)
+    assert d.next_map is None and "warming up" in d.reason and "worker 0" in d.reason
+    # once measured, it sizes: 250 ev/s in, 1,080 behind to drain in 5 s, 380 ev/s per worker
+    measured = Load({s: 250 / 12 for s in range(12)}, {0: WorkerLoad(380, permits_busy=1.0)})
+    sized = planner.decide(current, behind, now=1, load=measured)
+    assert sized.next_map is not None and sized.next_map.workers == 2

@@ -27,6 +27,8 @@ default `target` policy replaces rules 2-4 once the controller measured the load
    `cooldown_seconds` of a merge only the measured input rate, not lag, can undo it.
 7. Merge only with headroom: to the largest smaller size whose ranges stayed within
    `MERGE_UTILIZATION` of a worker's capacity for the whole stabilization window (`cooldown_seconds`).
+8. No sizing on a start-up: a worker's first seconds (`Load.warming`) give no capacity estimate, and
+   while no capacity was ever measured and a worker warms up, the planner waits rather than step.
 Forced requests and the workers.min/max limits keep the step rules in both policies.
 """
 
@@ -304,6 +306,12 @@ class Planner:
                      if (w := load.workers.get(a.worker)) is not None and not paused & set(a.range.slots)]
         self.capacity = fleet_capacity(estimates) or self.capacity
         if self.capacity is None:
+            if load.warming:
+                # Stepping on lag meanwhile would size on the start-up's own backlog.
+                who = ", ".join(str(w) for w in sorted(load.warming))
+                many = len(load.warming) > 1
+                return Decision(None, f"sizing waits for a measure of capacity: worker{'s' if many else ''} {who} "
+                                      f"{'are' if many else 'is'} warming up")
             return None
         capacity = self.capacity
         backlog = [0 if s in paused else lag.get(s, SlotLag()).records for s in range(current.slot_count)]

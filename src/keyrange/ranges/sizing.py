@@ -59,7 +59,9 @@ class Load:
     slot_rates: Mapping[int, float]
     """Input events per second of each slot (handled rate plus the growth of its lag)."""
     workers: Mapping[int, WorkerLoad]
-    """Per worker ordinal."""
+    """Per worker ordinal, once it warmed up."""
+    warming: frozenset[int] = frozenset()
+    """Workers that started too recently for their rates to say what they can handle."""
 
 
 @runtime_checkable
