@@ -51,6 +51,13 @@ def stop_outside_transaction_ends(pid: int, end_locks: Iterable[Path], timeout_s
         wait_for(lambda: all_threads_stopped(pid), timeout_seconds, f"process {pid} to stop")
 
 
+def transaction_end_locks(bootstrap: str, sink: str, partitions: int) -> list[Path]:
+    """The host-wide locks the slot producers writing `sink` (of `partitions` partitions, as the
+    input's) end their transactions under (kafkaquirks.transaction_end_lock): one per partition,
+    and the one of a sink laid out unlike the input."""
+    return [transaction_end_lock(bootstrap, sink, partition) for partition in (None, *range(partitions))]
+
+
 def all_threads_stopped(pid: int) -> bool:
     """Whether every thread of process `pid` is stopped by a signal (state T in /proc)."""
     states = [(task / "stat").read_text().rpartition(")")[2].split()[0]
@@ -112,12 +119,11 @@ class SupervisedRun:
 
     @property
     def transaction_end_locks(self) -> list[Path]:
-        """The host-wide locks the consumer's slot producers end their transactions under, one per
-        sink partition (kafkaquirks.transaction_end_lock)."""
+        """The host-wide locks the consumer's slot producers end their transactions under
+        (`transaction_end_locks`)."""
         sink, bootstrap = self.supervisor.consumer.spec.sink_topic, self.supervisor.bootstrap
         assert bootstrap is not None
-        return [transaction_end_lock(bootstrap, sink, partition)
-                for partition in range(self.controller.layout.partitions)]
+        return transaction_end_locks(bootstrap, sink, self.controller.layout.partitions)
 
     def finish_load(self, timeout_seconds: float = 120) -> None:
         """Wait until the load was all sent."""
