@@ -101,6 +101,8 @@ class SupervisedRun:
     load: threading.Thread
     stop: threading.Event
     totals: LoadTotals = field(default_factory=LoadTotals)
+    load_stop: threading.Event = field(default_factory=threading.Event)
+    """Ends the load before its phases ran out (`end_load`); set when the run ends in any case."""
 
     @property
     def controller(self) -> Controller:
@@ -130,6 +132,12 @@ class SupervisedRun:
         self.load.join(timeout=timeout_seconds)
         assert not self.load.is_alive(), "the load did not finish"
 
+    def end_load(self) -> None:
+        """End the load now, once every step of a test is done: what it sent so far is what the
+        checks read (`totals`)."""
+        self.load_stop.set()
+        self.finish_load()
+
 
 @contextmanager
 def ticking(supervisor: Supervisor, stop: threading.Event) -> Iterator[Controller]:
@@ -157,11 +165,14 @@ def supervised(spec_path: Path, bootstrap: str, run_dir: Path, shape: LoadShape,
     """Start the supervisor of `spec_path` ticking every 0.5 s; `run.load.start()` sends `phases`."""
     supervisor = Supervisor(load_file(spec_path), spec_path, bootstrap, run_dir, tick_seconds=0.5,
                             spare_workers=spare_workers)
-    stop, totals = threading.Event(), LoadTotals()
+    stop, load_stop, totals = threading.Event(), threading.Event(), LoadTotals()
     load = threading.Thread(target=produce_phases, args=(bootstrap, supervisor.consumer.spec.kafka.topic, shape,
-                                                         phases, stop, totals), daemon=True)
+                                                         phases, load_stop, totals), daemon=True)
     with ticking(supervisor, stop):
-        yield SupervisedRun(supervisor, load, stop, totals)
+        try:
+            yield SupervisedRun(supervisor, load, stop, totals, load_stop)
+        finally:
+            load_stop.set()
 
 
 def check_everything(bootstrap: str, topic: str, group: str, sent: int) -> int:
