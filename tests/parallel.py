@@ -13,6 +13,12 @@ most of the run, and they do not share the machine with an idle cluster.
 xdist tells its scheduler a test's group by appending "@group" to the test's id on the worker. With
 pytest 9.2 its way of doing so no longer takes (pytest-dev/pytest-xdist#1386: the tests are spread
 as if ungrouped), so `pytest_collection_modifyitems` below appends it where xdist's did not.
+
+The modules that hold a `slow` test run first (`slow_modules_first`): `--dist loadgroup` hands the
+ungrouped tests out in collection order, so a slow test collected late (the operator tier's
+end-to-end tests come after the whole integration tier) would run alone at the end while the other
+workers have nothing left. Each module's tests stay together and in order, so a module fixture is
+set up once per worker that runs them, as before.
 """
 
 from __future__ import annotations
@@ -90,6 +96,7 @@ def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> Generator[None, Any, Any]:
     """Put each test that uses a HEAVY_FIXTURES fixture in that fixture's group, before xdist's own
     hook reads the marks; after it, make sure each grouped test's id says its group."""
+    items[:] = slow_modules_first(items)
     for item in items:
         used = [group for fixture, group in HEAVY_FIXTURES.items() if fixture in item.fixturenames]  # type: ignore[attr-defined]
         if used and item.get_closest_marker("xdist_group") is None:
@@ -99,6 +106,13 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         for item in items:
             _name_the_group(item)
     return result
+
+
+def slow_modules_first(items: list[pytest.Item]) -> list[pytest.Item]:
+    """`items` with the modules that hold a test marked `slow` first, otherwise in the same order
+    (module docstring): the same on every xdist worker, as xdist requires."""
+    slow = {item.getparent(pytest.Module) for item in items if item.get_closest_marker("slow") is not None}
+    return sorted(items, key=lambda item: item.getparent(pytest.Module) not in slow)
 
 
 def _name_the_group(item: pytest.Item) -> None:

@@ -51,6 +51,13 @@ def stop_outside_transaction_ends(pid: int, end_locks: Iterable[Path], timeout_s
         wait_for(lambda: all_threads_stopped(pid), timeout_seconds, f"process {pid} to stop")
 
 
+def transaction_end_locks(bootstrap: str, sink: str, partitions: int) -> list[Path]:
+    """The host-wide locks the slot producers writing `sink` (of `partitions` partitions, as the
+    input's) end their transactions under (kafkaquirks.transaction_end_lock): one per partition,
+    and the one of a sink laid out unlike the input."""
+    return [transaction_end_lock(bootstrap, sink, partition) for partition in (None, *range(partitions))]
+
+
 def all_threads_stopped(pid: int) -> bool:
     """Whether every thread of process `pid` is stopped by a signal (state T in /proc)."""
     states = [(task / "stat").read_text().rpartition(")")[2].split()[0]
@@ -94,6 +101,8 @@ class SupervisedRun:
     load: threading.Thread
     stop: threading.Event
     totals: LoadTotals = field(default_factory=LoadTotals)
+    load_stop: threading.Event = field(default_factory=threading.Event)
+    """Ends the load before its phases ran out (`end_load`); set when the run ends in any case."""
 
     @property
     def controller(self) -> Controller:
@@ -112,17 +121,22 @@ class SupervisedRun:
 
     @property
     def transaction_end_locks(self) -> list[Path]:
-        """The host-wide locks the consumer's slot producers end their transactions under, one per
-        sink partition (kafkaquirks.transaction_end_lock)."""
+        """The host-wide locks the consumer's slot producers end their transactions under
+        (`transaction_end_locks`)."""
         sink, bootstrap = self.supervisor.consumer.spec.sink_topic, self.supervisor.bootstrap
         assert bootstrap is not None
-        return [transaction_end_lock(bootstrap, sink, partition)
-                for partition in range(self.controller.layout.partitions)]
+        return transaction_end_locks(bootstrap, sink, self.controller.layout.partitions)
 
     def finish_load(self, timeout_seconds: float = 120) -> None:
         """Wait until the load was all sent."""
         self.load.join(timeout=timeout_seconds)
         assert not self.load.is_alive(), "the load did not finish"
+
+    def end_load(self) -> None:
+        """End the load now, once every step of a test is done: what it sent so far is what the
+        checks read (`totals`)."""
+        self.load_stop.set()
+        self.finish_load()
 
 
 @contextmanager
@@ -151,11 +165,14 @@ def supervised(spec_path: Path, bootstrap: str, run_dir: Path, shape: LoadShape,
     """Start the supervisor of `spec_path` ticking every 0.5 s; `run.load.start()` sends `phases`."""
     supervisor = Supervisor(load_file(spec_path), spec_path, bootstrap, run_dir, tick_seconds=0.5,
                             spare_workers=spare_workers)
-    stop, totals = threading.Event(), LoadTotals()
+    stop, load_stop, totals = threading.Event(), threading.Event(), LoadTotals()
     load = threading.Thread(target=produce_phases, args=(bootstrap, supervisor.consumer.spec.kafka.topic, shape,
-                                                         phases, stop, totals), daemon=True)
+                                                         phases, load_stop, totals), daemon=True)
     with ticking(supervisor, stop):
-        yield SupervisedRun(supervisor, load, stop, totals)
+        try:
+            yield SupervisedRun(supervisor, load, stop, totals, load_stop)
+        finally:
+            load_stop.set()
 
 
 def check_everything(bootstrap: str, topic: str, group: str, sent: int) -> int:

@@ -118,6 +118,7 @@ def test_tansu_broker_serves_then_stops_cleanly(broker_command: StartBroker, how
     _assert_stops_cleanly(command, how, bootstrap)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("how", ["sigterm", "ctrl-c"])
 def test_kafka_broker_serves_then_stops_cleanly(broker_command: StartBroker, tmp_path: Path,
                                                 how: str) -> None:
@@ -167,6 +168,7 @@ def _described(admin: AdminClient, resource: ConfigResource) -> dict[str, Any]:
             time.sleep(0.2)
 
 
+@pytest.mark.slow
 def test_a_three_node_quorum_elects_leaders_and_replicates_to_all(broker_command: StartBroker) -> None:
     command = broker_command(["--engine", "kafka", "--port", "0", "--nodes", "3"])
     bootstrap = command.bootstrap()

@@ -26,6 +26,7 @@ from keyrange.worker import transactions
 from keyrange.worker.transactions import OutputRecord, SlotTransactions, TransactionFailed
 from tests.checkers import check_all, first_occurrences
 from tests.conftest import BrokerUnderTest
+from tests.integration.supervised import stop_outside_transaction_ends, transaction_end_locks
 from tests.integration.worker_cli_helpers import PARTITIONS, metric_sum, start, wait, worker_command
 from tests.integration.worker_helpers import produce_stream, settings_for
 from tests.kafkatools import offsets_committed_so_far, read_counts, read_input_log, read_processed
@@ -51,7 +52,10 @@ def test_a_zombie_worker_that_wakes_up_after_its_replacement_took_over_commits_n
     try:
         wait(lambda: metric_sum(zombie_port, "keyrange_events_processed_total") >= 300, "the first worker to run",
              proc=zombie, log_path=zombie_log)
-        zombie.send_signal(signal.SIGSTOP)
+        # Stopped outside a transaction end: stopped inside one, it would keep that partition's
+        # host-wide lock and hold up each of the replacement's commits there for 30 s.
+        stop_outside_transaction_ends(zombie.pid, transaction_end_locks(bootstrap, f"{topic_name}.processed",
+                                                                        PARTITIONS))
         frozen_at = committed(bootstrap, topic_name)
         # Its replacement (another worker id: the epoch protocol did not stop the zombie) takes the
         # same slots and handles everything.

@@ -122,7 +122,13 @@ def test_a_frozen_owner_of_a_hash_range_resumed_after_a_split_moved_it_commits_n
                 if on_tansu:
                     wait_for(lambda: holds(run, 0, {0}, restarted.pid), 60, "the restarted worker 0 to hold slot 0")
             replacement_code = replacement.wait(60)
-            run.finish_load()
+            # Every fault is done: the load ends once the restarted worker 0 holds its slot and more
+            # of the load was handled (unless a slow machine took all of its 40 s for the faults).
+            wait_for(lambda: holds(run, 0, {0}, restarted.pid), 60, "the restarted worker 0 to hold slot 0")
+            target = handled(run) + 300
+            wait_for(lambda: handled(run) >= target or not run.load.is_alive(), 120,
+                     "300 more events handled after the replacement stood down", interval=0.1)
+            run.end_load()
             check_everything(bootstrap, topic_name, f"{topic_name}-g", run.totals.sent)
         finally:
             if replacement is not None and replacement.poll() is None:
@@ -157,7 +163,7 @@ def test_a_worker_holding_two_sibling_hash_ranges_resumes_them_from_their_totals
         restarted = restarted_worker(run, 0, victim.pid)
         wait_for(lambda: holds(run, 0, {0, 1}, restarted.pid), 120, "the restarted worker 0 to hold slots 0 and 1")
         wait_handled(run, 500, "after the restart")
-        run.finish_load()
+        run.end_load()
         check_everything(bootstrap, topic_name, group, run.totals.sent)
 
 

@@ -208,6 +208,7 @@ async def test_twenty_rescales_under_ledger_load_keep_every_guarantee(bootstrap:
     # 119 (tansu) and 158 (Kafka) in a run alone; fewer when a slow broker leaves more rescales
     # after the stream, which nothing flows through.
     assert checked >= 60, f"only {checked} unmoved slots were checked: too few rescales ran while the stream did"
+    resumes = moved_slot_resumes(list(processed), rescales)
     pauses = sorted(resume - r.published_ms for r in rescales for slot in r.moved_slots
-                    if (resume := moved_slot_resumes(list(processed), [r]).get((r.epoch, slot))))
+                    if (resume := resumes.get((r.epoch, slot))))
     print(f"moved-slot pause: p50 {pauses[len(pauses) // 2]} ms, max {pauses[-1]} ms over {len(pauses)} moves")

@@ -37,7 +37,8 @@ from confluent_kafka import Producer
 
 from keyrange.worker import WorkerSettings
 from tests.conftest import BrokerUnderTest
-from tests.integration.fault_run import FaultRun, wait_until
+from tests.integration.fault_run import PARTITIONS, FaultRun, wait_until
+from tests.integration.supervised import stop_outside_transaction_ends, transaction_end_locks
 
 SLOT = 1
 TANSU_SETTLE_SECONDS = 1.0
@@ -62,7 +63,11 @@ def test_a_fenced_slot_still_assigned_to_its_worker_is_acquired_again_in_place(
         fencer = Producer({"bootstrap.servers": any_bootstrap, "transactional.id": tid, "log_level": 0})
         assert run.supervisor.fleet is not None
         if on_tansu:  # tansu workaround: see the module's docstring
-            run.supervisor.fleet.kill(owner, signal.SIGSTOP)
+            stopped = run.supervisor.fleet.workers[owner].process
+            assert stopped is not None
+            # Outside a transaction end, whose host-wide lock would hold up the other worker's commits.
+            sink = run.supervisor.consumer.spec.sink_topic
+            stop_outside_transaction_ends(stopped.pid, transaction_end_locks(any_bootstrap, sink, PARTITIONS))
             time.sleep(TANSU_SETTLE_SECONDS)
         try:
             fencer.init_transactions(30)  # the worker's producer of the slot is fenced from now on

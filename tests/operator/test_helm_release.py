@@ -20,6 +20,8 @@ NAMESPACED = ["get", "-A", "-l", "app.kubernetes.io/part-of=keyrange", "-o", "na
               "deployments,services,serviceaccounts,secrets,configmaps,roles,rolebindings,leases"]
 CLUSTER_WIDE = ["get", "-l", "app.kubernetes.io/part-of=keyrange", "-o", "name",
                 "clusterroles,clusterrolebindings,customresourcedefinitions"]
+# Both tests on one xdist worker (tests/parallel.py), which starts the module's control plane once.
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("helm-release")]
 
 
 @pytest.fixture(scope="module")

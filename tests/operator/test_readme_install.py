@@ -43,6 +43,7 @@ def plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPlane]:
         started.down()
 
 
+@pytest.mark.slow
 async def test_the_readme_installs_keyrange_as_written(plane: ControlPlane, tmp_path: Path) -> None:
     commands = readme_commands()
     assert commands[0].startswith("helm install") and "kubectl apply -f crds/" not in commands

@@ -108,3 +108,32 @@ def test_a_heavy_fixture_stops_after_its_last_test_once_its_module_is_torn_down(
     assert "4 passed" in run.stdout, run.stdout + run.stderr
     assert events.read_text().splitlines() == [
         "uses 0", "uses 1", "plain", "module fixture released", "stopped", "other"]
+
+
+ORDER_CONFTEST = """
+from tests.parallel import pytest_collection_modifyitems
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "slow: a slow test")
+"""
+
+ORDER_TESTS = {
+    "test_a_quick.py": "def test_one():\n    pass\n\ndef test_two():\n    pass\n",
+    "test_b_mixed.py": "import pytest\n\ndef test_quick():\n    pass\n\n"
+                       "@pytest.mark.slow\ndef test_slow():\n    pass\n",
+    "test_c_quick.py": "def test_three():\n    pass\n",
+    "test_d_slow.py": "import pytest\n\npytestmark = pytest.mark.slow\n\ndef test_four():\n    pass\n",
+}
+
+
+def test_the_modules_with_a_slow_test_are_collected_first_each_whole_and_in_order(tmp_path: Path) -> None:
+    (tmp_path / "conftest.py").write_text(ORDER_CONFTEST)
+    for name, text in ORDER_TESTS.items():
+        (tmp_path / name).write_text(text)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    run = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-p", "no:xdist", "-q",
+                          "--collect-only", str(tmp_path)], cwd=tmp_path, env=env, capture_output=True, text=True,
+                         timeout=120)
+    assert run.returncode == 0, run.stdout + run.stderr
+    collected = [line.split("::", 1)[1] for line in run.stdout.splitlines() if "::" in line]
+    assert collected == ["test_quick", "test_slow", "test_four", "test_one", "test_two", "test_three"]
