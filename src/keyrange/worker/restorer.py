@@ -52,9 +52,9 @@ appended while it read, which the acquire would otherwise read inside the pause)
 READ_AHEAD_PAST_COMMITTED = 1_000
 """How many input records past a slot's committed offset (C0) a read-ahead reads, or as many as the
 window before C0 holds when that is more. Only what the old owner finishes before it releases is
-needed there: about the records that arrive meanwhile (an owner handles no faster than they come,
-and one that lags, slower), which the window (TTL's worth of them) exceeds while a handoff is
-shorter than the TTL. What it does finish past this, the acquire reads."""
+needed there: an owner that keeps up finishes the records that arrive meanwhile, fewer than the
+window holds (TTL's worth of them) while a handoff is shorter than the TTL. What it finishes past
+this (one catching up a backlog may), the acquire reads."""
 
 
 @dataclass
