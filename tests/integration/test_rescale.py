@@ -94,8 +94,10 @@ def unmoved_slots_kept_flowing(processed: list[Mapping[str, Any]], rescales: lis
     resuming from an earlier move) must have handled an event while the moved slots were paused
     (between the epoch's publication and the grant). Returns (slots checked, failures)."""
     starts: dict[int, list[int]] = defaultdict(list)
+    created: dict[int, list[int]] = defaultdict(list)
     for r in processed:
         starts[r["partition"]].append(r["startedAt"])
+        created[r["partition"]].append(r["created"])
     resumes = moved_slot_resumes(processed, rescales)
     dark: dict[int, list[tuple[int, int]]] = defaultdict(list)
     for r in rescales:
@@ -114,7 +116,13 @@ def unmoved_slots_kept_flowing(processed: list[Mapping[str, Any]], rescales: lis
                 continue  # still resuming from an earlier move
             checked += 1
             if not any(lo < t < hi for t in starts[slot]):
-                failures.append(f"epoch {r.epoch}: unmoved slot {slot} handled nothing during {lo}..{hi}")
+                # What it could have handled: its events created before the window's end, and when it
+                # started the next one (a stall of the slot, or of the load's producer).
+                waiting = sum(1 for c, t in zip(created[slot], starts[slot], strict=True) if c < hi and t >= hi)
+                later = min((t for t in starts[slot] if t >= hi), default=None)
+                failures.append(f"epoch {r.epoch}: unmoved slot {slot} handled nothing during {lo}..{hi} "
+                                f"({hi - lo} ms; {waiting} of its events created before its end started after it, "
+                                f"the first at +{None if later is None else later - hi} ms)")
     return checked, failures
 
 

@@ -11,6 +11,7 @@ from keyrange.errors import UserError
 from keyrange.kafkaquirks import Backoff
 from keyrange.logend import Span, fetched_end, reached
 from keyrange.worker.consumer import consumer_config
+from keyrange.worker.pacing import Pacer
 from keyrange.worker.settings import WorkerSettings
 
 POLL_SECONDS = 0.01
@@ -40,6 +41,8 @@ class LogReader:
         self._consumer = consumer or Consumer(consumer_config(settings, "restore",
                                                               **{"fetch.wait.max.ms": FETCH_WAIT_MS}))
         self._known_topics: set[str] = set()
+        self._pacer = Pacer()
+        """Going through fetched records steps aside for the worker's event loop (pacing.py)."""
 
     def connect(self, topics: Iterable[str]) -> None:
         """Connect and fetch the topics' metadata now, so a later read does not wait for either."""
@@ -163,7 +166,7 @@ class LogReader:
                 # for a full batch or the timeout, which would add the timeout to every read).
                 messages = consumer.consume(READ_BATCH, 0) or consumer.consume(1, POLL_SECONDS)
                 taken = out if each is None else {span: [] for span in wanted}
-                for m in messages:
+                for m in self._pacer.paced(messages):
                     if m.error() is not None:
                         continue
                     # Every fetched record has a topic, partition and offset (the stubs say Optional).

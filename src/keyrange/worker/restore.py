@@ -33,6 +33,7 @@ argument, and why it is the plain changelog's state on Kafka, is in docs/worker.
 from __future__ import annotations
 
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -59,6 +60,7 @@ from keyrange.ranges.layout import SlotLayout, SlotRouter
 from keyrange.worker.commitwindow import Outcome, Totals
 from keyrange.worker.dedup import window_seconds
 from keyrange.worker.logreader import LogReader
+from keyrange.worker.pacing import Pacer
 from keyrange.worker.settings import WorkerSettings
 from keyrange.worker.snapshots import changelog_starts, slot_totals_key, snapshot_named
 
@@ -303,11 +305,15 @@ class ParsedLogs:
     """Per changelog partition, in log order."""
     totals: dict[int, list[TotalsEntry]] = field(default_factory=dict)
     """Per changelog partition, in log order (every slot's of the partition)."""
+    pacer: Pacer = field(default_factory=Pacer, repr=False, compare=False)
+    """Parsing and folding step aside for the worker's event loop now and then (pacing.py): a
+    restore runs on a thread beside it, and the slots that did not move go on meanwhile."""
 
-    def add(self, settings: WorkerSettings, span: Span, messages: list[Message]) -> None:
+    def add(self, settings: WorkerSettings, span: Span, messages: Iterable[Message]) -> None:
         """Parse `messages` of `span` (records after those added for it before)."""
         topic, partition = span
         parser = settings.input_mapping.parser
+        messages = self.pacer.paced(messages)
         if topic == settings.topic:
             self.inputs.setdefault(partition, []).extend(_input_entry(parser, m) for m in messages)
         elif topic in (settings.sink, settings.dlq):
@@ -337,9 +343,10 @@ def fold_logs(start_offsets: dict[int, int], parsed: ParsedLogs,
     layout = layout or SlotLayout.whole_partitions(start_offsets)
     router = SlotRouter(layout)
     result = {s: RestoredPartition(o) for s, o in start_offsets.items()}
+    paced = parsed.pacer.paced
     for s, restored in result.items():
         p = layout.partition_of(s)
-        for entry in parsed.inputs.get(p, []):
+        for entry in paced(parsed.inputs.get(p, [])):
             if entry.offset >= restored.start_offset:
                 break  # offsets ascend within a partition
             if entry.uuid is not None and router.slot_of(p, entry.key) == s:
@@ -347,7 +354,7 @@ def fold_logs(start_offsets: dict[int, int], parsed: ParsedLogs,
 
     # (offset, clientId, state or None) from the processed records of offsets >= C, per slot.
     states_after: dict[int, list[tuple[int, ClientId, Any]]] = {s: [] for s in result}
-    for out in parsed.outputs:
+    for out in paced(parsed.outputs):
         # An output of an event at or past the committed offset: it must not run again, its uuid
         # joins the window, and the client's state after it (if its handler changed it) is noted.
         if not 0 <= out.partition < layout.partitions:

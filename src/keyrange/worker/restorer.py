@@ -8,8 +8,10 @@ done before the grant rather than after it:
   partition's last high watermark after unassigning it, which a later read "to the end" would
   take for the end (`LogReader.read`).
 - **Read-ahead (`prefetch`).** While the old owner still handles the slots, the new owner reads
-  what a restore from the committed offsets of that moment (C0) would read, with every span read
-  to its end, and on to newer ends a bounded number of times (`LogReader.read`'s `follow`). After
+  what a restore from the committed offsets of that moment (C0) would read, with every output and
+  changelog span read to its end, and on to newer ends a bounded number of times (`LogReader.read`'s
+  `follow`), and the input past C0 about as far as the old owner may still get
+  (READ_AHEAD_PAST_COMMITTED), not through a lagging slot's whole backlog. After
   the grant, the restore from the final committed offsets C >= C0 reads only what was appended
   since (`restore_slots(..., prefetched)`): its window and outputs need nothing before what was
   read ahead, because both were read from lower bounds that cannot go
@@ -47,6 +49,12 @@ from keyrange.worker.settings import WorkerSettings
 READ_AHEAD_FOLLOWS = 2
 """How many times a read-ahead that reached a log's end reads on to its newest end (records
 appended while it read, which the acquire would otherwise read inside the pause)."""
+READ_AHEAD_PAST_COMMITTED = 1_000
+"""How many input records past a slot's committed offset (C0) a read-ahead reads, or as many as the
+window before C0 holds when that is more. Only what the old owner finishes before it releases is
+needed there: an owner that keeps up finishes the records that arrive meanwhile, fewer than the
+window holds (TTL's worth of them) while a handoff is shorter than the TTL. What it finishes past
+this (one catching up a backlog may), the acquire reads."""
 
 
 @dataclass
@@ -120,8 +128,12 @@ class Restorer:
             plan = plan_reads(reader, self._settings, committed, self._counts, now_s, skip_ended=False,
                               layout=self.layout)
             starts = dict(plan.starts)
+            stops = {}
             for span, offset in input_stops(self._settings.topic, committed, self.layout).items():
-                starts.setdefault(span, offset)  # C0 = 0: no window before it, but C may be later
+                first = starts.setdefault(span, offset)  # C0 = 0: no window before it, but C may be later
+                # Past C0 only about as much as the window before it holds (READ_AHEAD_PAST_COMMITTED):
+                # a lagging slot's backlog is its new owner's to fetch, not this read's to parse.
+                stops[span] = offset + max(offset - first, READ_AHEAD_PAST_COMMITTED)
             logs = ParsedLogs()
             after_last: dict[Span, int] = {}
 
@@ -129,7 +141,7 @@ class Restorer:
                 logs.add(self._settings, span, messages)
                 after_last[span] = messages[-1].offset() + 1  # type: ignore[operator]
 
-            _, ends = reader.read(starts, each=take, follow=READ_AHEAD_FOLLOWS)
+            _, ends = reader.read(starts, stops, each=take, follow=READ_AHEAD_FOLLOWS)
             # A read can return records past the end it stopped at (they came in the same fetch).
             reached = {span: max(ends[span], after_last.get(span, 0)) for span in starts}
             return Prefetched(committed, logs, reached)
