@@ -200,39 +200,101 @@ def load_decoder(ref: str) -> Decoder:
     return decoder  # type: ignore[no-any-return]
 
 
+ParseFunction = Callable[[bytes | None, bytes | None, Headers, int], InputEvent]
+"""(key, value, headers, record timestamp in epoch ms) -> the record's event; raises BadEvent."""
+FieldsFunction = Callable[[bytes | None, Any, Headers, int], InputEvent]
+"""(key, decoded value, headers, record timestamp in epoch ms) -> the record's event; raises BadEvent."""
+
+
 class InputParser:
     """Parses records under one mapping into InputEvents; raises BadEvent naming the failed mapping.
 
-    Each mapping becomes a getter once, here, so a record costs a few calls, not a dispatch on the
-    mapping's kind per field (the ledger benchmark compares this path with the default's)."""
+    `parse` is one function built for the mapping's shape once, here: a record costs one call, not a
+    call per mapping (the ledger benchmark compares this path with the default's). It takes the
+    common record at once; anything else (a missing or unusual key, header or field) it hands to the
+    mapping's getters, which find the same event or raise the BadEvent that names the failure."""
 
-    __slots__ = ("_created", "_decoder", "_default", "_format", "_get_client", "_get_uuid", "_json", "_timestamp",
-                 "mapping", "reads_headers")
+    __slots__ = ("fields", "mapping", "parse", "reads_headers")
+
+    parse: ParseFunction
+    """The event of one record (key, value, headers, record timestamp in epoch ms).
+
+    Reason codes: those of `parse_input`, and `decode-error` when a user decoder raises."""
+    fields: FieldsFunction
+    """The event of a record whose value is decoded (key, decoded value, headers, record timestamp)
+    by the mapping's getters alone: under any mapping but the default (whose `parse` is
+    `parse_input`), what `parse` finds, in every case, more slowly."""
 
     def __init__(self, mapping: InputMapping, decoder: Decoder | None) -> None:
         self.mapping = mapping
         self.reads_headers = mapping.reads_headers
         """Whether `parse` needs the record's headers (None may be passed otherwise)."""
-        self._default = mapping.is_default
-        client, uuid, self._created = mapping.sources()
-        self._timestamp = self._created.kind == "timestamp"
-        self._get_client = _client_getter(client)
-        self._get_uuid = None if uuid.kind == "none" else _text_getter(uuid, "uuid")
-        self._format = mapping.format
-        self._json = mapping.format == "json"
-        self._decoder = decoder
+        self.fields = _exact_fields(*mapping.sources())
+        self.parse = parse_input_record if mapping.is_default else _shaped_parse(mapping, decoder, self.fields)
 
-    def parse(self, key: bytes | None, value: bytes | None, headers: Headers, timestamp_ms: int) -> InputEvent:
-        """The event of one record (key, value, headers, record timestamp in epoch ms).
 
-        Reason codes: those of `parse_input`, and `decode-error` when a user decoder raises."""
-        if self._default:
-            return parse_input(value)
+def parse_input_record(key: bytes | None, value: bytes | None, headers: Headers, timestamp_ms: int) -> InputEvent:
+    """`parse_input` with a mapping's signature: the default mapping reads only the value."""
+    return parse_input(value)
+
+
+def _value_decoder(mapping: InputMapping, decoder: Decoder | None) -> Callable[[bytes], Any]:
+    """The value under `raw` or a user decoder (the shaped parse decodes JSON itself)."""
+    if decoder is None:
+        return lambda value: value
+    ref = mapping.format
+
+    def decode(value: bytes) -> Any:
+        try:
+            body = decoder(value)
+        except Exception as exc:  # noqa: BLE001 - any decoder failure is this record's problem
+            raise BadEvent("decode-error", f"{ref}: {type(exc).__name__}: {exc}") from None
+        if not isinstance(body, dict):
+            raise BadEvent("not-an-object", f"{ref} returned a {type(body).__name__}, expected an object (a dict)")
+        return body
+    return decode
+
+
+def _exact_fields(client: Source, uuid: Source, created: Source) -> FieldsFunction:
+    """The event of a decoded record by the mapping's getters: every case, every BadEvent."""
+    get_client = _client_getter(client)
+    get_uuid = None if uuid.kind == "none" else _text_getter(uuid, "uuid")
+
+    def fields(key: bytes | None, body: Any, headers: Headers, timestamp_ms: int) -> InputEvent:
+        client_id = get_client(key, body, headers)
+        event_id = None if get_uuid is None else get_uuid(key, body, headers)
+        if created.kind == "timestamp":
+            return InputEvent(client_id, event_id, timestamp_ms if timestamp_ms > 0 else 0, body)
+        found = _find(body, created, "created", required=False)
+        if found is None:
+            found = 0
+        elif type(found) is not int:
+            raise BadEvent("bad-field", f"created ({created}) must be epoch milliseconds (integer), got {found!r}")
+        return InputEvent(client_id, event_id, found, body)
+    return fields
+
+
+def _shaped_parse(mapping: InputMapping, decoder: Decoder | None, exact: FieldsFunction) -> ParseFunction:
+    """One function for the mapping's shape: its sources' common cases inline, chosen by flags
+    fixed here, the rest by `exact` (from the decoded value, which is not decoded twice)."""
+    client, uuid, created = mapping.sources()
+    json_format, raw_format = mapping.format == "json", mapping.format == "raw"
+    decode = _value_decoder(mapping, decoder)
+    client_field, client_key, uuid_header, uuid_field = (client.kind == "field", client.kind == "key",
+                                                         uuid.kind == "header", uuid.kind == "field")
+    created_field = created.kind == "field"
+    client_name, client_path, client_single = client.name, client.path, len(client.path) == 1
+    uuid_name, uuid_path, uuid_single = uuid.name, uuid.path, len(uuid.path) == 1
+    created_name, created_path, created_single = created.name, created.path, len(created.path) == 1
+    reserved = _RESERVED_ID.encode()
+    new_event = tuple.__new__  # InputEvent's own __new__ is a Python call more per record
+
+    def parse(key: bytes | None, value: bytes | None, headers: Headers, timestamp_ms: int) -> InputEvent:
         if value is None:
             raise BadEvent("missing-field", "record has no value")
         if len(value) > MAX_EVENT_BYTES:
             raise BadEvent("oversized", f"value is {len(value)} bytes, the limit is {MAX_EVENT_BYTES}")
-        if self._json:  # `_decode`'s first case, inline: the common one
+        if json_format:
             try:
                 body = orjson.loads(value)
             except orjson.JSONDecodeError as exc:
@@ -240,31 +302,68 @@ class InputParser:
             if type(body) is not dict:
                 raise BadEvent("not-an-object", f"value is a JSON {type(body).__name__}, expected an object (a dict)")
         else:
-            body = self._decode(value)
-        client_id = self._get_client(key, body, headers)
-        uuid = None if self._get_uuid is None else self._get_uuid(key, body, headers)
-        if self._timestamp:
-            return InputEvent(client_id, uuid, timestamp_ms if timestamp_ms > 0 else 0, body)
-        source = self._created
-        created = _find(body, source, "created", required=False)
-        if created is None:
-            created = 0
-        elif type(created) is not int:
-            raise BadEvent("bad-field", f"created ({source}) must be epoch milliseconds (integer), got {created!r}")
-        return InputEvent(client_id, uuid, created, body)
+            body = decode(value)
+            if not raw_format and type(body) is not dict:  # a dict's subclass: the getters know it
+                return exact(key, body, headers, timestamp_ms)
+        client_id: ClientId
+        if client_field:
+            found = body.get(client_name) if client_single else _nested_field(body, client_path)
+            if type(found) is int:
+                client_id = found
+            elif type(found) is str and found and not found.startswith(_RESERVED_ID):
+                client_id = int(found) if _CANONICAL_INT.fullmatch(found) else found
+            else:
+                return exact(key, body, headers, timestamp_ms)
+        else:
+            if client_key:
+                raw = key
+            elif type(headers) is list and headers and (last := headers[-1])[0] == client_name:
+                raw = last[1]
+            else:
+                raw = _header(headers, client_name)
+            if type(raw) is not bytes or not raw or raw.startswith(reserved):
+                return exact(key, body, headers, timestamp_ms)
+            try:
+                client_id = raw.decode()
+            except UnicodeDecodeError:
+                return exact(key, body, headers, timestamp_ms)
+        event_id: str | None
+        if uuid_header:
+            if type(headers) is list and headers and (last := headers[-1])[0] == uuid_name:
+                raw = last[1]
+            else:
+                raw = _header(headers, uuid_name)
+            if type(raw) is not bytes or not raw:
+                return exact(key, body, headers, timestamp_ms)
+            try:
+                event_id = raw.decode()
+            except UnicodeDecodeError:
+                return exact(key, body, headers, timestamp_ms)
+        elif uuid_field:
+            event_id = body.get(uuid_name) if uuid_single else _nested_field(body, uuid_path)
+            if type(event_id) is not str or not event_id:
+                return exact(key, body, headers, timestamp_ms)
+        else:
+            event_id = None
+        if not created_field:
+            return new_event(InputEvent, (client_id, event_id, timestamp_ms if timestamp_ms > 0 else 0, body))
+        at = body.get(created_name) if created_single else _nested_field(body, created_path)
+        if at is None:
+            at = 0
+        elif type(at) is not int:
+            return exact(key, body, headers, timestamp_ms)
+        return new_event(InputEvent, (client_id, event_id, at, body))
+    return parse
 
-    def _decode(self, value: bytes) -> Any:
-        """The value under `raw` or a user decoder (`parse` decodes JSON itself)."""
-        if self._decoder is None:
-            return value
-        try:
-            body = self._decoder(value)
-        except Exception as exc:  # noqa: BLE001 - any decoder failure is this record's problem
-            raise BadEvent("decode-error", f"{self._format}: {type(exc).__name__}: {exc}") from None
-        if not isinstance(body, dict):
-            raise BadEvent("not-an-object", f"{self._format} returned a {type(body).__name__}, expected an object "
-                                            "(a dict)")
-        return body
+
+def _nested_field(body: dict[str, Any], path: tuple[str, ...]) -> Any:
+    """The field at a dotted `path` through plain dicts, or None (whatever is missing or unusual)."""
+    found: Any = body
+    for name in path:
+        if type(found) is not dict:
+            return None
+        found = found.get(name)
+    return found
 
 
 Getter = Callable[[bytes | None, Any, Headers], Any]
@@ -308,12 +407,7 @@ def _text_getter(source: Source, what: str) -> Getter:
     missing = ("record has no key" if from_key else f"record has no header {name!r}")
 
     def key_or_header_text(key: bytes | None, body: Any, headers: Headers) -> str:
-        if from_key:
-            raw = key
-        elif type(headers) is list and headers and headers[-1][0] == name and type(headers[-1][1]) is bytes:
-            raw = headers[-1][1]  # the header is the record's last one: no call to `_header`
-        else:
-            raw = _header(headers, name)
+        raw = key if from_key else _header(headers, name)
         if raw:
             try:
                 return raw.decode()

@@ -32,7 +32,7 @@ from typing import Protocol
 from confluent_kafka import Message
 
 from keyrange.events import BadEvent, ClientId, parse_input
-from keyrange.inputmapping import DEFAULT_MAPPING, InputMapping, InputParser
+from keyrange.inputmapping import DEFAULT_MAPPING, InputMapping, ParseFunction
 from keyrange.ranges.layout import SlotLayout
 from keyrange.ranges.slots import partition_for_client
 from keyrange.worker.attempts import AttemptSlot, Job
@@ -77,14 +77,16 @@ class IntakeSlot(AttemptSlot, Protocol):
 class Intake:
     """Turns the records of held slots into jobs or immediate outcomes (module docstring)."""
 
-    __slots__ = ("_check_placements", "_outputs", "_parser", "_partition_count", "_skew_s", "_wall_clock", "layout")
+    __slots__ = ("_check_placements", "_outputs", "_parse", "_partition_count", "_reads_headers", "_skew_s",
+                 "_wall_clock", "layout")
 
     def __init__(self, partition_count: int, tolerated_skew_seconds: float, outputs: Outputs,
                  wall_clock: Callable[[], float] = time.time, mapping: InputMapping = DEFAULT_MAPPING) -> None:
         self.layout = SlotLayout(partition_count)
         """The slots' layout (the engine's): a hash range's clients must be keyed by their clientId."""
-        self._parser: InputParser | None = None if mapping.is_default else mapping.parser
+        self._parse: ParseFunction | None = None if mapping.is_default else mapping.parser.parse
         """None: the default mapping, parsed by parse_input with no more work per event than before."""
+        self._reads_headers = mapping.reads_headers
         self._check_placements = mapping.client_id != "key"
         self._partition_count = partition_count
         self._skew_s = tolerated_skew_seconds
@@ -97,8 +99,29 @@ class Intake:
         value = m.value()
         if not slot.admit(offset, timestamp_ms, len(value) if value is not None else 0):
             return None  # finished by an earlier owner
-        if self._parser is not None:
-            return self._admit_mapped(self._parser, slot, m, offset, value, timestamp_ms)
+        if self._parse is not None:
+            # Under a mapping other than the default, here rather than in a method of its own (a call
+            # per record); the default's per-event work below stays what it was. The record's headers
+            # are read only if the mapping reads one: converting them is most of what a header costs.
+            key = m.key()
+            try:
+                mapped = self._parse(key, value, m.headers() if self._reads_headers else None, timestamp_ms)
+            except BadEvent as exc:
+                slot.finish_dead_lettered(offset, self._outputs.dead_letter(
+                    slot.partition, offset, key, value, exc.reason, exc.detail, 0, record=m), exc.reason)
+                return None
+            # With `clientId: key` the client's records share a partition whatever the partitioner.
+            if self._check_placements and mapped.client_id not in slot.placed_clients:
+                self._check_placement(slot, mapped.client_id)
+            event_s = (mapped.created_ms or timestamp_ms) / 1000
+            if event_s > self._wall_clock() + self._skew_s:  # the skew check below
+                slot.metrics.skewed_ahead.inc()
+            elif event_s < slot.stream_time - self._skew_s:
+                slot.metrics.skewed_behind.inc()
+            if mapped.uuid is not None and not slot.first_seen(offset, mapped.uuid, event_s):
+                return None  # a duplicate, as below
+            # The Message itself: its headers are converted only if it is dead-lettered.
+            return Job(slot, offset, mapped, key, value, record=m)  # type: ignore[arg-type]
         try:
             event = parse_input(value)
         except BadEvent as exc:
@@ -119,31 +142,6 @@ class Intake:
             return None  # a duplicate: counted when its offset commits
         # A record with a value always has bytes (parse_input rejected None).
         return Job(slot, offset, event, m.key(), value)  # type: ignore[arg-type]
-
-    def _admit_mapped(self, parser: InputParser, slot: IntakeSlot, m: Message, offset: int, value: bytes | None,
-                      timestamp_ms: int) -> Job | None:
-        """`admit` after the skip, under a mapping other than the default (kept apart so that the
-        default's per-event work stays what it was). The record's headers are read only if the
-        mapping reads one: converting them to Python objects is most of what a header costs here."""
-        key = m.key()
-        try:
-            event = parser.parse(key, value, m.headers() if parser.reads_headers else None, timestamp_ms)
-        except BadEvent as exc:
-            slot.finish_dead_lettered(offset, self._outputs.dead_letter(
-                slot.partition, offset, key, value, exc.reason, exc.detail, 0, record=m), exc.reason)
-            return None
-        # With `clientId: key` the client's records share a partition whatever the partitioner.
-        if self._check_placements and event.client_id not in slot.placed_clients:
-            self._check_placement(slot, event.client_id)
-        event_s = (event.created_ms or timestamp_ms) / 1000
-        if event_s > self._wall_clock() + self._skew_s:  # `admit`'s skew check
-            slot.metrics.skewed_ahead.inc()
-        elif event_s < slot.stream_time - self._skew_s:
-            slot.metrics.skewed_behind.inc()
-        if event.uuid is not None and not slot.first_seen(offset, event.uuid, event_s):
-            return None  # a duplicate, as in `admit`
-        # The Message itself: its headers are converted only if it is dead-lettered.
-        return Job(slot, offset, event, key, value, record=m)  # type: ignore[arg-type]
 
     def _check_placement(self, slot: IntakeSlot, client_id: ClientId) -> None:
         expected = partition_for_client(client_id, self._partition_count)

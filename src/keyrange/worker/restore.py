@@ -73,6 +73,7 @@ class Finished:
     uuid: str | None
     """Its event's uuid (None for bad input): it joins the dedup window when the fetch passes it."""
     created_s: float
+    """Its event's `created` (seconds); 0 when it has none: then its record's timestamp, as at the intake."""
 
 
 @dataclass
@@ -261,6 +262,7 @@ class OutputEntry:
     offset: int
     uuid: str | None
     created_s: float
+    """As `Finished.created_s`: 0 when the event has no `created`."""
     state: tuple[ClientId, Any] | None
     """(clientId, state after the event; None = deleted) when the handler changed the state."""
     outcome: Outcome
@@ -412,7 +414,8 @@ def _processed_entry(m: Message) -> OutputEntry | None:
     record = decode_processed(value)
     encoded = _header(m, STATE_HEADER)
     state = None if encoded is None else (record["clientId"], orjson.loads(encoded))
-    created_s = (record.get("created") or m.timestamp()[1]) / 1000
+    # Without `created` the event's time is its input record's, which the fetch gives (slot.py), not this one's.
+    created_s = (record.get("created") or 0) / 1000
     return OutputEntry(record["partition"], record["offset"], record["uuid"], created_s, state, Outcome.HANDLED,
                        str(record["clientId"]).encode())
 
@@ -427,15 +430,16 @@ def _dead_letter_entry(parser: InputParser, m: Message) -> OutputEntry | None:
         return None
     # A dead letter keeps its record's key, value and (with a mapping that reads them) headers and
     # timestamp (inputmapping.source_timestamp), so the mapping finds the event's uuid in it; a
-    # truncated one keeps the event's identity instead, whatever the mapping.
-    timestamp_ms = source_timestamp(headers, m.timestamp()[1])
+    # truncated one keeps the event's identity instead, whatever the mapping. Its own timestamp is
+    # when it was written, never the event's: without a kept one, 0 (the fetch gives it: slot.py).
+    timestamp_ms = source_timestamp(headers, 0)
     try:
         if DLQ_TRUNCATED in headers:
             event = decode_identity(m.value())
         else:
             event = parser.parse(m.key(), m.value(), record_headers, timestamp_ms)
-        created_s = (event.created_ms or timestamp_ms) / 1000
-        return OutputEntry(partition, offset, event.uuid, created_s, None, Outcome.DEAD_LETTERED, m.key())
+        return OutputEntry(partition, offset, event.uuid, event.created_ms / 1000, None, Outcome.DEAD_LETTERED,
+                           m.key())
     except BadEvent:
         return OutputEntry(partition, offset, None, 0.0, None, Outcome.DEAD_LETTERED, m.key())
 

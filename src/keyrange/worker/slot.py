@@ -337,8 +337,8 @@ class SlotState:
         finished = self._skip.pop(offset, None)
         if finished is None:
             return True
-        if finished.uuid is not None:
-            self._dedup.add_if_new(finished.uuid, finished.created_s)
+        if finished.uuid is not None:  # at the time the intake gave it (intake.py)
+            self._dedup.add_if_new(finished.uuid, finished.created_s or timestamp_ms / 1000)
         window.finish(offset, finished.outcome)
         return False
 
