@@ -23,7 +23,7 @@ from keyrange.kafkaio import TopicSpec, ensure_topics
 from keyrange.local.embedded_broker import EmbeddedBroker
 from keyrange.local.fleet import ProcessFleet
 from keyrange.local.monitoring import AlertingOptions, LocalAlertPath, without_lag_thresholds
-from keyrange.local.table import Totals, WorkerRow, render
+from keyrange.local.table import Totals, WorkerRow, render, row_lag
 from keyrange.ranges.channel import ControlChannel, now_ms
 from keyrange.ranges.controller import Controller, ControllerStatus
 from keyrange.ranges.groupoffsets import GroupOffsetWriter
@@ -233,18 +233,17 @@ class Supervisor:
         rows = []
         for ordinal, w in sorted(self.fleet.workers.items()):
             sample = self._samples.get(ordinal)
-            lag = SlotLag()
-            if sample is not None:
-                lag = SlotLag(sum(x.records for x in sample.slot_lag.values()),
-                              max((x.seconds for x in sample.slot_lag.values()), default=0.0))
+            lag = row_lag(status.map.slots_of(ordinal), sample.slot_lag if sample is not None else None)
             report = reports.get(ordinal)
             held = ""
             if report and report.held:
                 layout = status.layout
                 held = layout.describe_slots(report.held) if layout else format_slot_list(sorted(report.held))
             rows.append(WorkerRow(ordinal, w.alive(), held, self._worker_rate(ordinal), lag, w.restarts))
+        measured = self.slot_lag()
+        unmeasured = sum(1 for s in range(status.map.slot_count) if s not in measured)
         totals = Totals(time.monotonic() - self.started, int(self._counters.processed), self._rate(), self._p99(),
-                        int(self._counters.duplicates), int(self._counters.dead_letters))
+                        int(self._counters.duplicates), int(self._counters.dead_letters), unmeasured)
         return render(self.consumer.name, status, rows, totals, now_ms())
 
     def _worker_rate(self, ordinal: int) -> float:
