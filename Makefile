@@ -1,5 +1,5 @@
 # keyrange: two commands on a fresh machine.
-#   make demo   runs the local demo on the embedded broker
+#   make demo   runs the local demo on the embedded broker (Apache Kafka where Java 17+ is installed, else tansu)
 #   make test   installs everything the tests need, then lint, types and the whole suite
 VENV    ?= .venv
 PY      := $(VENV)/bin/python
@@ -11,7 +11,7 @@ export KEYRANGE_TOOLS := $(TOOLS)
 export PATH := $(CURDIR)/$(VENV)/bin:$(TOOLS)/bin:$(PATH)
 export PYSPARK_PYTHON := $(CURDIR)/$(PY)
 
-.PHONY: demo test install install-dev tools spark-connector lint types pytest bench soak clean lock
+.PHONY: demo test install install-dev tools kafka kafka-if-java spark-connector lint types pytest bench soak clean lock
 
 # Runtime dependencies at the image's pinned versions (constraints.txt), so the tests run what
 # the image ships; the dev tools float.
@@ -25,11 +25,20 @@ install: $(VENV)/.installed-local,spark
 
 install-dev: $(VENV)/.installed-local,spark,dev
 
-demo: install
+demo: install kafka-if-java
 	$(VENV)/bin/keyrange demo
 
 tools:
 	bash scripts/install-tools.sh $(TOOLS)
+
+# Only Apache Kafka's jars (Maven Central, into $(TOOLS)/kafka/libs), and Java 17 and Maven (apt) if
+# missing: what `keyrange run` and `keyrange demo` need to run their embedded broker on Apache Kafka.
+kafka:
+	bash scripts/install-kafka.sh $(TOOLS)
+
+# The same where Java 17+ and Maven are already installed; elsewhere it says so and the demo runs on tansu.
+kafka-if-java:
+	bash scripts/install-kafka.sh $(TOOLS) --if-java
 
 # Spark's Kafka connector at the venv's PySpark version (Maven, cached in .tools/spark-jars); after install.
 spark-connector:
@@ -58,11 +67,13 @@ bench: install-dev tools spark-connector
 # Many more random handoff schedules than CI runs (tests/integration/test_handoff_random.py);
 # SOAK_SEEDS picks them, e.g. `make soak SOAK_SEEDS=100-199`. And the slow broker faults CI leaves
 # out: a rolling restart of all three Kafka nodes under load (tests/integration/test_kafka_faults.py).
-# And `keyrange run` on its embedded broker under the kata's load for SOAK_MINUTES, latency and lag per
-# minute (benchmarks/soak_embedded.py; rows in build/soak-embedded.json), and its few-minute check that
-# lag is never read 0 while events wait (tests/integration/test_soak_embedded.py). Not part of `make test`.
+# And `keyrange run` on its embedded broker (SOAK_ENGINE: kafka or tansu; default keyrange run's, Apache
+# Kafka here) under the kata's load for SOAK_MINUTES, latency and lag per minute (benchmarks/soak_embedded.py;
+# rows in build/soak-embedded.json), and its few-minute check that lag is never read 0 while events wait
+# (tests/integration/test_soak_embedded.py). Not part of `make test`.
 SOAK_SEEDS ?= 1-40
 SOAK_MINUTES ?= 60
+SOAK_ENGINE ?=
 soak: install-dev tools
 	KEYRANGE_CHAOS_SEEDS=$(SOAK_SEEDS) $(PY) -m pytest -q -p no:cacheprovider -o timeout=600 \
 		tests/integration/test_handoff_random.py
@@ -70,7 +81,7 @@ soak: install-dev tools
 		tests/integration/test_kafka_faults.py -k every-node tests/integration/test_soak_embedded.py
 	mkdir -p build
 	$(PY) -m benchmarks.soak_embedded --minutes $(SOAK_MINUTES) --out build/soak-embedded.json \
-		--log build/soak-embedded-run.log
+		--log build/soak-embedded-run.log $(if $(SOAK_ENGINE),--engine $(SOAK_ENGINE))
 
 # Refresh constraints.txt: the newest versions pyproject.toml allows for the image's packages
 # (scripts/lock-deps.py); the next `make install` follows it.

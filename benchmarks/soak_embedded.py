@@ -1,9 +1,9 @@
 """A soak of `keyrange run` on its embedded broker: latency per minute, and lag that reads 0 while events wait.
 
 Runs the real CLI, `keyrange run -f examples/streamconsumer.yaml --produce RATE` (the kata's consumer:
-12 partitions, `sleep` 10 ms, 1-4 workers) with no bootstrap servers, so on the embedded tansu broker
-(`--bootstrap B`: on a fresh broker of your own instead, for the comparison), for the given minutes,
-and watches it from outside:
+12 partitions, `sleep` 10 ms, 1-4 workers) with no bootstrap servers, so on its embedded broker
+(Apache Kafka where Java is installed, else tansu; `--engine kafka|tansu` picks one, `--bootstrap B` a
+fresh broker of your own instead, for the comparison), for the given minutes, and watches it from outside:
 
 - a reader of its own (no group commits) follows the input topic and the processed topic from the
   start, so it knows each event's partition, `created` and `startedAt` (handler start);
@@ -27,7 +27,7 @@ reported, the most partitions with an event waiting, the partition-scrapes where
 events waited, workers running, and the machine's 1-minute load average (`uptime`'s first figure:
 the machine may be shared). `make soak` runs it for SOAK_MINUTES (60).
 
-    python -m benchmarks.soak_embedded --minutes 60 [--rate 1000] [--out soak.json]
+    python -m benchmarks.soak_embedded --minutes 60 [--rate 1000] [--engine kafka|tansu] [--out soak.json]
 """
 
 from __future__ import annotations
@@ -323,9 +323,9 @@ class SoakResult:
 
 
 def run_soak(minutes: float, rate: float, out: TextIO, log_path: Path, wait_seconds: float = 2.0,
-             spec: Path = SPEC, bootstrap: str | None = None) -> SoakResult:
-    """Run `keyrange run --produce RATE` on the embedded broker (or on `bootstrap`, a fresh broker
-    for the comparison) for `minutes`; print a row per minute."""
+             spec: Path = SPEC, bootstrap: str | None = None, engine: str | None = None) -> SoakResult:
+    """Run `keyrange run --produce RATE` on its embedded broker (`engine`, default keyrange run's; or on
+    `bootstrap`, a fresh broker for the comparison) for `minutes`; print a row per minute."""
     start_ms = int(time.time() * 1000)
     watch = Watch(int(wait_seconds * 1000), start_ms)
     with open(log_path, "w") as log:
@@ -333,7 +333,7 @@ def run_soak(minutes: float, rate: float, out: TextIO, log_path: Path, wait_seco
         proc = subprocess.Popen(
             [sys.executable, "-m", "keyrange.cli", "run", "-f", str(spec), "--produce", str(rate),
              "--duration", str(minutes * 60), "--run-dir", str(run_dir),
-             *(["--bootstrap", bootstrap] if bootstrap else [])],
+             *(["--bootstrap", bootstrap] if bootstrap else []), *(["--engine", engine] if engine else [])],
             stdout=subprocess.PIPE, stderr=log, text=True, cwd=ROOT)
         try:
             title = f"keyrange run -f {spec.relative_to(ROOT)} --produce {rate:g} for {minutes:g} min"
@@ -416,9 +416,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--log", type=Path, default=Path("soak-run.log"), help="keyrange run's output")
     p.add_argument("--bootstrap", help="a fresh broker to compare with (e.g. `keyrange broker --engine kafka`); "
                                        "default: the embedded one")
+    p.add_argument("--engine", choices=("kafka", "tansu"),
+                   help="the embedded broker (default: keyrange run's, Apache Kafka where Java is installed)")
     args = p.parse_args(argv)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # unwinds run_soak, which stops `keyrange run`
-    result = run_soak(args.minutes, args.rate, sys.stdout, args.log, args.wait, bootstrap=args.bootstrap)
+    result = run_soak(args.minutes, args.rate, sys.stdout, args.log, args.wait, bootstrap=args.bootstrap,
+                      engine=args.engine)
     print(f"lag read 0 while events waited: {result.lag_zero_waiting} partition-scrapes; {result.produced_line}",
           flush=True)
     if args.out:

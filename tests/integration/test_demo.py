@@ -1,8 +1,9 @@
 """`keyrange demo`: its report's Spark aggregation section and the cross-check behind its exit code.
 
 The end-to-end test runs the real command (its own embedded broker, worker processes, Spark
-local[2]) with every load phase cut to a few seconds by the hidden `--phase-seconds`; the others
-check the section's cross-check and the no-Spark path without starting anything.
+local[2]) with every load phase cut to a few seconds by the hidden `--phase-seconds`, on the broker
+it starts by default wherever it can run at all (Spark needs Java): Apache Kafka. The others check
+the section's cross-check and the no-Spark path without starting anything.
 """
 
 from __future__ import annotations
@@ -29,11 +30,13 @@ def test_demo_report_has_the_aggregation_and_it_counts_every_processed_uuid_once
     require_pyspark()
     out = tmp_path / "demo"
     proc = subprocess.run(
-        [sys.executable, "-m", "keyrange.cli", "demo", "--quick", "--phase-seconds", "3", "--out", str(out)],
+        [sys.executable, "-m", "keyrange.cli", "demo", "--quick", "--phase-seconds", "3", "--out", str(out),
+         "--engine", "kafka"],
         capture_output=True, text=True, timeout=400,
         env={**os.environ, "PYSPARK_PYTHON": os.environ.get("PYSPARK_PYTHON", sys.executable)},
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert proc.stdout.startswith("keyrange demo: embedded broker: Apache Kafka, one KRaft node (--engine kafka: ")
     assert f"keyrange demo: aggregating demo-events.processed with Spark (local[2]) into {out / 'aggregates'}/" \
         in proc.stdout
 

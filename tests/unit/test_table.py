@@ -1,6 +1,6 @@
 """The live table of `keyrange run` renders the controller's status and the measured figures."""
 
-from keyrange.local.table import Totals, WorkerRow, render
+from keyrange.local.table import Totals, WorkerRow, render, row_lag
 from keyrange.ranges.controller import ControllerStatus, Rescale
 from keyrange.ranges.planner import SlotLag
 from keyrange.ranges.rangemap import RangeMap
@@ -44,3 +44,29 @@ def test_table_shows_hash_ranges_of_partitions() -> None:
     assert lines[-2].split()[:3] == ["1", "0:3/4-1:1/4", "0:3/4-1:1/4"]
     assert lines[-1].split()[:3] == ["2", "1:2-3/4", "-"]
     assert len({len(line) for line in lines[-3:]}) == 1, "the columns line up"
+
+
+def test_a_worker_whose_slots_are_not_measured_shows_no_lag_not_zero() -> None:
+    """Before a worker's first scrape, while it restarts, or while a handoff gives it slots it reports
+    no lag for yet, its backlog is unknown: 0 would say it has none (issue 30)."""
+    status = ControllerStatus(1, RangeMap.even(12, 2, epoch=1), (SlotLag(), SlotLag()), frozenset(), False, "x", ())
+    rows = [WorkerRow(0, True, "0-5", 10.0, SlotLag(3, 0.2), 0), WorkerRow(1, True, "", 0.0, None, 0)]
+    lines = render("c", status, rows, Totals(1, 0, 0.0, None, 0, 0, unmeasured_slots=6), now_ms=0).splitlines()
+    assert lines[-2].split() == ["0", "0-5", "0-5", "10", "3", "0.2", "0"]
+    assert lines[-1].split() == ["1", "6-11", "-", "0", "-", "-", "0"]
+    assert "lag 0 records / 0.0 s (6 of 12 slots unmeasured)" in lines[1]
+
+
+def test_a_run_with_no_lag_measured_yet_shows_none() -> None:
+    status = ControllerStatus(0, RangeMap.even(12, 1, epoch=0), (SlotLag(),), frozenset(), False, "x", ())
+    text = render("c", status, [], Totals(1, 0, 0.0, None, 0, 0, unmeasured_slots=12), now_ms=0)
+    assert "   lag -   " in text.splitlines()[1]
+
+
+def test_a_row_is_measured_only_when_every_assigned_slot_is() -> None:
+    reported = {0: SlotLag(5, 1.0), 1: SlotLag(2, 3.0)}
+    assert row_lag([0, 1], reported) == SlotLag(7, 3.0)
+    assert row_lag([0, 1, 2], reported) is None, "slot 2 was handed over and not reported yet"
+    assert row_lag([0, 1], None) is None, "not scraped (starting, restarting, down)"
+    assert row_lag([], {}) == SlotLag(), "a spare holds nothing: nothing waits for it"
+    assert row_lag([], None) is None

@@ -1,4 +1,4 @@
-"""`keyrange demo`: embedded broker, the kata's load with a burst, live rescaling, a report and a plot."""
+"""`keyrange demo`: embedded broker (`--engine`), the kata's load with a burst, live rescaling, a report and a plot."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ import logging
 import sys
 from pathlib import Path
 
+from keyrange.commands.engineargs import add_engine_argument, announce_broker
 from keyrange.errors import UserError
 from keyrange.local.demo import run_demo
 
@@ -18,6 +19,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--quick", action="store_true", help="shorter phases (~80 s instead of ~150 s)")
     parser.add_argument("--no-aggregate", dest="aggregate", action="store_false",
                         help="skip the Spark aggregation in the report (for machines without Java)")
+    add_engine_argument(parser)
     # Tests only: every load phase this many seconds.
     parser.add_argument("--phase-seconds", type=float, help=argparse.SUPPRESS)
 
@@ -28,5 +30,6 @@ def run(args: argparse.Namespace) -> int:
     if args.phase_seconds is not None and args.phase_seconds <= 0:
         raise UserError(f"--phase-seconds must be positive, got {args.phase_seconds}")
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    report = run_demo(args.out, args.quick, sys.stdout, args.aggregate, args.phase_seconds)
+    broker = announce_broker(args.engine, "keyrange demo", sys.stdout)
+    report = run_demo(args.out, args.quick, sys.stdout, args.aggregate, args.phase_seconds, broker)
     return 1 if report.lost or report.handled_twice or report.aggregation_mismatch else 0

@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from keyrange.commands.engineargs import add_engine_argument, announce_broker
 from keyrange.errors import UserError
 from keyrange.loadgen import LoadShape
 from keyrange.local.fleet import check_handler
@@ -26,7 +27,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Arguments of `keyrange run`."""
     parser.add_argument("-f", "--file", required=True, type=Path, help="the StreamConsumer YAML")
     parser.add_argument("--bootstrap", help="Kafka bootstrap servers (default: spec.kafka.bootstrapServers, "
-                                            "else an embedded broker)")
+                                            "else an embedded broker: see --engine)")
+    add_engine_argument(parser)
     parser.add_argument("--duration", type=float, help="stop after this many seconds (default: until Ctrl-C)")
     parser.add_argument("--produce", type=float, metavar="RATE",
                         help="also produce the kata's load at RATE events/s into the input topic")
@@ -58,6 +60,11 @@ def run(args: argparse.Namespace) -> int:
         raise UserError("--produce writes keyrange's own input format (JSON with clientId, uuid and created), "
                         f"which {args.file}'s spec.input does not read: produce your topic's records yourself, "
                         "or drop spec.input to use --produce")
+    bootstrap = args.bootstrap or consumer.spec.kafka.bootstrap_servers
+    if bootstrap and args.engine is not None:
+        raise UserError(f"--engine picks the embedded broker, and this run uses the Kafka at {bootstrap} "
+                        f"({'--bootstrap' if args.bootstrap else 'spec.kafka.bootstrapServers'}): drop one of them")
+    embedded = None if bootstrap else announce_broker(args.engine, "keyrange run")
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     stop = threading.Event()
     previous = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGINT, signal.SIGTERM)}
@@ -67,7 +74,8 @@ def run(args: argparse.Namespace) -> int:
         from keyrange.local.monitoring import AlertingOptions
 
         alerting = AlertingOptions(args.webhook_port, load_token(args.webhook_token))
-    supervisor = Supervisor(consumer, args.file.resolve(), args.bootstrap, args.run_dir, alerting=alerting)
+    supervisor = Supervisor(consumer, args.file.resolve(), args.bootstrap, args.run_dir, alerting=alerting,
+                            broker=embedded)
     load_thread: threading.Thread | None = None
     load = LoadTotals()
     try:

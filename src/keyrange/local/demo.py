@@ -1,13 +1,14 @@
 """`keyrange demo`: the kata's load with a burst and a quiet spell, rescaled live, then a report.
 
-Embedded broker, one StreamConsumer (the `sleep` handler, 10 ms per event as in the kata, and a
-small concurrency so one worker tops out near 400 events/s) on a topic of 2 partitions cut into 4
-hash ranges of clientIds (one per worker at workers.max), the supervisor of `keyrange run`, and
-three load phases: steady, a burst that needs four workers (lag rises, ranges split inside the
-partitions), and a quiet spell (lag stays low, ranges merge back). At the end the processed topic is
-read back to compute exact latency percentiles and to check the guarantees, the Spark aggregation
-runs once over the processed topic (see `demo_aggregation`; skipped without pyspark or Java), and
-a PNG plot of rate, lag, latency and worker count is written next to the report.
+An embedded broker (Apache Kafka where Java is installed, else tansu: `broker_choice`), one
+StreamConsumer (the `sleep` handler, 10 ms per event as in the kata, and a small concurrency so one
+worker tops out near 400 events/s) on a topic of 2 partitions cut into 4 hash ranges of clientIds
+(one per worker at workers.max), the supervisor of `keyrange run`, and three load phases: steady,
+a burst that needs four workers (lag rises, ranges split inside the partitions), and a quiet spell
+(lag stays low, ranges merge back). At the end the processed topic is read back to compute exact
+latency percentiles and to check the guarantees, the Spark aggregation runs once over the processed
+topic (see `demo_aggregation`; skipped without pyspark or Java), and a PNG plot of rate, lag,
+latency and worker count is written next to the report.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from confluent_kafka import Consumer, TopicPartition
 
 from keyrange.kafkaclients import KafkaClients
 from keyrange.loadgen import LoadShape
+from keyrange.local.broker_choice import LocalBroker
 from keyrange.local.demo_aggregation import AggregationSection, aggregate, render_section
 from keyrange.local.load import LoadTotals, Phase, produce_phases
 from keyrange.local.scaling_report import (
@@ -191,11 +193,12 @@ def plot(history: list[HistoryPoint], path: Path) -> None:
 
 
 def run_demo(out_dir: Path, quick: bool, out: TextIO, aggregate_results: bool = True,
-             phase_seconds: float | None = None) -> DemoReport:
+             phase_seconds: float | None = None, broker: LocalBroker | None = None) -> DemoReport:
     """Run the whole demo; write streamconsumer.yaml, report.json, report.md and demo.png to `out_dir`,
     and with `aggregate_results` the Spark aggregates to `out_dir/aggregates/`.
 
     `phase_seconds` makes every load phase that long (for tests; the rescales may not happen then).
+    `broker` is the embedded broker to run on (default: `broker_choice.choose_broker`'s).
     """
     out_dir.mkdir(parents=True, exist_ok=True)
     spec_path = out_dir / "streamconsumer.yaml"
@@ -206,7 +209,7 @@ def run_demo(out_dir: Path, quick: bool, out: TextIO, aggregate_results: bool = 
         phases = tuple(Phase(phase_seconds, p.rate) for p in phases)
     section: AggregationSection | None = None
     skipped = "" if aggregate_results else "`--no-aggregate` was given"
-    supervisor = Supervisor(consumer, spec_path.resolve(), None, out_dir / "run")
+    supervisor = Supervisor(consumer, spec_path.resolve(), None, out_dir / "run", broker=broker)
     stop = threading.Event()
     totals = LoadTotals()
     started = time.monotonic()

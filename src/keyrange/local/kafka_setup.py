@@ -1,7 +1,7 @@
 """What an Apache Kafka node needs before it starts: Java, the broker's jars and its settings.
 
-The jars come from Maven Central (`scripts/install-kafka.sh`, run by `make tools`, puts them in
-the checkout's `.tools/kafka/libs`) or from an Apache Kafka download named by `$KAFKA_HOME`. The
+The jars come from Maven Central (`scripts/install-kafka.sh`, run by `make kafka` and `make tools`,
+puts them in the checkout's `.tools/kafka/libs`) or from an Apache Kafka download named by `$KAFKA_HOME`. The
 settings are those of a test or laptop cluster on 127.0.0.1: internal topics replicated to every
 node, no auto-created topics, no rebalance delay, and short timers wherever a test would wait.
 """
@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 import shutil
-from collections.abc import Mapping
+import subprocess
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -41,9 +43,14 @@ def kafka_libs() -> Path:
     if not home:
         where += " ($KAFKA_HOME is not set)"
     raise KafkaSetupMissing(
-        f"Apache Kafka's jars are not in {where}: run `make tools` in the keyrange checkout "
+        f"Apache Kafka's jars are not in {where}: run `make kafka` (or `make tools`) in the keyrange checkout "
         "(scripts/install-kafka.sh fetches them from Maven Central), or set KAFKA_HOME to an Apache Kafka 4.x download"
     )
+
+
+MIN_JAVA_MAJOR = 17
+"""Apache Kafka 4's brokers need Java 17 or newer."""
+JAVA_FIX = "install one (`make kafka` in the keyrange checkout does, or apt-get install openjdk-17-jre-headless)"
 
 
 def java_binary() -> str:
@@ -53,11 +60,50 @@ def java_binary() -> str:
         return str(Path(home) / "bin" / "java")
     found = shutil.which("java")
     if found is None:
-        raise KafkaSetupMissing(
-            "Apache Kafka needs Java 17 or newer, and no `java` is on the PATH: install one "
-            "(e.g. apt-get install openjdk-17-jre-headless) or set JAVA_HOME"
-        )
+        raise KafkaSetupMissing(f"Apache Kafka needs Java {MIN_JAVA_MAJOR} or newer, and no `java` is on the PATH: "
+                                f"{JAVA_FIX} or set JAVA_HOME")
     return found
+
+
+def java_major_version(java: str) -> int | None:
+    """The major version `java -version` reports; None when it does not run."""
+    try:
+        done = subprocess.run([java, "-version"], capture_output=True, text=True, timeout=30, check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return parse_java_version(done.stderr + done.stdout)
+
+
+def parse_java_version(text: str) -> int | None:
+    """The major version in `java -version`'s answer: 8 for "1.8.0_392", 17 for "17.0.15"; None
+    when it names none."""
+    found = re.search(r'version "(\d+)(?:\.(\d+))?', text)
+    if found is None:
+        return None
+    major = int(found.group(1))
+    return int(found.group(2) or 0) if major == 1 else major
+
+
+@dataclass(frozen=True)
+class KafkaInstall:
+    """What a single Apache Kafka node needs on this machine: a recent enough Java and the jars."""
+
+    java: str
+    libs: Path
+
+
+def find_kafka(java: Callable[[], str] = java_binary, libs: Callable[[], Path] = kafka_libs,
+               version: Callable[[str], int | None] = java_major_version) -> KafkaInstall:
+    """Java (17+) and the broker's jars, or KafkaSetupMissing naming what is missing and the fix.
+    The lookups are parameters so that the choice of broker can be tested on any machine."""
+    jars = libs()  # first: it costs nothing, `java -version` starts a JVM
+    binary = java()
+    major = version(binary)
+    if major is None or major < MIN_JAVA_MAJOR:
+        found = f"`{binary} -version` names no version" if major is None else f"{binary} is Java {major}"
+        raise KafkaSetupMissing(f"Apache Kafka needs Java {MIN_JAVA_MAJOR} or newer, and {found}: {JAVA_FIX} "
+                                "and put it first on the PATH or set JAVA_HOME")
+    return KafkaInstall(binary, jars)
 
 
 def class_archive(java: str, libs: Path) -> Path | None:

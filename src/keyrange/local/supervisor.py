@@ -1,10 +1,11 @@
 """The local supervisor behind `keyrange run`: one StreamConsumer on this machine.
 
-It starts the embedded broker when no bootstrap servers are given, creates the topics, runs the
-range controller in a thread (the same `Controller` the operator runs), runs the workers as
-subprocesses in controlled mode (`ProcessFleet`), restarts a crashed one, scrapes their /metrics
-for lag and the live table, and keeps a history for the demo's report. `stop` SIGTERMs the
-workers (they finish in-flight events and commit) and then stops the broker.
+It starts an embedded broker when no bootstrap servers are given (`broker_choice`: Apache Kafka
+where Java is installed, else tansu), creates the topics, runs the range controller in a thread
+(the same `Controller` the operator runs), runs the workers as subprocesses in controlled mode
+(`ProcessFleet`), restarts a crashed one, scrapes their /metrics for lag and the live table, and
+keeps a history for the demo's report. `stop` SIGTERMs the workers (they finish in-flight events
+and commit) and then stops the broker.
 """
 
 from __future__ import annotations
@@ -20,10 +21,10 @@ from pathlib import Path
 from keyrange.autoscale.load import LoadTracker
 from keyrange.autoscale.scrape import WorkerSample, bucket_delta, histogram_quantile, merged_lag, scrape
 from keyrange.kafkaio import TopicSpec, ensure_topics
-from keyrange.local.embedded_broker import EmbeddedBroker
+from keyrange.local.broker_choice import LocalBroker, choose_broker
 from keyrange.local.fleet import ProcessFleet
 from keyrange.local.monitoring import AlertingOptions, LocalAlertPath, without_lag_thresholds
-from keyrange.local.table import Totals, WorkerRow, render
+from keyrange.local.table import Totals, WorkerRow, render, row_lag
 from keyrange.ranges.channel import ControlChannel, now_ms
 from keyrange.ranges.controller import Controller, ControllerStatus
 from keyrange.ranges.groupoffsets import GroupOffsetWriter
@@ -76,7 +77,8 @@ class Supervisor:
 
     def __init__(self, consumer: StreamConsumer, spec_file: Path, bootstrap: str | None = None,
                  run_dir: Path | None = None, worker_args: tuple[str, ...] = (), tick_seconds: float = 1.0,
-                 alerting: AlertingOptions | None = None, spare_workers: int = 1) -> None:
+                 alerting: AlertingOptions | None = None, spare_workers: int = 1,
+                 broker: LocalBroker | None = None) -> None:
         self.consumer = consumer
         self.spec_file = spec_file
         self.bootstrap = bootstrap or consumer.spec.kafka.bootstrap_servers
@@ -87,7 +89,11 @@ class Supervisor:
         """Standby worker processes kept running so a split need not wait for one to start."""
         self.client_properties: dict[str, str] = {}
         """The spec's Kafka client properties, secrets read from the environment (at `start`)."""
-        self.broker: EmbeddedBroker | None = None
+        self._embedded = broker
+        """The broker to start when neither `bootstrap` nor the spec gives one (default: the
+        `choose_broker` default's, without its notice)."""
+        self.broker: LocalBroker | None = None
+        """The broker `start` started, if any."""
         self.controller: Controller | None = None
         self.fleet: ProcessFleet | None = None
         self.history: list[HistoryPoint] = []
@@ -108,7 +114,7 @@ class Supervisor:
     def start(self) -> None:
         """Broker (if needed), topics, controller thread, first workers."""
         if not self.bootstrap:
-            self.broker = EmbeddedBroker()
+            self.broker = self._embedded or choose_broker(None).broker()
             self.bootstrap = self.broker.start()
             log.info("embedded broker at %s", self.bootstrap)
         spec = self.consumer.spec
@@ -233,18 +239,17 @@ class Supervisor:
         rows = []
         for ordinal, w in sorted(self.fleet.workers.items()):
             sample = self._samples.get(ordinal)
-            lag = SlotLag()
-            if sample is not None:
-                lag = SlotLag(sum(x.records for x in sample.slot_lag.values()),
-                              max((x.seconds for x in sample.slot_lag.values()), default=0.0))
+            lag = row_lag(status.map.slots_of(ordinal), sample.slot_lag if sample is not None else None)
             report = reports.get(ordinal)
             held = ""
             if report and report.held:
                 layout = status.layout
                 held = layout.describe_slots(report.held) if layout else format_slot_list(sorted(report.held))
             rows.append(WorkerRow(ordinal, w.alive(), held, self._worker_rate(ordinal), lag, w.restarts))
+        measured = self.slot_lag()
+        unmeasured = sum(1 for s in range(status.map.slot_count) if s not in measured)
         totals = Totals(time.monotonic() - self.started, int(self._counters.processed), self._rate(), self._p99(),
-                        int(self._counters.duplicates), int(self._counters.dead_letters))
+                        int(self._counters.duplicates), int(self._counters.dead_letters), unmeasured)
         return render(self.consumer.name, status, rows, totals, now_ms())
 
     def _worker_rate(self, ordinal: int) -> float:

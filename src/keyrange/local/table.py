@@ -2,11 +2,13 @@
 
 Ranges show as partitions (`0-5`), or, where a partition's clients are cut into hash ranges, as
 parts of them (`0:0-1/4`, the first two quarters of partition 0: SlotLayout.describe_range).
+Lag that no worker reports (a worker starting, restarting, or taking slots over) shows as `-`:
+its backlog is unknown, not zero.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from keyrange.ranges.controller import ControllerStatus
@@ -24,7 +26,8 @@ class WorkerRow:
     or `0:2/4-1:1/4` (SlotLayout.describe_slots)."""
     rate: float
     """Events handled per second over the last window."""
-    lag: SlotLag
+    lag: SlotLag | None
+    """Over its slots (`row_lag`); None while not every one of them is measured."""
     restarts: int
 
 
@@ -38,6 +41,37 @@ class Totals:
     p99_latency_seconds: float | None
     duplicates: int
     dead_letters: int
+    unmeasured_slots: int = 0
+    """Slots of the range map whose lag no worker reports: the header's lag leaves them out."""
+
+
+def row_lag(assigned: Iterable[int], reported: Mapping[int, SlotLag] | None) -> SlotLag | None:
+    """A worker's lag over the slots the map assigns it, from its last scrape (`reported`, None when
+    it did not answer); None unless every one of those slots is in it."""
+    if reported is None:
+        return None
+    parts = []
+    for slot in assigned:
+        if slot not in reported:
+            return None
+        parts.append(reported[slot])
+    return SlotLag(sum(p.records for p in parts), max((p.seconds for p in parts), default=0.0))
+
+
+def _lag_headline(status: ControllerStatus, unmeasured: int) -> str:
+    slots = status.map.slot_count
+    if unmeasured >= slots:
+        return "lag -"
+    records = sum(x.records for x in status.range_lag)
+    seconds = max((x.seconds for x in status.range_lag), default=0.0)
+    text = f"lag {records:,} records / {seconds:.1f} s"
+    return text + (f" ({unmeasured} of {slots} slots unmeasured)" if unmeasured else "")
+
+
+def _lag_cells(lag: SlotLag | None) -> str:
+    if lag is None:
+        return f"{'-':>9} {'-':>7}"
+    return f"{lag.records:>9,} {lag.seconds:>7.1f}"
 
 
 def _ms(seconds: float | None) -> str:
@@ -47,13 +81,11 @@ def _ms(seconds: float | None) -> str:
 def render(name: str, status: ControllerStatus, rows: Sequence[WorkerRow], totals: Totals,
            now_ms: int) -> str:
     """The table as text (no terminal control codes)."""
-    lag_records = sum(x.records for x in status.range_lag)
-    lag_seconds = max((x.seconds for x in status.range_lag), default=0.0)
     lines = [
         f"keyrange run {name}: {totals.elapsed_seconds:,.0f} s, epoch {status.epoch}, "
         f"{status.map.workers} workers",
         f"  handled {totals.processed:,} ({totals.rate:,.0f}/s)   p99 latency {_ms(totals.p99_latency_seconds)}   "
-        f"lag {lag_records:,} records / {lag_seconds:.1f} s   duplicates dropped {totals.duplicates:,}   "
+        f"{_lag_headline(status, totals.unmeasured_slots)}   duplicates dropped {totals.duplicates:,}   "
         f"dead letters {totals.dead_letters:,}",
     ]
     if status.rescales:
@@ -78,6 +110,6 @@ def render(name: str, status: ControllerStatus, rows: Sequence[WorkerRow], total
         mark = "" if row.alive else " (down)"
         lines.append(
             f"  {row.ordinal:>6} {ranges.get(row.ordinal, '-'):>{width}} {row.held or '-':>{width}} {row.rate:>9,.0f} "
-            f"{row.lag.records:>9,} {row.lag.seconds:>7.1f} {row.restarts:>8}{mark}"
+            f"{_lag_cells(row.lag)} {row.restarts:>8}{mark}"
         )
     return "\n".join(lines)
