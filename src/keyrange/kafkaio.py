@@ -130,8 +130,9 @@ def ensure_topics(bootstrap: str, topics: list[TopicSpec], timeout_seconds: floa
             except KafkaException as exc:
                 if "TOPIC_ALREADY_EXISTS" not in str(exc):
                     raise KafkaSetupError(f"cannot create topic {name!r}: {exc.args[0]}") from None
-        _wait_until_led(admin, created, timeout_seconds)
         existing = partition_counts(bootstrap, timeout_seconds, client_properties)
+    # Existing ones too: a retry after leaders that were slow to serve finds its topics created.
+    _wait_until_led(admin, {t.name: existing[t.name] for t in topics if t.name in existing}, timeout_seconds)
     result: dict[str, int] = {}
     for t in topics:
         count = existing.get(t.name)
@@ -202,7 +203,8 @@ def require_topic(bootstrap: str, topic: str, timeout_seconds: float = 10.0,
 
 
 def _wait_until_led(admin: AdminClient, topics: Mapping[str, int], timeout_seconds: float) -> None:
-    """Return once every partition of the just created `topics` (name -> partitions) answers ListOffsets.
+    """Return once every partition of `topics` (name -> partitions) answers ListOffsets, else raise
+    KafkaUnreachable (worth waiting for: `until_reachable` tries again).
 
     On Apache Kafka a new topic's leaders take up their partitions a moment after CreateTopics
     answers (longer on a busy machine); until then a ListOffsets, a restore's first read, fails
@@ -223,6 +225,6 @@ def _wait_until_led(admin: AdminClient, topics: Mapping[str, int], timeout_secon
         if pending:
             if time.monotonic() > deadline:
                 where = ", ".join(sorted(f"{tp.topic}[{tp.partition}]" for tp in pending)[:5])
-                raise KafkaSetupError(f"created topics are not served within {timeout_seconds:g} s ({where}: "
-                                      f"{error}); check the brokers' health")
+                raise KafkaUnreachable(f"topics' partitions are not served within {timeout_seconds:g} s ({where}: "
+                                       f"{error}); their leaders may still be starting: check the brokers' health")
             time.sleep(0.05)
