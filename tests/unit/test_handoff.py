@@ -188,8 +188,17 @@ def test_a_new_owner_that_does_not_read_ahead_in_time_is_handed_over_anyway() ->
     assert transit.phase is Phase.IN_TRANSIT
     assert [type(a) for a in actions] == [Warn, Publish]
     assert actions[0] == Warn("worker(s) [1] did not read ahead within 10 s; handing over anyway (their acquire "
-                              "finishes the read-ahead, or restores in full if it failed)")
+                              "finishes the read-ahead, or restores in full if it failed); w1: no report")
     assert isinstance(actions[1], Publish) and actions[1].cold == (1,)  # the controller records the wait
+
+
+def test_the_read_ahead_warning_says_what_each_cold_worker_last_reported() -> None:
+    # Tells a worker that went silent from one that reports without having read the slots ahead.
+    handoff = reading_ahead_split(T0 + 500)
+    stale = {1: report(1, 1, set(), T0 + 400, warm={3, 4}, warm_epoch=0)}
+    _, actions = step(handoff, stale, T0 + 500 + READ_AHEAD_MS)
+    assert isinstance(actions[0], Warn)
+    assert actions[0].message.endswith("; w1: last report 10.1 s ago at epoch 1, read ahead 3-4 for epoch 0")
 
 
 # --- IN_TRANSIT ----------------------------------------------------------------------------------

@@ -48,6 +48,7 @@ from dataclasses import dataclass, replace
 from keyrange.ranges.channel import Prepare, Publication, WorkerReport, describe_reports
 from keyrange.ranges.ownership import grant, has_read_ahead, has_released, plan_handoff
 from keyrange.ranges.planner import Decision, with_epoch
+from keyrange.ranges.slots import format_slot_list
 
 STUCK_WARNING_MS = 30_000
 """How long a transit waits before it is logged, and how often it is logged again."""
@@ -244,10 +245,21 @@ def _reading_ahead(handoff: Handoff, reports: Mapping[int, WorkerReport],
     published = Handoff(Phase.IN_TRANSIT, transit, entered_ms=now_ms)
     warning: tuple[Action, ...] = ()
     if cold:
+        seen = "; ".join(_last_seen(w, reports.get(w), now_ms) for w in cold)
         warning = (Warn(f"worker(s) {cold} did not read ahead within {plan.read_ahead_timeout_ms / 1000:.0f} s; "
                         "handing over anyway (their acquire finishes the read-ahead, or restores in full if it "
-                        "failed)"),)
+                        f"failed); {seen}"),)
     return published, (*warning, Publish(transit, plan, tuple(cold)))
+
+
+def _last_seen(worker: int, report: WorkerReport | None, now_ms: int) -> str:
+    """What the controller last read from a worker, telling one gone silent from one that reports
+    without having read ahead."""
+    if report is None:
+        return f"w{worker}: no report"
+    warm = format_slot_list(sorted(report.warm)) if report.warm else "nothing"
+    return (f"w{worker}: last report {max(now_ms - report.at_ms, 0) / 1000:.1f} s ago at epoch {report.epoch}, "
+            f"read ahead {warm} for epoch {report.warm_epoch}")
 
 
 def _in_transit(handoff: Handoff, reports: Mapping[int, WorkerReport],
