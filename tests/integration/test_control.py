@@ -7,6 +7,7 @@ through many forced splits and merges, with members that crash mid-handoff and r
 from __future__ import annotations
 
 import asyncio
+import logging
 import random
 import re
 import threading
@@ -98,6 +99,7 @@ class DesiredCount:
 
 async def test_forced_rescales_never_let_two_workers_hold_a_slot(bootstrap: str, topic_name: str,
                                                                  caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, logger="keyrange.ranges")  # a failure shows each handoff's timeline
     group = topic_name
     ControlChannel.ensure_topic(bootstrap, group)
     holdings, rng, fleet = Holdings(), random.Random(7), DesiredCount()
