@@ -63,8 +63,8 @@ def test_demo_report_has_the_aggregation_and_it_counts_every_processed_uuid_once
     assert scaling["needed_workers"] == 4 and scaling["burst_rate"] == 1200
     assert f"- time to size: the burst (1,200 events/s from +{scaling['burst_at_s']:.0f} s) needs 4 workers: " in md
     assert f"- scale decisions: {scaling['splits'] + scaling['merges']} ({scaling['splits']} split, " \
-        f"{scaling['merges']} merge); flaps (a split after a merge): {scaling['flaps']}; handoffs that waited out " \
-        f"the read-ahead timeout: {scaling['read_ahead_waits']}" in md
+        f"{scaling['merges']} merge); flaps (a split after a merge, the offered load not risen): " \
+        f"{scaling['flaps']}; handoffs that waited out the read-ahead timeout: {scaling['read_ahead_waits']}" in md
     assert "- handoff pauses: " in md and "- latency of the events created after the burst: " in md
     assert len(report["rescales"]) == scaling["splits"] + scaling["merges"]
     assert all(", pause " in line for line in md.splitlines() if " workers, epoch " in line)

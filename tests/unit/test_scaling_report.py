@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import pytest
+
 from keyrange.local.scaling_report import (
     ScalingSummary,
     SizeChange,
@@ -45,6 +47,16 @@ def test_flaps_count_a_split_after_a_merge() -> None:
     assert flaps([2, 1, 2, 1, 2]) == 2
 
 
+def test_a_split_that_answers_a_rise_of_the_offered_load_after_a_merge_is_not_a_flap() -> None:
+    # The demo's start: merged at 400 events/s, split when the burst of 3,000 came.
+    assert flaps([2, 1, 4], offered=[400, 400, 3_000]) == 0
+    # Merged when the burst ended, split again at the same quiet rate: the 2 -> 1 -> 2 of the issue.
+    assert flaps([4, 2, 1, 2], offered=[3_000, 300, 300, 300]) == 1
+    assert flaps([2, 1, 2], offered=[400, 400, 300]) == 1  # the load fell: still a flap
+    with pytest.raises(ValueError, match="3 sizes but 2 offered rates"):
+        flaps([2, 1, 2], offered=[400, 400])
+
+
 def test_time_to_size_is_from_the_burst_to_the_decision_that_reached_the_needed_size() -> None:
     changes = [SizeChange(5_000, 2), SizeChange(12_000, 3), SizeChange(17_500, 4), SizeChange(60_000, 1)]
     assert time_to_size(changes, 10_000, 4) == 7.5
@@ -71,8 +83,8 @@ def test_the_summary_states_time_to_size_decisions_flaps_pauses_and_the_quiet_la
                                                                       "max": 1300.0})
     assert summary_lines(summary) == [
         "- time to size: the burst (1,200 events/s from +25 s) needs 4 workers: reached 7.5 s after the burst began",
-        "- scale decisions: 4 (2 split, 2 merge); flaps (a split after a merge): 0; handoffs that waited out the "
-        "read-ahead timeout: 1",
+        "- scale decisions: 4 (2 split, 2 merge); flaps (a split after a merge, the offered load not risen): 0; "
+        "handoffs that waited out the read-ahead timeout: 1",
         "- handoff pauses: 3 moved range(s), p50 0.20 s, p99 0.90 s, max 0.90 s",
         "- latency of the events created after the burst: p50 12 ms  p99 840 ms  max 1,300 ms",
     ]

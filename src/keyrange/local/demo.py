@@ -17,6 +17,7 @@ import json
 import threading
 import time
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, TextIO
@@ -302,12 +303,20 @@ def scaling_summary(consumer: StreamConsumer, phases: tuple[Phase, ...], phase_s
     burst_ms, quiet_ms = phase_started_ms[burst], phase_started_ms[burst + 1]
     changes = [SizeChange(r.decided_ms, r.workers_after) for r in rescales]
     sizes = [rescales[0].workers_before] + [r.workers_after for r in rescales] if rescales else []
+    offered = [offered_rate(phases, phase_started_ms, at_ms)
+               for at_ms in ([phase_started_ms[0]] + [r.decided_ms for r in rescales] if rescales else [])]
     quiet = [float(r["startedAt"] - r["created"]) for r in processed if r["created"] >= quiet_ms]
     return ScalingSummary(
         phases[burst].rate, (burst_ms - phase_started_ms[0]) / 1000, needed, time_to_size(changes, burst_ms, needed),
         sum(1 for r in rescales if r.action == "split"), sum(1 for r in rescales if r.action == "merge"),
-        flaps(sizes), sum(1 for r in rescales if r.not_read_ahead), tuple(p for ps in pauses for p in ps),
+        flaps(sizes, offered), sum(1 for r in rescales if r.not_read_ahead), tuple(p for ps in pauses for p in ps),
         _percentiles(quiet))
+
+
+def offered_rate(phases: Sequence[Phase], phase_started_ms: Sequence[int], at_ms: int) -> float:
+    """The events/s the load offered at `at_ms`: the rate of the last phase started by then."""
+    started = [i for i, ms in enumerate(phase_started_ms[:len(phases)]) if ms <= at_ms]
+    return phases[started[-1] if started else 0].rate
 
 
 def render_report(r: DemoReport, out_dir: Path) -> str:

@@ -54,10 +54,16 @@ def handoff_pauses(starts: Mapping[int, Sequence[tuple[int, int]]], rescale: Res
     return pauses
 
 
-def flaps(sizes: Sequence[int]) -> int:
-    """Turns from shrinking back to growing in a sequence of worker counts (2 -> 1 -> 2 is one)."""
-    moves = [b - a for a, b in pairwise(sizes) if b != a]
-    return sum(1 for earlier, later in pairwise(moves) if earlier < 0 < later)
+def flaps(sizes: Sequence[int], offered: Sequence[float] | None = None) -> int:
+    """Turns from shrinking back to growing in a sequence of worker counts (2 -> 1 -> 2 is one).
+    With `offered` (the offered events/s when each size was decided), a split that answers a rise of
+    the offered load since the merge is not one: the size followed the load, it did not oscillate."""
+    rates = list(offered) if offered is not None else [0.0] * len(sizes)
+    if len(rates) != len(sizes):
+        raise ValueError(f"{len(sizes)} sizes but {len(rates)} offered rates")
+    moves = [(b - a, rate) for (a, b), rate in zip(pairwise(sizes), rates[1:], strict=True) if b != a]
+    return sum(1 for (earlier, merged_at), (later, split_at) in pairwise(moves)
+               if earlier < 0 < later and split_at <= merged_at)
 
 
 @dataclass(frozen=True)
@@ -111,7 +117,7 @@ class ScalingSummary:
     splits: int
     merges: int
     flaps: int
-    """Splits after a merge (flaps)."""
+    """Splits after a merge without a rise of the offered load between them (flaps)."""
     read_ahead_waits: int
     """Handoffs that waited out the read-ahead's timeout."""
     pauses: tuple[float, ...]
@@ -137,7 +143,8 @@ def summary_lines(s: ScalingSummary) -> list[str]:
         f"- time to size: the burst ({s.burst_rate:,.0f} events/s from +{s.burst_at_s:.0f} s) needs "
         f"{s.needed_workers} workers: {reached}",
         f"- scale decisions: {s.splits + s.merges} ({s.splits} split, {s.merges} merge); flaps (a split after a "
-        f"merge): {s.flaps}; handoffs that waited out the read-ahead timeout: {s.read_ahead_waits}",
+        f"merge, the offered load not risen): {s.flaps}; handoffs that waited out the read-ahead timeout: "
+        f"{s.read_ahead_waits}",
         pause_line,
         f"- latency of the events created after the burst: {quiet or 'no events'}",
     ]
