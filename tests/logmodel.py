@@ -72,6 +72,8 @@ class ModelReader:
     """The times the last offsets_at call asked for."""
     committed: dict[int, int] = field(default_factory=dict)
     """The group's committed offsets, per input partition (`start_offsets`)."""
+    patient: bool = False
+    """As LogReader's: the model never withholds records."""
 
     def connect(self, topics: object) -> None:
         """Nothing to connect to."""

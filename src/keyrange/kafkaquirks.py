@@ -7,8 +7,8 @@ slot's transaction that cannot commit raises `TransactionFailed` (the worker's s
 it, the range member and the engine catch it). A
 tansu workaround is a function here whose name says what it does and whose docstring says why in
 one line; docs/kafka.md ("Client and broker quirks") keeps the history and the measurements.
-Callers: worker/transactions.py, worker/consumer.py, worker/engine.py, ranges/channel.py,
-ranges/member.py, kafkaio.py, operator/clusterassigner.py.
+Callers: worker/transactions.py, worker/consumer.py, worker/engine.py, worker/logreader.py,
+ranges/channel.py, ranges/member.py, kafkaio.py, operator/clusterassigner.py.
 """
 
 from __future__ import annotations
@@ -157,6 +157,20 @@ def listed_topic_config(configs: Mapping[str, Any], name: str) -> str | None:
     configs a topic was created with; Kafka lists every one)."""
     entry = configs.get(name)
     return None if entry is None else str(entry.value)
+
+
+PATIENT_FETCH_WAIT_MS = 200
+"""The fetch wait of a restore reader whose broker withheld records (`withholds_records_below_end`):
+tansu takes it to list a partition's batches, tens of milliseconds for tens of thousands of them
+on a busy machine."""
+
+
+def withholds_records_below_end(position: int, listed_end: int) -> bool:
+    """Whether a read at `position` that got no records for a while was answered without records
+    the broker has (`listed_end`: its read_committed ListOffsets end, so an open transaction does not
+    count): tansu answers a fetch with none when it cannot list the partition's batches within
+    the fetch's wait (Kafka answers with what it has at once)."""
+    return listed_end > position
 
 
 TRANSACTION_END_LOCKS = 1024

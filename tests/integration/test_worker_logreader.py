@@ -4,6 +4,7 @@ topic that does not exist) fails with a RestoreError that says why."""
 
 from __future__ import annotations
 
+import threading
 import time
 
 import pytest
@@ -20,6 +21,13 @@ HELD_FETCH_MS = 20
 """How long the broker holds each fetch (see below): BATCHES of them outlast the read's timeout
 4 times over, however fast the machine, while each gap between records stays 25 times shorter."""
 READ_TIMEOUT_SECONDS = 0.5
+LONG_LOG_BATCHES = 30_000
+"""One record each: tansu lists every batch of a partition to answer a fetch (docs/kafka.md), which
+on a busy 2-core machine took longer than a restore's 5 ms fetch wait from 20,000 batches on."""
+TAIL = 200
+"""Records read from inside the long log, as a restore reads those before a committed offset."""
+TAIL_READ_BOUND_SECONDS = 10.0
+"""Generous for a busy machine: a read of TAIL records takes milliseconds once the broker answers."""
 
 
 def test_a_read_longer_than_the_timeout_succeeds_while_it_makes_progress(kafka_bootstrap: str, topic_name: str) -> None:
@@ -85,3 +93,45 @@ def test_the_totals_of_a_group_without_a_changelog_fail_saying_the_topic_is_miss
     settings = settings_for(any_bootstrap, topic_name, kafka_timeout_seconds=1.0)
     with pytest.raises(RestoreError, match=f"the broker has no topic {settings.state}$"):
         committed_totals(settings, [0])
+
+
+def _append_one_record_batches(bootstrap: str, topic: str, count: int, stop: threading.Event | None = None) -> None:
+    producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 0, "batch.num.messages": 1,
+                         "enable.idempotence": True, "log_level": 3})
+    for i in range(count):
+        if stop is not None and stop.wait(0.002):
+            break
+        while True:
+            try:
+                producer.produce(topic, b"v" * 100, str(i).encode(), partition=0)
+                break
+            except BufferError:
+                producer.poll(0.01)
+        producer.poll(0)
+    assert producer.flush(60) == 0
+
+
+def test_a_read_from_inside_a_long_log_being_written_reaches_its_end(any_bootstrap: str, topic_name: str) -> None:
+    """The demo's merges waited out the read-ahead timeout on tansu: its reads of a partition
+    tens of thousands of batches long got empty fetch answers for seconds at a time."""
+    ensure_topics(any_bootstrap, [TopicSpec(topic_name, 1)])
+    _append_one_record_batches(any_bootstrap, topic_name, LONG_LOG_BATCHES)
+    stop = threading.Event()
+    writer = threading.Thread(target=_append_one_record_batches,
+                              args=(any_bootstrap, topic_name, LONG_LOG_BATCHES, stop))
+    writer.start()
+    reader = LogReader(settings_for(any_bootstrap, topic_name))
+    try:
+        reader.connect([topic_name])
+        span = (topic_name, 0)
+        stop_at = LONG_LOG_BATCHES
+        began = time.monotonic()
+        logs, ends = reader.read({span: stop_at - TAIL}, {span: stop_at})
+        took = time.monotonic() - began
+    finally:
+        reader.close()
+        stop.set()
+        writer.join()
+    assert [m.offset() for m in logs[span]] == list(range(stop_at - TAIL, stop_at))
+    assert ends[span] == stop_at
+    assert took < TAIL_READ_BOUND_SECONDS, f"reading {TAIL} records from inside the log took {took:.1f} s"

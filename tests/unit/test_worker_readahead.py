@@ -85,7 +85,7 @@ def test_a_lagging_slot_is_read_ahead_only_a_window_past_its_committed_offset() 
     reader = ModelReader(logs, committed={0: 5_000})
     counts = {SETTINGS.topic: 1, SETTINGS.sink: 1, SETTINGS.dlq: 1, SETTINGS.state: 1}
     now_s = T0_MS / 1000 + 401
-    with patch("keyrange.worker.restorer.LogReader", lambda _settings: reader):
+    with patch("keyrange.worker.restorer.LogReader", lambda _settings, **_options: reader):
         restorer = Restorer(SETTINGS, counts)
         try:
             prefetched = restorer.prefetch([0], now_s=now_s)

@@ -205,7 +205,7 @@ def read_ahead_then_grant(seed: int, broker: str) -> None:
     logs = model_logs(run, seen_ahead)
     reader = ModelReader(logs, broker, committed={0: ahead_at})
     counts = {settings.topic: 1, settings.sink: 1, settings.dlq: 1, settings.state: 1}
-    with (patch("keyrange.worker.restorer.LogReader", lambda _settings: reader),
+    with (patch("keyrange.worker.restorer.LogReader", lambda _settings, **_options: reader),
           patch("keyrange.worker.restorer.restore_with", side_effect=AssertionError("read it all"))):
         restorer = Restorer(settings, counts)
         try:

@@ -2,17 +2,21 @@
 
 from __future__ import annotations
 
+import logging
+import threading
 import time
 from collections.abc import Callable, Iterable
 
 from confluent_kafka import Consumer, KafkaException, Message, TopicPartition
 
 from keyrange.errors import UserError
-from keyrange.kafkaquirks import Backoff
+from keyrange.kafkaquirks import PATIENT_FETCH_WAIT_MS, Backoff, withholds_records_below_end
 from keyrange.logend import Span, fetched_end, reached
 from keyrange.worker.consumer import consumer_config
 from keyrange.worker.pacing import Pacer
 from keyrange.worker.settings import WorkerSettings
+
+log = logging.getLogger(__name__)
 
 POLL_SECONDS = 0.01
 """How long a read waits for a record when nothing is buffered; bounds how late it sees its end."""
@@ -20,6 +24,9 @@ FETCH_WAIT_MS = 5
 """How long the broker may hold a fetch at a log's end: every read ends with one such fetch."""
 READ_BATCH = 5000
 """Records taken from the consumer's buffer in one call."""
+PATIENCE_SECONDS = 0.5
+"""How long a read goes without records below its end before it asks whether the broker withholds
+them (kafkaquirks.withholds_records_below_end), and between two such questions."""
 
 
 
@@ -32,17 +39,65 @@ class LogReader:
 
     A consumer per read cost a connection and metadata round trip each; reads of several topics
     and partitions share one assignment, so they fetch in parallel.
+
+    Its fetches wait FETCH_WAIT_MS at a log's end, so that a read's last fetch costs little; a
+    broker that answers them without the records it has (tansu, on a long partition) makes the
+    reader `patient`: a consumer whose fetches wait PATIENT_FETCH_WAIT_MS takes over.
     """
 
-    def __init__(self, settings: WorkerSettings, consumer: Consumer | None = None) -> None:
+    def __init__(self, settings: WorkerSettings, consumer: Consumer | None = None, patient: bool = False) -> None:
         self._settings = settings
-        # The worker's own group id, to look up its committed offsets; this consumer only ever
-        # assigns, so it never joins the group or commits.
-        self._consumer = consumer or Consumer(consumer_config(settings, "restore",
-                                                              **{"fetch.wait.max.ms": FETCH_WAIT_MS}))
+        self.patient = patient
+        """Whether this reader's fetches wait PATIENT_FETCH_WAIT_MS (told so, or it found its
+        broker withholding records)."""
+        self._consumer = consumer or self._new_consumer()
         self._known_topics: set[str] = set()
         self._pacer = Pacer()
         """Going through fetched records steps aside for the worker's event loop (pacing.py)."""
+
+    def _new_consumer(self) -> Consumer:
+        # The worker's own group id, to look up its committed offsets; this consumer only ever
+        # assigns, so it never joins the group or commits.
+        wait = PATIENT_FETCH_WAIT_MS if self.patient else FETCH_WAIT_MS
+        return Consumer(consumer_config(self._settings, "restore", **{"fetch.wait.max.ms": wait}))
+
+    def _become_patient(self) -> None:
+        """Go on with a consumer whose fetches wait PATIENT_FETCH_WAIT_MS (librdkafka's wait is
+        fixed when a consumer is made); the one before closes on a thread of its own."""
+        self.patient = True
+        old, self._consumer = self._consumer, self._new_consumer()
+        topics, self._known_topics = self._known_topics, set()
+        self._learn_topics(topics)
+        threading.Thread(target=old.close, name="keyrange-restore-close", daemon=True).start()
+
+    def _patient_if_withheld(self, next_offsets: dict[Span, int]) -> None:
+        """Go on reading the assigned spans (each from `next_offsets`, or its position when that is
+        further) with a patient consumer if the broker answers their fetches without the records
+        it has."""
+        if not self._withholds_records(next_offsets):
+            return
+        at = {span: reached(self._consumer, span, offset) for span, offset in next_offsets.items()}
+        log.info("the broker answered fetches of %s (topic, partition: next offset) with no records for %g s "
+                 "below their end; reading on with fetches that wait %d ms", at, PATIENCE_SECONDS,
+                 PATIENT_FETCH_WAIT_MS)
+        self._consumer.unassign()
+        self._become_patient()
+        self._consumer.assign([TopicPartition(t, p, o) for (t, p), o in at.items()])
+
+    def _withholds_records(self, next_offsets: dict[Span, int]) -> bool:
+        """Whether the broker answers fetches of a span below its end without records it has."""
+        for span, next_offset in next_offsets.items():
+            at = reached(self._consumer, span, next_offset)
+            if fetched_end(self._consumer, span) <= at:
+                continue
+            try:
+                listed = self._consumer.get_watermark_offsets(TopicPartition(*span),
+                                                              timeout=self._settings.kafka_timeout_seconds)[1]
+            except KafkaException:
+                continue
+            if withholds_records_below_end(at, int(listed)):
+                return True
+        return False
 
     def connect(self, topics: Iterable[str]) -> None:
         """Connect and fetch the topics' metadata now, so a later read does not wait for either."""
@@ -144,9 +199,8 @@ class LogReader:
                 wanted[start_span] = start
         if not wanted:
             return out, ends
-        consumer = self._consumer
         self._learn_topics({t for t, _ in wanted})
-        consumer.assign([TopicPartition(t, p, o) for (t, p), o in wanted.items()])
+        self._consumer.assign([TopicPartition(t, p, o) for (t, p), o in wanted.items()])
         try:
             last: dict[Span, int] = {}
             timeout = self._settings.kafka_timeout_seconds
@@ -154,14 +208,21 @@ class LogReader:
             # changelog or backlog takes as long as it takes, as long as every `timeout` brings
             # records or moves a position.
             progress_at, progress_mark = time.monotonic(), -1
+            asked_at = progress_at
             first_end: dict[Span, int] = {}
             follows = dict.fromkeys(wanted, follow)
             while wanted:
                 mark = sum(last.values()) + sum(ends.values())
+                now = time.monotonic()
                 if mark != progress_mark:
-                    progress_at, progress_mark = time.monotonic(), mark
-                elif time.monotonic() - progress_at > timeout:
+                    progress_at, progress_mark = now, mark
+                elif now - progress_at > timeout:
                     raise RestoreError(self._no_progress(sorted(wanted), timeout))
+                elif not self.patient and now - max(progress_at, asked_at) > PATIENCE_SECONDS:
+                    asked_at = now
+                    self._patient_if_withheld({span: max(last.get(span, -1) + 1, start)
+                                               for span, start in wanted.items()})
+                consumer = self._consumer
                 # Take what is buffered; wait briefly only when nothing is (a batch consume waits
                 # for a full batch or the timeout, which would add the timeout to every read).
                 messages = consumer.consume(READ_BATCH, 0) or consumer.consume(1, POLL_SECONDS)
@@ -205,7 +266,7 @@ class LogReader:
                     consumer.incremental_unassign(done)
             return out, ends
         finally:
-            consumer.unassign()
+            self._consumer.unassign()
 
     def offsets_at(self, times_ms: dict[Span, int]) -> dict[Span, int]:
         """First offset at or after the given time, per span, or the end when there is none."""

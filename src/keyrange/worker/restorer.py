@@ -6,7 +6,8 @@ done before the grant rather than after it:
   metadata before its first read, so the reader for the next restore connects in the background
   as soon as the previous one is used up. Each reader serves one restore only: a consumer keeps a
   partition's last high watermark after unassigning it, which a later read "to the end" would
-  take for the end (`LogReader.read`).
+  take for the end (`LogReader.read`). Once a reader found its broker withholding records and
+  turned patient (`LogReader`), the next ones start so.
 - **Read-ahead (`prefetch`).** While the old owner still handles the slots, the new owner reads
   what a restore from the committed offsets of that moment (C0) would read, with every output and
   changelog span read to its end, and on to newer ends a bounded number of times (`LogReader.read`'s
@@ -82,6 +83,8 @@ class Restorer:
         self._lock = threading.Lock()
         self._ready: Future[LogReader] | None = None
         self._closed = False
+        self._patient = False
+        """A reader found the broker withholding records (LogReader): the next ones start patient."""
 
     def connect_next_reader(self) -> None:
         """Start connecting the next reader (idempotent)."""
@@ -93,7 +96,7 @@ class Restorer:
 
     def _connect(self, ready: Future[LogReader]) -> None:
         try:
-            reader = LogReader(self._settings)
+            reader = LogReader(self._settings, patient=self._patient)
             try:
                 reader.connect(self._topics)
             except Exception:
@@ -112,9 +115,10 @@ class Restorer:
         try:
             return ready.result(timeout=self._settings.kafka_timeout_seconds)
         except KafkaException:
-            return LogReader(self._settings)  # the warm-up failed (broker away then): try afresh
+            return LogReader(self._settings, patient=self._patient)  # the warm-up failed (broker away then)
 
     def _done_with(self, reader: LogReader) -> None:
+        self._patient = self._patient or reader.patient
         # Closing takes tens of milliseconds nobody needs to wait for.
         threading.Thread(target=reader.close, name="keyrange-restore-close", daemon=True).start()
         self.connect_next_reader()
