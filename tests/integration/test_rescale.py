@@ -4,9 +4,9 @@ Workers run in this process (one event loop, real `keyrange.worker.Worker` engin
 broker: tansu and Apache Kafka) so the test can stretch every release: each old owner waits 0.4 s before draining,
 which makes every handoff pause long enough to show that slots which did not move kept flowing.
 
-`make test` runs RESCALES = 8 rescales, one full cycle 1 -> 5 -> 1 workers (every size split to
-and merged from); `make soak` runs the same test with 22 (`KEYRANGE_RESCALES=22`), as many as fit,
-which takes 150-220 s per broker.
+`make test` runs at least RESCALES = 8 rescales, one full cycle 1 -> 5 -> 1 workers (every size
+split to and merged from), more while the stream lasts; `make soak` runs the same test with at
+least 22 (`KEYRANGE_RESCALES=22`), which on a busy machine takes minutes per broker.
 """
 
 from __future__ import annotations
