@@ -70,7 +70,8 @@ bench: install-dev tools spark-connector
 # And `keyrange run` on its embedded broker (SOAK_ENGINE: kafka or tansu; default keyrange run's, Apache
 # Kafka here) under the kata's load for SOAK_MINUTES, latency and lag per minute (benchmarks/soak_embedded.py;
 # rows in build/soak-embedded.json), and its few-minute check that lag is never read 0 while events wait
-# (tests/integration/test_soak_embedded.py). Not part of `make test`.
+# (tests/integration/test_soak_embedded.py). And the rescale test with 22 rescales under load
+# (KEYRANGE_RESCALES; `make test` runs it with 8). Not part of `make test`.
 SOAK_SEEDS ?= 1-40
 SOAK_MINUTES ?= 60
 SOAK_ENGINE ?=
@@ -79,6 +80,7 @@ soak: install-dev tools
 		tests/integration/test_handoff_random.py
 	KEYRANGE_SOAK=1 $(PY) -m pytest -q -p no:cacheprovider -o timeout=900 \
 		tests/integration/test_kafka_faults.py -k every-node tests/integration/test_soak_embedded.py
+	KEYRANGE_RESCALES=22 $(PY) -m pytest -q -p no:cacheprovider -o timeout=600 tests/integration/test_rescale.py
 	mkdir -p build
 	$(PY) -m benchmarks.soak_embedded --minutes $(SOAK_MINUTES) --out build/soak-embedded.json \
 		--log build/soak-embedded-run.log $(if $(SOAK_ENGINE),--engine $(SOAK_ENGINE))

@@ -87,12 +87,12 @@ def test_a_worker_partitioned_silently_and_replaced_commits_nothing_and_stands_d
                             ScalingLimits(min_workers=1, max_workers=1), _NoLag())
     controller.start()
     state = controller.channel.state
-    stop, totals = threading.Event(), LoadTotals()
+    stop, load_stop, totals = threading.Event(), threading.Event(), LoadTotals()
     steps = threading.Thread(target=controller.run, args=(stop,), daemon=True)
     steps.start()
     shape = LoadShape(rate=300, clients=60, duplicate_ratio=0.05, ledger=True, seed=11)
     load = threading.Thread(target=produce_phases,
-                            args=(direct, topic_name, shape, [Phase(30, 300)], stop, totals), daemon=True)
+                            args=(direct, topic_name, shape, [Phase(30, 300)], load_stop, totals), daemon=True)
     old = _worker(spec, through_relay, tmp_path / "old.log")
     new = None
     try:
@@ -108,11 +108,15 @@ def test_a_worker_partitioned_silently_and_replaced_commits_nothing_and_stands_d
         time.sleep(6)  # the replacement handles what the old one had in flight, and more
         relay.heal()
         code = old.wait(timeout=180)
+        # The old worker stood down: every step is done. The load ends here, and what it sent is
+        # what the checks read.
+        load_stop.set()
         load.join(timeout=120)
         assert not load.is_alive()
         check_everything(direct, topic_name, group, totals.sent)
     finally:
         stop.set()
+        load_stop.set()
         relay.heal()
         for proc in (old, new):
             if proc is not None and proc.poll() is None:
