@@ -130,7 +130,7 @@ def ensure_topics(bootstrap: str, topics: list[TopicSpec], timeout_seconds: floa
             except KafkaException as exc:
                 if "TOPIC_ALREADY_EXISTS" not in str(exc):
                     raise KafkaSetupError(f"cannot create topic {name!r}: {exc.args[0]}") from None
-        existing = partition_counts(bootstrap, timeout_seconds, client_properties)
+        existing = _until_listed(bootstrap, set(wanted), timeout_seconds, client_properties)
     # Existing ones too: a retry after leaders that were slow to serve finds its topics created.
     _wait_until_led(admin, {t.name: existing[t.name] for t in topics if t.name in existing}, timeout_seconds)
     result: dict[str, int] = {}
@@ -146,6 +146,18 @@ def ensure_topics(bootstrap: str, topics: list[TopicSpec], timeout_seconds: floa
             )
         result[t.name] = count
     return result
+
+
+def _until_listed(bootstrap: str, names: set[str], timeout_seconds: float,
+                  client_properties: Mapping[str, str] | None) -> dict[str, int]:
+    """Partition counts once every topic of `names` is in the metadata, or at `timeout_seconds`:
+    CreateTopics answers when the controller has a topic, and a broker may list it a moment later."""
+    deadline = time.monotonic() + timeout_seconds
+    while True:
+        existing = partition_counts(bootstrap, timeout_seconds, client_properties)
+        if names <= existing.keys() or time.monotonic() >= deadline:
+            return existing
+        time.sleep(0.05)
 
 
 def _check_compacted(admin: AdminClient, topics: list[TopicSpec], timeout_seconds: float) -> None:

@@ -6,6 +6,7 @@ wait for their leaders rather than go on to a first read that fails."""
 
 from __future__ import annotations
 
+import re
 from concurrent.futures import Future
 from typing import Any
 
@@ -70,3 +71,32 @@ def test_new_topics_whose_leaders_do_not_serve_yet_are_worth_waiting_for(admin: 
     assert "events.processed" in admin.asked
     admin.serving = True
     assert ensure_topics("b:9092", topics, timeout_seconds=0.2) == {"events.processed": 2}
+
+
+def test_a_created_topic_that_shows_in_metadata_a_moment_later_is_waited_for(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # CreateTopics answers once the controller has the topic; a broker's metadata may show it a
+    # moment later (seen on a busy machine: "does not appear in metadata within 10 s" at once).
+    fake = LeaderlessAdmin()
+    fake.serving = True
+    reads: list[int] = []
+
+    def partition_counts(*_: Any, **__: Any) -> dict[str, int]:
+        reads.append(1)
+        return {"events.processed": 2} if len(reads) >= 3 else {}
+
+    monkeypatch.setattr(kafkaio, "admin_client", lambda *_, **__: fake)
+    monkeypatch.setattr(kafkaio, "partition_counts", partition_counts)
+    assert ensure_topics("b:9092", [TopicSpec("events.processed", 2)], timeout_seconds=2) == {"events.processed": 2}
+    assert len(reads) == 3
+
+
+def test_a_created_topic_missing_from_metadata_past_the_timeout_is_an_error_naming_it(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    fake = LeaderlessAdmin()
+    fake.serving = True
+    monkeypatch.setattr(kafkaio, "admin_client", lambda *_, **__: fake)
+    monkeypatch.setattr(kafkaio, "partition_counts", lambda *_, **__: {})
+    with pytest.raises(kafkaio.KafkaSetupError, match=re.escape("'events.processed' was created but does not "
+                                                                "appear in metadata within 0.2 s")):
+        ensure_topics("b:9092", [TopicSpec("events.processed", 2)], timeout_seconds=0.2)
