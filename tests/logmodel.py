@@ -4,6 +4,7 @@ Apache Kafka or tansu would, and the live dedup window to compare a restore with
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
@@ -90,14 +91,18 @@ class ModelReader:
         return {span: (0, len(self.logs.get(span, []))) for span in spans}
 
     def read(self, starts: dict[Span, int], stops: dict[Span, int] | None = None,
-             each: Callable[[Span, list[FakeMessage]], None] | None = None, follow: int = 0
-             ) -> tuple[dict[Span, list[FakeMessage]], dict[Span, int]]:
+             each: Callable[[Span, list[FakeMessage]], None] | None = None, follow: int = 0,
+             cut: threading.Event | None = None) -> tuple[dict[Span, list[FakeMessage]], dict[Span, int]]:
         """Records from `starts` up to `stops` (exclusive; without a stop, to the end), handed to
         `each` if given, else returned; and the offset each span was read to. Nothing is appended
-        while a modelled log is read, so `follow` finds no newer end."""
+        while a modelled log is read, so `follow` finds no newer end. Once `cut` is set, the spans
+        not read yet end where they start."""
         stops = stops or {}
         out, ends = {}, {}
         for span, start in starts.items():
+            if cut is not None and cut.is_set():  # cut short: this span and the next ones not read
+                ends[span] = start
+                continue
             log = self.logs.get(span, [])
             end = len(log) if span not in stops else min(stops[span], len(log))
             out[span] = [FakeMessage(span, r) for r in log if start <= r.offset < end]

@@ -175,3 +175,52 @@ async def test_a_final_report_that_cannot_be_written_is_logged_not_raised(caplog
     assert "ControlWriteFailed: control record to g.control not delivered within 10 s" in record.getMessage()
     await member.report_final()  # written when the channel works
     assert [r.held for r in channel.delivered] == [frozenset()]
+
+
+class RecordingChannel(UnwritableChannel):
+    """A writable control channel that also records, in `steps`, each report and each acquire."""
+
+    def __init__(self, publication: Publication, steps: list[str]) -> None:
+        super().__init__(publication, failures=0)
+        self.steps = steps
+
+    def report(self, report: WorkerReport) -> int:
+        self.steps.append(f"report {report.epoch} holding {sorted(report.held)}")
+        return super().report(report)
+
+
+class RecordingOwner(FakeSlotOwner):
+    """A FakeSlotOwner that writes its acquires into the shared `steps`."""
+
+    def __init__(self, steps: list[str]) -> None:
+        super().__init__()
+        self.steps = steps
+
+    async def acquire(self, slots: Collection[int]) -> None:
+        self.steps.append(f"acquire {sorted(slots)}")
+        await super().acquire(slots)
+
+
+async def test_a_granted_new_owner_acquires_before_it_writes_a_report() -> None:
+    # Nobody waits for a report of the grant's epoch before the acquire (the controller awaits only
+    # the old owners of a transit); a write before the acquire is a broker round trip inside the pause.
+    steps: list[str] = []
+    engine = RecordingOwner(steps)
+    engine.held = {0, 1, 2}
+    channel = RecordingChannel(Publication(RangeMap.even(6, 1, epoch=5)), steps)
+    member = RangeMember(engine, channel, 0, heartbeat_seconds=60, poll_seconds=0.01)  # type: ignore[arg-type]
+    member.applied_epoch = 4
+    await run_until(member, lambda: member.applied_epoch == 5)
+    assert steps == ["acquire [3, 4, 5]", "report 5 holding [0, 1, 2, 3, 4, 5]"]
+
+
+async def test_an_awaited_worker_that_holds_nothing_reports_before_it_acquires() -> None:
+    # Restarted in transit: its report without the moved slots completes the handoff, so it must not
+    # wait for the restore of the slots it keeps.
+    steps: list[str] = []
+    engine = RecordingOwner(steps)
+    transit = Publication(RangeMap.even(6, 2, epoch=5), frozenset({3, 4, 5}), frozenset({0}))
+    channel = RecordingChannel(transit, steps)
+    member = RangeMember(engine, channel, 0, heartbeat_seconds=60, poll_seconds=0.01)  # type: ignore[arg-type]
+    await run_until(member, lambda: member.applied_epoch == 5)
+    assert steps[:2] == ["report 5 holding []", "acquire [0, 1, 2]"]

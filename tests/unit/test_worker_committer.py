@@ -274,3 +274,24 @@ def test_a_slot_whose_transaction_outlasted_the_interval_starts_its_next_one_as_
         await stopped(running)
 
     asyncio.run(scenario())
+
+
+def test_the_commit_loop_leaves_a_slot_being_released_to_its_release() -> None:
+    # A transaction the loop started while the release drained would make the release wait it out
+    # and then commit again: two transactions inside the handoff's pause instead of one.
+    async def scenario() -> None:
+        releasing_txn, kept_txn = CountingTransactions(), CountingTransactions()
+        releasing, kept = slot(0, releasing_txn), slot(1, kept_txn)
+        releasing.revoke()
+        committer = Committer(FAST, lambda: [releasing, kept], WorkerStats())
+        running = asyncio.create_task(committer.run())
+        await kept_txn.wait_for_commits(1)
+        for more in range(2, 5):  # the loop runs its intervals meanwhile
+            kept.change_state(1000 + more, b"x", more)
+            await kept_txn.wait_for_commits(more)
+        assert releasing_txn.commits == []
+        await asyncio.wait_for(committer.commit_now(only={0}), 5.0)
+        assert [[r.key for r in c] for c in releasing_txn.commits] == [[b"1000"]]
+        await stopped(running)
+
+    asyncio.run(scenario())

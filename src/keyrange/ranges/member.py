@@ -3,7 +3,8 @@
 A worker in controlled mode runs one `RangeMember` next to its engine. On every newer epoch it
 first releases what the epoch does not allow it (fencing: a slot it does not hold in the newest
 epoch it has seen is never handled again), reports, then acquires what the epoch newly allows,
-and reports again. Between epochs it sends a heartbeat report every `heartbeat_seconds`.
+and reports again (a worker that only acquires and is not awaited reports once, after the
+acquire). Between epochs it sends a heartbeat report every `heartbeat_seconds`.
 
 Its steps in the phases of a handoff (the controller's side is handoff.py; it waits on these reports):
 - STARTING (a split's new worker): its first report, a heartbeat, is what the controller waits for.
@@ -155,12 +156,15 @@ class RangeMember:
                 if self.pauses is not None:
                     self.pauses.forget(revoked)
                 await self.engine.release(revoked)
-            await self.report(pub.epoch)
-            await asyncio.to_thread(self.channel.poll, 0.0)
-            newest = self.channel.state.publication
-            if newest is not None and newest.epoch != pub.epoch:
-                return  # a newer epoch arrived while releasing: apply that one first
             granted = to_acquire(self.engine.held_slots, allowed)
+            # The controller waits for this epoch's report only from the workers it awaits; a grant's
+            # new owner reports once it acquired (a write before it would lengthen the pause).
+            if revoked or not granted or self.worker in pub.awaiting:
+                await self.report(pub.epoch)
+                await asyncio.to_thread(self.channel.poll, 0.0)
+                newest = self.channel.state.publication
+                if newest is not None and newest.epoch != pub.epoch:
+                    return  # a newer epoch arrived while releasing: apply that one first
             if granted:
                 log.info("w%d epoch %d: acquiring %s", self.worker, pub.epoch, format_slot_list(sorted(granted)))
                 self._expect_pauses(granted, pub.epoch)

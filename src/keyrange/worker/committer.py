@@ -12,7 +12,8 @@ finishes meanwhile goes into it), so a slot stuck on Kafka (up to COMMIT_DEADLIN
 more) holds up neither the other slots' commits nor their releases. Counters count what a
 transaction committed, never what was merely staged: staged outputs of a slot released without
 committing are discarded, and its next owner produces (and counts) them again. A release waits
-out its slots' commit in flight (`idle`) and knows that no later one sees them.
+out its slots' commit in flight (`idle`) and knows that no later one sees them; the loop starts no
+transaction of a slot being released, whose release commits what it has in one.
 
 Called by the engine (engine.py), which it never calls back: it reads the held slots through
 `CommitSlot` (slot.py's SlotState) and returns each slot's outcome (`SlotCommit`); a slot whose
@@ -65,6 +66,10 @@ class CommitSlot(Protocol):
 
     def committed(self, batch: CommitBatch) -> None:
         """`batch`, the last one taken, committed."""
+
+    @property
+    def revoked(self) -> bool:
+        """Being released: its release commits what it has."""
 
 
 class CommitOutcome(Enum):
@@ -131,11 +136,14 @@ class Committer:
                 if self._failed:
                     return self._failed.popleft()
                 now = loop.time()
-                held = list(self._slots())
+                present = list(self._slots())
+                if self._lost:
+                    self._lost.intersection_update(present)
+                # A slot being released commits in its release (`commit_now`), once: a transaction
+                # started here meanwhile would be waited out first, a second one inside the pause.
+                held = [s for s in present if not s.revoked]
                 # only the held slots; one not seen before is due at once (it has nothing yet, usually)
                 checked = self._checked = {s: self._checked.get(s, -math.inf) for s in held}
-                if self._lost:
-                    self._lost.intersection_update(checked)
                 idle = [s for s in held if s not in self._in_flight]
                 due = [s for s in idle if checked[s] + interval <= now]  # as `next_due` below
                 for s in due:

@@ -43,7 +43,8 @@ from keyrange.worker.consumer import ThreadedConsumer
 from keyrange.worker.health import Health
 from keyrange.worker.intake import Intake
 from keyrange.worker.outputs import Outputs
-from keyrange.worker.restorer import Prefetched, Restorer
+from keyrange.worker.readahead import ReadAhead
+from keyrange.worker.restorer import Restorer
 from keyrange.worker.routing import BatchRouter
 from keyrange.worker.scheduler import ClientScheduler
 from keyrange.worker.settings import WorkerSettings
@@ -118,8 +119,8 @@ class Worker:
         self._warm_transactions: dict[int, SlotTransactions] = {}
         """Producers created for slots read ahead, not initialised (that would fence their owner)."""
         self._restorer: Restorer | None = None
-        self._prefetch: tuple[frozenset[int], asyncio.Future[Prefetched]] | None = None
-        """The newest read-ahead: for which slots, and its result."""
+        self._prefetch: ReadAhead | None = None
+        """The newest read-ahead (readahead.py)."""
         self._pool = ThreadPoolExecutor(max_workers=settings.concurrency, thread_name_prefix="keyrange-handler")
         self._scheduler: ClientScheduler[Job] | None = None
         self._attempts: AttemptRunner | None = None
@@ -127,6 +128,8 @@ class Worker:
         self._intake: Intake | None = None
         self._committer: Committer | None = None
         self._tasks: list[asyncio.Task[None]] = []
+        self._closing: set[asyncio.Task[None]] = set()
+        """Released slots' producers being closed."""
         self._stopping = False
         self._failure: asyncio.Future[None] | None = None
         self._counts: dict[str, int] = {}
@@ -237,6 +240,8 @@ class Worker:
         if self._stopping:
             return
         self._stopping = True
+        if self._prefetch is not None:
+            self._prefetch.cut()
         for slot in self._slots.values():
             slot.transactions.stop_retrying()  # a commit waiting for Kafka must not hold up the stop
         held = list(self._slots) + list(self._acquiring)
@@ -248,7 +253,7 @@ class Worker:
                           "their next owner", held)
         for task in self._tasks:
             task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await asyncio.gather(*self._tasks, *self._closing, return_exceptions=True)
         if self._scheduler is not None:
             await self._scheduler.cancel()
         await self._consumer.close()
@@ -290,21 +295,26 @@ class Worker:
         began = time.monotonic()
         assert self._restorer is not None, "worker not started"
         transactions = {s: self._slot_transactions(s) for s in new}
+        read_ahead = self._take_read_ahead(new)
         try:
-            prefetched = await self._take_prefetch(new)
             # First fence every earlier owner of the slots (a zombie, a worker that followed a stale
             # map): from here on only this worker can commit them, and the transaction an earlier
-            # owner left open is resolved before the restore reads the outputs.
+            # owner left open is resolved before the restore reads the outputs. A read-ahead still
+            # running goes on meanwhile, then stops where it got: the restore reads on from there.
             opening = time.monotonic()
             await asyncio.gather(*(t.open() for t in transactions.values()))
+            opened = time.monotonic()
+            prefetched = await read_ahead.finish() if read_ahead is not None else None
             restore_began = time.monotonic()
-            open_ms = (restore_began - opening) * 1000
+            open_ms, finish_ms = (opened - opening) * 1000, (restore_began - opened) * 1000
             # Committed offsets are looked up by the restore's own consumer too: the worker's consumer
             # is busy fetching the slots that keep flowing.
             restored = await asyncio.get_running_loop().run_in_executor(
                 None, self._restorer.restore_slots, new, prefetched)
             restore_ms = (time.monotonic() - restore_began) * 1000
         except BaseException:
+            if read_ahead is not None:
+                read_ahead.cut()
             await asyncio.gather(*(t.close() for t in transactions.values()), return_exceptions=True)
             raise
         finally:
@@ -354,10 +364,11 @@ class Worker:
             await self._consumer.seek(seek)
             await self._consumer.pause([p for p in seek if self._by_partition[p][0].paused])
         self._held_gauge.set(len(self.held_slots))
-        log.info("acquired slots %s at offsets %s in %.0f ms (producers initialised %.0f ms, restore %.0f ms%s; "
-                 "restored %d finished-after-commit offsets, %d uuids, %d client states)", taken,
-                 {layout.describe_slot(s): restored[s].start_offset for s in taken},
-                 (time.monotonic() - began) * 1000, open_ms, restore_ms, " after a read-ahead" if prefetched else "",
+        log.info("acquired slots %s at offsets %s in %.0f ms (producers initialised %.0f ms, then the read-ahead "
+                 "ended %.0f ms, restore %.0f ms%s; restored %d finished-after-commit offsets, %d uuids, %d client "
+                 "states)", taken, {layout.describe_slot(s): restored[s].start_offset for s in taken},
+                 (time.monotonic() - began) * 1000, open_ms, finish_ms, restore_ms,
+                 " after a read-ahead" if prefetched else "",
                  sum(len(restored[s].finished_offsets) for s in taken),
                  sum(len(restored[s].seen) for s in taken), sum(len(restored[s].state) for s in taken))
 
@@ -371,14 +382,15 @@ class Worker:
             return True
         for slot in wanted - self._warm_transactions.keys():
             self._warm_transactions[slot] = self._new_slot_transactions(slot)
-        future = asyncio.get_running_loop().run_in_executor(None, self._restorer.prefetch, wanted)
-        self._prefetch = (wanted, future)
+        restorer = self._restorer
+        if self._prefetch is not None:
+            self._prefetch.cut()  # a newer handoff's: the older one's acquire will not come
+        read_ahead = self._prefetch = ReadAhead(wanted, lambda cut: restorer.prefetch(wanted, cut=cut))
         try:
-            await asyncio.shield(future)
+            return await read_ahead.wait()  # False when an acquire cut it short: it was not read ahead
         except Exception as exc:  # noqa: BLE001 - the acquire restores in full instead
             log.warning("read-ahead of slots %s failed (%s); their acquire will read everything", sorted(wanted), exc)
             return False
-        return True
 
     def _slot_transactions(self, slot: int) -> SlotTransactions:
         """The slot's producer: the one created by its read-ahead, or a new one."""
@@ -394,16 +406,13 @@ class Worker:
         end_lock = transaction_end_lock(s.bootstrap, s.sink, partition)
         return SlotTransactions(s, slot, self._group_metadata, batch_bytes=self._outputs.batch_bytes, end_lock=end_lock)
 
-    async def _take_prefetch(self, slots: list[int]) -> Prefetched | None:
-        """The read-ahead of exactly `slots` (waiting for it if it still runs), or None; either way
-        the read-ahead is dropped."""
-        prefetch, self._prefetch = self._prefetch, None
-        if prefetch is None or prefetch[0] != frozenset(slots):
+    def _take_read_ahead(self, slots: list[int]) -> ReadAhead | None:
+        """The read-ahead of exactly `slots`, or None; either way the read-ahead is dropped."""
+        read_ahead, self._prefetch = self._prefetch, None
+        if read_ahead is not None and read_ahead.slots != frozenset(slots):
+            read_ahead.cut()  # of other slots: nothing will take it
             return None
-        try:
-            return await prefetch[1]
-        except Exception:  # noqa: BLE001 - logged by prefetch
-            return None
+        return read_ahead
 
     async def release(self, slots: Iterable[int], commit: bool = True) -> None:
         """Stop the slots: no new handler starts, in-flight calls finish, and (with `commit`) their
@@ -432,12 +441,15 @@ class Worker:
         began = time.monotonic()
         for slot in states:
             slot.revoke()
-        # A partition stays assigned while another of its slots is held here.
-        await self._consumer.unassign(sorted({slot.partition for slot in states
-                                              if all(other.revoked for other in self._by_partition[slot.partition])}))
-        await asyncio.gather(*(slot.drained() for slot in states))
+        # A partition stays assigned while another of its slots is held here. Its records fetched
+        # meanwhile are skipped (revoked), so the in-flight calls need not wait for the unassign.
+        unassigned = self._consumer.unassign(sorted({slot.partition for slot in states if all(
+            other.revoked for other in self._by_partition[slot.partition])}))
+        await asyncio.gather(unassigned, *(slot.drained() for slot in states))
         drained = time.monotonic()
         assert self._committer is not None
+        await self._committer.idle(states)  # the transaction in flight, if any (none starts after the revoke)
+        waited = time.monotonic()
         if commit:
             # Only the released slots: the others commit on their interval, off the handoff's path.
             for outcome in await self._committer.commit_now(only={slot.slot for slot in states}):
@@ -452,12 +464,21 @@ class Worker:
                 if not siblings:
                     del self._by_partition[slot.partition]
                 self._routing = None
-        committed = time.monotonic()
-        await asyncio.gather(*(slot.transactions.close() for slot in states))
+        # Nothing is left in the producers: they close after the release is reported (`stop` waits).
+        closing = asyncio.get_running_loop().create_task(self._close_producers(states))
+        self._closing.add(closing)
+        closing.add_done_callback(self._closing.discard)
         self._held_gauge.set(len(self.held_slots))
-        log.info("released slots %s in %.0f ms (in-flight calls %.0f ms, commit %.0f ms, producers closed %.0f ms)",
-                 [slot.slot for slot in states], (time.monotonic() - began) * 1000, (drained - began) * 1000,
-                 (committed - drained) * 1000, (time.monotonic() - committed) * 1000)
+        log.info("released slots %s in %.0f ms (in-flight calls %.0f ms, the transaction in flight %.0f ms, "
+                 "commit %.0f ms)", [slot.slot for slot in states], (time.monotonic() - began) * 1000,
+                 (drained - began) * 1000, (waited - drained) * 1000, (time.monotonic() - waited) * 1000)
+
+    @staticmethod
+    async def _close_producers(states: list[SlotState]) -> None:
+        results = await asyncio.gather(*(slot.transactions.close() for slot in states), return_exceptions=True)
+        for slot, result in zip(states, results, strict=True):
+            if isinstance(result, Exception):
+                log.warning("closing the producer of released slot %d failed: %s", slot.slot, result)
 
     async def _commit_loop(self) -> None:
         """Run the committer, acting on each slot whose transaction failed, until cancelled."""

@@ -167,8 +167,8 @@ class LogReader:
         return out
 
     def read(self, starts: dict[Span, int], stops: dict[Span, int] | None = None,
-             each: Callable[[Span, list[Message]], None] | None = None, follow: int = 0
-             ) -> tuple[dict[Span, list[Message]], dict[Span, int]]:
+             each: Callable[[Span, list[Message]], None] | None = None, follow: int = 0,
+             cut: threading.Event | None = None) -> tuple[dict[Span, list[Message]], dict[Span, int]]:
         """Records from `starts` up to `stops` (exclusive; a span without a stop: to the end), per
         span in log order; and the offset each span was read to. With `each`, the records are
         handed to it as they come (per span, in log order) instead, and the lists stay empty: a long
@@ -187,6 +187,9 @@ class LogReader:
         `follow`: how many times a span without a stop that reached its end goes on to the newest
         end it was told, if that is further (a read-ahead: what it reads on is not read after the
         grant); bounded, so it ends however busily the partition is written.
+
+        `cut`: once set, the read returns at its next batch, each span read to just past its last
+        record handed over (a read-ahead that its acquire goes on from: `Restorer.prefetch`).
         """
         stops = stops or {}
         out: dict[Span, list[Message]] = {span: [] for span in starts}
@@ -212,6 +215,9 @@ class LogReader:
             first_end: dict[Span, int] = {}
             follows = dict.fromkeys(wanted, follow)
             while wanted:
+                if cut is not None and cut.is_set():
+                    ends.update((span, max(last.get(span, -1) + 1, start)) for span, start in wanted.items())
+                    return out, ends
                 mark = sum(last.values()) + sum(ends.values())
                 now = time.monotonic()
                 if mark != progress_mark:

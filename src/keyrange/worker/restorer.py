@@ -123,8 +123,10 @@ class Restorer:
         threading.Thread(target=reader.close, name="keyrange-restore-close", daemon=True).start()
         self.connect_next_reader()
 
-    def prefetch(self, slots: Iterable[int], now_s: float | None = None) -> Prefetched:
-        """Read ahead what restoring `slots` will need (the slots may still be handled elsewhere)."""
+    def prefetch(self, slots: Iterable[int], now_s: float | None = None,
+                 cut: threading.Event | None = None) -> Prefetched:
+        """Read ahead what restoring `slots` will need (the slots may still be handled elsewhere).
+        Once `cut` is set it returns soon with what it read so far: `restore_slots` reads the rest."""
         reader = self._take()
         try:
             committed = self._starts(reader, slots)
@@ -145,7 +147,7 @@ class Restorer:
                 logs.add(self._settings, span, messages)
                 after_last[span] = messages[-1].offset() + 1  # type: ignore[operator]
 
-            _, ends = reader.read(starts, stops, each=take, follow=READ_AHEAD_FOLLOWS)
+            _, ends = reader.read(starts, stops, each=take, follow=READ_AHEAD_FOLLOWS, cut=cut)
             # A read can return records past the end it stopped at (they came in the same fetch).
             reached = {span: max(ends[span], after_last.get(span, 0)) for span in starts}
             return Prefetched(committed, logs, reached)
