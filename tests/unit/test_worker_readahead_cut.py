@@ -118,7 +118,7 @@ def test_a_read_ahead_cut_short_is_finished_by_the_acquire_as_a_full_restore_wou
     reader = ModelReader(logs, committed={0: 6_000})
     cut = threading.Event()
     cut.set()  # the grant came before the read-ahead read anything
-    with patch("keyrange.worker.restorer.LogReader", lambda _settings: reader):
+    with patch("keyrange.worker.restorer.LogReader", lambda _settings, **_options: reader):
         restorer = Restorer(SETTINGS, counts)
         try:
             prefetched = restorer.prefetch([0], now_s=now_s, cut=cut)
