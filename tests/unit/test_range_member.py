@@ -209,9 +209,21 @@ async def test_a_granted_new_owner_acquires_before_it_writes_a_report() -> None:
     engine.held = {0, 1, 2}
     channel = RecordingChannel(Publication(RangeMap.even(6, 1, epoch=5)), steps)
     member = RangeMember(engine, channel, 0, heartbeat_seconds=60, poll_seconds=0.01)  # type: ignore[arg-type]
-    member.applied_epoch = 4
+    member.applied_epoch, member.claim = 4, 7  # running, its worker id claimed by its first report
     await run_until(member, lambda: member.applied_epoch == 5)
     assert steps == ["acquire [3, 4, 5]", "report 5 holding [0, 1, 2, 3, 4, 5]"]
+
+
+async def test_a_process_that_has_not_claimed_its_worker_id_reports_before_it_acquires() -> None:
+    # Its first report claims the worker id (one owner per identity): a second process, or a restart,
+    # that acquired first would fence the process it replaces before that one could stand down, and
+    # the two would fence each other's producers in turn.
+    steps: list[str] = []
+    engine = RecordingOwner(steps)
+    channel = RecordingChannel(Publication(RangeMap.even(6, 1, epoch=5)), steps)
+    member = RangeMember(engine, channel, 0, heartbeat_seconds=60, poll_seconds=0.01)  # type: ignore[arg-type]
+    await run_until(member, lambda: member.applied_epoch == 5)
+    assert steps[:2] == ["report 5 holding []", "acquire [0, 1, 2, 3, 4, 5]"]
 
 
 async def test_an_awaited_worker_that_holds_nothing_reports_before_it_acquires() -> None:

@@ -158,8 +158,9 @@ class RangeMember:
                 await self.engine.release(revoked)
             granted = to_acquire(self.engine.held_slots, allowed)
             # The controller waits for this epoch's report only from the workers it awaits; a grant's
-            # new owner reports once it acquired (a write before it would lengthen the pause).
-            if revoked or not granted or self.worker in pub.awaiting:
+            # new owner reports once it acquired (a write before it would lengthen the pause), unless
+            # that report is its first: it claims the worker id before anything is fenced.
+            if revoked or not granted or self.worker in pub.awaiting or self.claim < 0:
                 await self.report(pub.epoch)
                 await asyncio.to_thread(self.channel.poll, 0.0)
                 newest = self.channel.state.publication
