@@ -62,3 +62,39 @@ def test_an_owner_kind_the_api_server_does_not_know_yet_is_retried_in_seconds(mo
     assert error.delay is not None and error.delay <= 10
     assert "rbac" not in str(error) and "does not know" in str(error)
     assert "Forbidden" not in str(patch)
+
+
+class Kube:
+    """The StatefulSet reconcile applied before the API server refused a later object."""
+
+    def get(self, *args: Any) -> dict[str, Any]:
+        return {"spec": {"replicas": 1}, "status": {"readyReplicas": 0, "replicas": 1}}
+
+
+class RunningControls(Controls):
+    def ensure(self, namespace: str, name: str, model: Any, revive: bool = True) -> Any:
+        return SimpleNamespace(desired_workers=lambda: 1, status=lambda: None, workers_available=lambda n: None,
+                               take_decisions=lambda: [])
+
+
+def test_a_refresh_keeps_the_refusal_reconcile_reported_for_this_generation(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The StatefulSet is applied before the objects RBAC may refuse (the Spark ones), so the refresh
+    # timer finds it and rewrote status from it: Degraded showed for one refresh interval at most.
+    _, refused = reconcile_refused(monkeypatch, RBAC)
+    memo = SimpleNamespace(clock=lambda: datetime(2026, 11, 26, 0, 0, 5, tzinfo=UTC), settings=OperatorSettings(),
+                           controls=RunningControls(), kube=Kube())
+
+    def refresh(generation: int) -> dict[str, Any]:
+        body = kopf.Body({"metadata": {"name": "c", "namespace": "ns", "generation": generation, "uid": "u"},
+                          "spec": SPEC, "status": refused["status"]})
+        patch = kopf.Patch()
+        handlers.refresh(name="c", namespace="ns", body=body, spec=body.spec, meta=body.meta, status=body.status,
+                         patch=patch, memo=memo, logger=logging.getLogger("t"))
+        return {**refused["status"], **dict(patch).get("status", {})}
+
+    kept = refresh(1)
+    assert kept["phase"] == "Degraded"
+    degraded = {c["type"]: c for c in kept["conditions"]}["Degraded"]
+    assert degraded["reason"] == "Forbidden" and "check the chart's rbac values" in degraded["message"]
+    # A new generation is reconciled afresh: until then, the refusal was of the spec before it.
+    assert refresh(2)["phase"] != "Degraded"

@@ -25,6 +25,7 @@ import contextlib
 import functools
 import logging
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Any
 
@@ -38,7 +39,7 @@ from keyrange.operator.kube import Kube, KubeApiError
 from keyrange.operator.rangecontrol import RangeControl
 from keyrange.operator.registry import ControlRegistry, RangeControlFactory, default_range_control
 from keyrange.operator.settings import OperatorSettings
-from keyrange.operator.status import Observed, changed_fields, render_status
+from keyrange.operator.status import Observed, apply_refusal, changed_fields, render_status
 from keyrange.spec import SpecError, StreamConsumerSpec, parse_spec
 
 GROUP, VERSION, PLURAL = "keyrange.dev", "v1alpha1", "streamconsumers"
@@ -203,6 +204,9 @@ def refresh(*, name: str, namespace: str | None, body: kopf.Body, spec: kopf.Spe
     for decision in control.take_decisions():
         record_planner_decision(kube, dict(body), patch, decision)
     seen = Observed(generation, replicas, ready, selector, pods=_pods(sts), deduplication=model.input.mapping().dedup)
+    if (refused := apply_refusal(status, generation)) is not None:
+        # The StatefulSet exists, but reconcile could not apply what came after it.
+        seen = replace(seen, error=refused[0], error_reason=refused[1])
     _write_status(patch, status, seen, control, memo.clock())
 
 

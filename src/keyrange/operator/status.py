@@ -59,6 +59,20 @@ def condition(kind: str, true: bool, reason: str, message: str, generation: int,
             "lastTransitionTime": since, "observedGeneration": generation}
 
 
+APPLY_REFUSALS = ("Forbidden", "InvalidSpec")
+"""Reasons of the Degraded condition that reconcile writes when the API server refused an object
+(RBAC, or pod fields it checks itself): only reconcile's next try can clear them."""
+
+
+def apply_refusal(status: Mapping[str, Any] | None, generation: int) -> tuple[str, str] | None:
+    """(message, reason) of the refusal reconcile reported in `status` for `generation`, if any."""
+    for c in (status or {}).get("conditions") or []:
+        if (c.get("type") == "Degraded" and c.get("status") == "True" and c.get("reason") in APPLY_REFUSALS
+                and c.get("observedGeneration") == generation):
+            return str(c.get("message") or ""), str(c["reason"])
+    return None
+
+
 def _phase_and_reasons(seen: Observed, ranges: RangeStatus | None) -> tuple[str, str, str, str]:
     if seen.error is not None:
         return "Degraded", seen.error_reason, "Unchanged", seen.error
