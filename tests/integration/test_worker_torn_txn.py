@@ -35,7 +35,7 @@ from keyrange.worker import WorkerSettings
 from keyrange.worker.restore import restore
 from tests.checkers import LoggedEvent, check_ledger, check_no_duplicates, check_no_loss, ledger_oracle
 from tests.integration.worker_helpers import produce_stream, run_worker_until, settings_for
-from tests.kafkatools import read_topic
+from tests.kafkatools import committed_offsets, read_topic
 
 EVENTS = 400
 CRASHED = "crashed-worker"
@@ -147,6 +147,14 @@ class Scenario:
                 continue  # the partition's totals (checked by the guarantee tests), not a client's state
             offset = int(dict(m.headers())[SOURCE_OFFSET_HEADER])
             assert orjson.loads(m.value()) == self.state_after(offset)
+        # The next owner, from the offset the worker committed past every event, reads the state of
+        # each client from the changelog alone: the torn transaction's too.
+        final = committed_offsets(self.settings.bootstrap, self.settings.topic, self.settings.group_id)[0]
+        assert final == EVENTS
+        again = restore(self.settings, {0: final}, self.counts)[0]
+        last = {e.client_id: self.state_after(e.offset) for e in self.log}
+        lost = {c: (again.state.get(c), v) for c, v in last.items() if again.state.get(c) != v}
+        assert not lost, f"restored from {final}, clients' states differ (client: (restored, expected)): {lost}"
 
 
 def changelog_ahead_of_processed_records(s: Scenario) -> None:
@@ -161,6 +169,13 @@ def processed_records_without_changelog(s: Scenario) -> None:
     s.write(Txn(list(range(200)), commit=200))
     # Every processed record landed, none of the state records.
     s.write(Txn(list(range(200, 260)), changelog_visible=0))
+
+
+def processed_records_without_changelog_near_the_end(s: Scenario) -> None:
+    """The states that processed records without changelog records carry outlive the next commit:
+    most clients have no event after the torn transaction to write their state again."""
+    s.write(Txn(list(range(200)), commit=200))
+    s.write(Txn(list(range(200, 380)), changelog_visible=0))
 
 
 def torn_after_offsets_committed_past_out_of_order_outputs(s: Scenario) -> None:
@@ -179,6 +194,7 @@ def torn_after_offsets_committed_past_out_of_order_outputs(s: Scenario) -> None:
 
 
 @pytest.mark.parametrize("lay_out", [changelog_ahead_of_processed_records, processed_records_without_changelog,
+                                     processed_records_without_changelog_near_the_end,
                                      torn_after_offsets_committed_past_out_of_order_outputs],
                          ids=lambda lay_out: lay_out.__name__)
 async def test_restore_and_the_next_worker_are_right_after_a_torn_transaction(

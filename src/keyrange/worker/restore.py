@@ -16,7 +16,10 @@ committed offset:
   bounds the read whatever the uptime); its entries whose source offset (header
   `keyrange.source.offset`) is < C are folded in log order, entries >= C are ignored; then the
   state headers (`keyrange.state`) of the processed records of offsets >= C (exactly the events
-  marked finished above) are applied in offset order;
+  marked finished above) are applied in offset order. The new owner writes the states those set
+  to the changelog again (`RestoredPartition.from_outputs`): a torn transaction can show a
+  processed record without its changelog record, and once the committed offset passes that
+  event a restore reads its state from the changelog only;
 - the partition's totals (how the offsets below C finished): the newest totals record of the
   changelog that counts up to at most C (worker/totals.py); it follows the snapshot it names.
 Only outputs this consumer group wrote count (header `keyrange.group`): other consumers of the
@@ -100,6 +103,10 @@ class RestoredPartition:
     """The changelog snapshot that totals record names (snapshots.py; None: none)."""
     changelog_records: int = 0
     """Changelog records the restore read: the records since that snapshot, for when the next is due."""
+    from_outputs: dict[ClientId, int] = field(default_factory=dict)
+    """Per clientId whose state a processed record at or past the committed offset set, that record's
+    offset. Its changelog record may be missing (a torn transaction on tansu), and a restore from a
+    later committed offset reads only the changelog: the new owner writes these states again."""
 
 
 def restore(settings: WorkerSettings, start_offsets: dict[int, int], partition_counts: dict[str, int],
@@ -391,6 +398,7 @@ def fold_logs(start_offsets: dict[int, int], parsed: ParsedLogs,
             _set_state(restored, change.client, change.state, change.source_offset)
         for offset, client, state in sorted(states_after[s], key=lambda entry: entry[0]):
             _set_state(restored, client, state, offset)
+            restored.from_outputs[client] = offset
     return result
 
 

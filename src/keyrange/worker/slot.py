@@ -185,7 +185,10 @@ class SlotState:
         """When the slot writes its next changelog snapshot, and which one its totals records name."""
         self._outputs: list[OutputRecord] = []
         """Processed records and dead letters finished since the last transaction."""
-        self._dirty_state: dict[ClientId, tuple[bytes | None, int]] = {}
+        # States the restore took from processed records past the committed offset: their changelog
+        # records may be missing (a torn transaction), which a later restore would need.
+        self._dirty_state: dict[ClientId, tuple[bytes | None, int]] = {
+            client: (self._store.get(client), offset) for client, offset in restored.from_outputs.items()}
         """clientId -> (encoded state, None for a tombstone; input offset of the event that set it),
         to changelog in the next transaction."""
         self._processed = 0
