@@ -29,6 +29,11 @@ PATIENCE_SECONDS = 0.5
 them (kafkaquirks.withholds_records_below_end), and between two such questions."""
 
 
+def close_in_background(close: Callable[[], object]) -> None:
+    """Close a restore's consumer on a thread of its own: closing takes tens of milliseconds that
+    nobody needs to wait for."""
+    threading.Thread(target=close, name="keyrange-restore-close", daemon=True).start()
+
 
 class RestoreError(UserError, RuntimeError):
     """A log could not be read to its end in time, so restoring would risk re-running events."""
@@ -68,7 +73,7 @@ class LogReader:
         old, self._consumer = self._consumer, self._new_consumer()
         topics, self._known_topics = self._known_topics, set()
         self._learn_topics(topics)
-        threading.Thread(target=old.close, name="keyrange-restore-close", daemon=True).start()
+        close_in_background(old.close)
 
     def _patient_if_withheld(self, next_offsets: dict[Span, int]) -> None:
         """Go on reading the assigned spans (each from `next_offsets`, or its position when that is

@@ -35,7 +35,7 @@ from confluent_kafka import KafkaException, Message
 
 from keyrange.logend import Span
 from keyrange.ranges.layout import SlotLayout
-from keyrange.worker.logreader import LogReader
+from keyrange.worker.logreader import LogReader, close_in_background
 from keyrange.worker.positions import slot_starts
 from keyrange.worker.restore import (
     ParsedLogs,
@@ -119,8 +119,7 @@ class Restorer:
 
     def _done_with(self, reader: LogReader) -> None:
         self._patient = self._patient or reader.patient
-        # Closing takes tens of milliseconds nobody needs to wait for.
-        threading.Thread(target=reader.close, name="keyrange-restore-close", daemon=True).start()
+        close_in_background(reader.close)
         self.connect_next_reader()
 
     def prefetch(self, slots: Iterable[int], now_s: float | None = None,
