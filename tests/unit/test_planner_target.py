@@ -26,6 +26,16 @@ def load(current: RangeMap, per_slot: float, capacity: float = 800.0,
     return Load({s: per_slot for s in range(current.slot_count)}, workers)
 
 
+def merged_to_one(planner: Planner, current: RangeMap, per_slot: float, capacity: float) -> RangeMap:
+    """The map after `planner` merged `current` to one worker: `per_slot` ev/s into each slot, caught up,
+    for its stabilization window."""
+    planner.decide(current, CAUGHT_UP, now=0, load=load(current, per_slot, capacity=capacity))
+    window = planner.limits.cooldown_seconds
+    down = planner.decide(current, CAUGHT_UP, now=window, load=load(current, per_slot, capacity=capacity))
+    assert down.next_map is not None and down.next_map.workers == 1
+    return down.next_map
+
+
 def test_a_burst_splits_to_the_size_it_needs_in_one_decision() -> None:
     current = RangeMap.even(12, 1)
     # 3,000 ev/s arrive, the one worker handles 800 (all permits busy) and falls behind
@@ -171,11 +181,7 @@ def test_an_idle_worker_whose_events_wait_after_a_merge_does_not_split_it_again(
     """Seen on tansu: right after a merge to one worker, its events waited (91 records, 3 s) while it
     handled 20 ev/s with its permits 10 % busy; taking that for its capacity split to 4 workers."""
     planner = Planner(LIMITS)
-    current = RangeMap.even(12, 2)
-    planner.decide(current, CAUGHT_UP, now=0, load=load(current, 5, capacity=200))
-    down = planner.decide(current, CAUGHT_UP, now=20, load=load(current, 5, capacity=200))
-    assert down.next_map is not None and down.next_map.workers == 1
-    current = down.next_map
+    current = merged_to_one(planner, RangeMap.even(12, 2), 5, 200)
     waiting = {s: SlotLag(8, 3.0) for s in range(12)}
     idle = Load({s: 40 / 12 for s in range(12)}, {0: WorkerLoad(20, permits_busy=0.1)})
     for now in (35, 40, 45):
@@ -231,11 +237,7 @@ def test_a_merged_worker_just_short_on_a_busy_machine_does_not_split_it_again() 
     for, the merged size is short only when it stays behind for the stabilization window."""
     limits = ScalingLimits(min_workers=1, max_workers=4, lag_high_seconds=5.0, cooldown_seconds=10.0)
     planner = Planner(limits)
-    current = RangeMap.even(12, 4)
-    planner.decide(current, CAUGHT_UP, now=0, load=load(current, 5, capacity=200))
-    down = planner.decide(current, CAUGHT_UP, now=10, load=load(current, 5, capacity=200))
-    assert down.next_map is not None and down.next_map.workers == 1
-    current = down.next_map
+    current = merged_to_one(planner, RangeMap.even(12, 4), 5, 200)
     behind = {s: SlotLag(10, 1.5) for s in range(12)}
     short = Load({s: 62 / 12 for s in range(12)}, {0: WorkerLoad(59, permits_busy=0.6)})
     for now in range(11, 26):
