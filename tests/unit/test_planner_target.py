@@ -229,17 +229,24 @@ def test_no_sizing_while_every_worker_is_warming_up() -> None:
     assert sized.next_map is not None and sized.next_map.workers == 2
 
 
+def just_short_after_a_merge() -> tuple[Planner, RangeMap, dict[int, SlotLag], Load]:
+    """test_target_sizing's planner (cooldown 10 s) just merged four workers of 200 ev/s to one, and the
+    lag and load of the merged worker falling just short: 59 ev/s handled of 62, its events 1.5 s old."""
+    limits = ScalingLimits(min_workers=1, max_workers=4, lag_high_seconds=5.0, cooldown_seconds=10.0)
+    planner = Planner(limits)
+    current = merged_to_one(planner, RangeMap.even(12, 4), 5, 200)
+    behind = {s: SlotLag(10, 1.5) for s in range(12)}
+    short = Load({s: 62 / 12 for s in range(12)}, {0: WorkerLoad(59, permits_busy=0.6)})
+    return planner, current, behind, short
+
+
 def test_a_merged_worker_just_short_on_a_busy_machine_does_not_split_it_again() -> None:
     """test_target_sizing on Apache Kafka at load ~12: 60 ev/s on four workers (concurrency 2, about 200 ev/s
     each) merged to one; the merged worker then handled 59 ev/s of 62 with its events 1.5 s old, busy
     enough to count as falling behind, so its handled rate became the capacity and the planner split
     again ("62 ev/s in, 59 ev/s per worker"). Inside the window's noise of the rate the merge was sized
     for, the merged size is short only when it stays behind for the stabilization window."""
-    limits = ScalingLimits(min_workers=1, max_workers=4, lag_high_seconds=5.0, cooldown_seconds=10.0)
-    planner = Planner(limits)
-    current = merged_to_one(planner, RangeMap.even(12, 4), 5, 200)
-    behind = {s: SlotLag(10, 1.5) for s in range(12)}
-    short = Load({s: 62 / 12 for s in range(12)}, {0: WorkerLoad(59, permits_busy=0.6)})
+    planner, current, behind, short = just_short_after_a_merge()
     for now in range(11, 26):
         d = planner.decide(current, behind, now=now, load=short)
         assert d.next_map is None, d.reason
@@ -268,3 +275,15 @@ def test_a_merged_worker_whose_estimate_dips_is_not_split_again() -> None:
         d = planner.decide(current, {s: SlotLag(62, 0.6) for s in range(4)}, now=now, load=dip)
         assert d.next_map is None, d.reason
     assert "rate fits" in d.reason
+
+
+def test_a_merged_worker_must_fall_behind_for_the_window_on_end() -> None:
+    planner, current, behind, short = just_short_after_a_merge()
+    for now in range(11, 21):
+        assert planner.decide(current, behind, now=now, load=short).next_map is None
+    # one window in which it keeps up (capacity is fine) starts the count again
+    planner.decide(current, CAUGHT_UP, now=21, load=Load({s: 5.0 for s in range(12)}, {0: WorkerLoad(60, 0.3)}))
+    for now in range(22, 32):
+        d = planner.decide(current, behind, now=now, load=short)
+        assert d.next_map is None, d.reason
+    assert planner.decide(current, behind, now=32, load=short).action == "split"

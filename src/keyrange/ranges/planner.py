@@ -344,6 +344,7 @@ class Planner:
                 return Decision(None, f"over capacity, but {current.workers} balanced ranges would do ({summary})")
             nxt = balanced_map(current, demand, target)
             return Decision(nxt, f"split to {target} workers: {summary}", "split", current.moved_slots(nxt))
+        self._short_since = None  # a merged worker that keeps up starts its count again
         smaller = fewest_workers(demand, capacity, MERGE_UTILIZATION, low, high)
         if smaller >= current.workers:
             self._headroom = None
