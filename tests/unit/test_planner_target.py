@@ -242,10 +242,10 @@ def just_short_after_a_merge() -> tuple[Planner, RangeMap, dict[int, SlotLag], L
 
 def test_a_merged_worker_just_short_on_a_busy_machine_does_not_split_it_again() -> None:
     """test_target_sizing on Apache Kafka at load ~12: 60 ev/s on four workers (concurrency 2, about 200 ev/s
-    each) merged to one; the merged worker then handled 59 ev/s of 62 with its events 1.5 s old, busy
-    enough to count as falling behind, so its handled rate became the capacity and the planner split
-    again ("62 ev/s in, 59 ev/s per worker"). Inside the window's noise of the rate the merge was sized
-    for, the merged size is short only when it stays behind for the stabilization window."""
+    each) merged to one, and the planner split again on "62 ev/s in, 59 ev/s per worker": the merged
+    worker counted as falling behind (here: 59 handled of 62, events 1.5 s old, 60 % busy), so its
+    handled rate became the capacity. Inside the rate the merge was sized for, the merged size is
+    short only when it stays behind for the stabilization window."""
     planner, current, behind, short = just_short_after_a_merge()
     for now in range(11, 26):
         d = planner.decide(current, behind, now=now, load=short)
