@@ -60,8 +60,8 @@ def test_demo_report_has_the_aggregation_and_it_counts_every_processed_uuid_once
     assert "## Key space" in md and "- partition 1: 2 hash ranges over " in md
     # What the run's scaling did, stated whatever it was (short phases may not rescale at all).
     scaling = report["scaling"]
-    assert scaling["needed_workers"] == 4 and scaling["burst_rate"] == 1200
-    assert f"- time to size: the burst (1,200 events/s from +{scaling['burst_at_s']:.0f} s) needs 4 workers: " in md
+    assert scaling["needed_workers"] == 4 and scaling["burst_rate"] == 1000
+    assert f"- time to size: the burst (1,000 events/s from +{scaling['burst_at_s']:.0f} s) needs 4 workers: " in md
     assert f"- scale decisions: {scaling['splits'] + scaling['merges']} ({scaling['splits']} split, " \
         f"{scaling['merges']} merge); flaps (a split after a merge, the offered load not risen): " \
         f"{scaling['flaps']}; handoffs that waited out the read-ahead timeout: {scaling['read_ahead_waits']}" in md

@@ -26,6 +26,16 @@ def load(current: RangeMap, per_slot: float, capacity: float = 800.0,
     return Load({s: per_slot for s in range(current.slot_count)}, workers)
 
 
+def merged_to_one(planner: Planner, current: RangeMap, per_slot: float, capacity: float) -> RangeMap:
+    """The map after `planner` merged `current` to one worker: `per_slot` ev/s into each slot, caught up,
+    for its stabilization window."""
+    planner.decide(current, CAUGHT_UP, now=0, load=load(current, per_slot, capacity=capacity))
+    window = planner.limits.cooldown_seconds
+    down = planner.decide(current, CAUGHT_UP, now=window, load=load(current, per_slot, capacity=capacity))
+    assert down.next_map is not None and down.next_map.workers == 1
+    return down.next_map
+
+
 def test_a_burst_splits_to_the_size_it_needs_in_one_decision() -> None:
     current = RangeMap.even(12, 1)
     # 3,000 ev/s arrive, the one worker handles 800 (all permits busy) and falls behind
@@ -171,11 +181,7 @@ def test_an_idle_worker_whose_events_wait_after_a_merge_does_not_split_it_again(
     """Seen on tansu: right after a merge to one worker, its events waited (91 records, 3 s) while it
     handled 20 ev/s with its permits 10 % busy; taking that for its capacity split to 4 workers."""
     planner = Planner(LIMITS)
-    current = RangeMap.even(12, 2)
-    planner.decide(current, CAUGHT_UP, now=0, load=load(current, 5, capacity=200))
-    down = planner.decide(current, CAUGHT_UP, now=20, load=load(current, 5, capacity=200))
-    assert down.next_map is not None and down.next_map.workers == 1
-    current = down.next_map
+    current = merged_to_one(planner, RangeMap.even(12, 2), 5, 200)
     waiting = {s: SlotLag(8, 3.0) for s in range(12)}
     idle = Load({s: 40 / 12 for s in range(12)}, {0: WorkerLoad(20, permits_busy=0.1)})
     for now in (35, 40, 45):
@@ -221,3 +227,63 @@ def test_no_sizing_while_every_worker_is_warming_up() -> None:
     measured = Load({s: 250 / 12 for s in range(12)}, {0: WorkerLoad(380, permits_busy=1.0)})
     sized = planner.decide(current, behind, now=1, load=measured)
     assert sized.next_map is not None and sized.next_map.workers == 2
+
+
+def just_short_after_a_merge() -> tuple[Planner, RangeMap, dict[int, SlotLag], Load]:
+    """test_target_sizing's planner (cooldown 10 s) just merged four workers of 200 ev/s to one, and the
+    lag and load of the merged worker falling just short: 59 ev/s handled of 62, its events 1.5 s old."""
+    limits = ScalingLimits(min_workers=1, max_workers=4, lag_high_seconds=5.0, cooldown_seconds=10.0)
+    planner = Planner(limits)
+    current = merged_to_one(planner, RangeMap.even(12, 4), 5, 200)
+    behind = {s: SlotLag(10, 1.5) for s in range(12)}
+    short = Load({s: 62 / 12 for s in range(12)}, {0: WorkerLoad(59, permits_busy=0.6)})
+    return planner, current, behind, short
+
+
+def test_a_merged_worker_just_short_on_a_busy_machine_does_not_split_it_again() -> None:
+    """test_target_sizing on Apache Kafka at load ~12: 60 ev/s on four workers (concurrency 2, about 200 ev/s
+    each) merged to one, and the planner split again on "62 ev/s in, 59 ev/s per worker": the merged
+    worker counted as falling behind (here: 59 handled of 62, events 1.5 s old, 60 % busy), so its
+    handled rate became the capacity. Inside the rate the merge was sized for, the merged size is
+    short only when it stays behind for the stabilization window."""
+    planner, current, behind, short = just_short_after_a_merge()
+    for now in range(11, 26):
+        d = planner.decide(current, behind, now=now, load=short)
+        assert d.next_map is None, d.reason
+    # behind from the merge's settle time (16) for the whole stabilization window: short on its measured rate
+    d = planner.decide(current, behind, now=26, load=short)
+    assert d.action == "split", d.reason
+
+
+def test_a_merged_worker_whose_estimate_dips_is_not_split_again() -> None:
+    """`keyrange demo` in its quiet phase at load ~20: four workers measured 383 ev/s each and merged to
+    one at 114 ev/s; 19 s later (past the cooldown) the merged worker handled 125 ev/s, 250 records (0.6 s)
+    behind, measured 78 % busy, and the planner split to 3 on "131 ev/s in, 250 records behind, 160 ev/s
+    per worker": a dip of the estimate, not a shortfall of the rate."""
+    limits = ScalingLimits(min_workers=1, max_workers=4, lag_high_seconds=3.0, lag_low_records=200,
+                           cooldown_seconds=10.0)
+    planner = Planner(limits)
+    current = RangeMap.even(4, 4)
+    measured = {s: SlotLag() for s in range(4)}
+    quiet = Load({s: 114 / 4 for s in range(4)}, {w: WorkerLoad(28.5, permits_busy=28.5 / 383) for w in range(4)})
+    planner.decide(current, measured, now=0, load=quiet)
+    down = planner.decide(current, measured, now=10, load=quiet)
+    assert down.next_map is not None and down.next_map.workers == 1
+    current = down.next_map
+    dip = Load({s: 131 / 4 for s in range(4)}, {0: WorkerLoad(125, permits_busy=0.31, cpu_busy=0.78)})
+    for now in range(11, 60):
+        d = planner.decide(current, {s: SlotLag(62, 0.6) for s in range(4)}, now=now, load=dip)
+        assert d.next_map is None, d.reason
+    assert "rate fits" in d.reason
+
+
+def test_a_merged_worker_must_fall_behind_for_the_window_on_end() -> None:
+    planner, current, behind, short = just_short_after_a_merge()
+    for now in range(11, 21):
+        assert planner.decide(current, behind, now=now, load=short).next_map is None
+    # one window in which it keeps up (capacity is fine) starts the count again
+    planner.decide(current, CAUGHT_UP, now=21, load=Load({s: 5.0 for s in range(12)}, {0: WorkerLoad(60, 0.3)}))
+    for now in range(22, 32):
+        d = planner.decide(current, behind, now=now, load=short)
+        assert d.next_map is None, d.reason
+    assert planner.decide(current, behind, now=32, load=short).action == "split"

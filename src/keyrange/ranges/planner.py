@@ -23,8 +23,9 @@ default `target` policy replaces rules 2-4 once the controller measured the load
    balanced ranges each need at most `TARGET_UTILIZATION` of a worker; a next split may follow
    after `SETTLE_SECONDS`, not after the cooldown.
 6. No split from a handoff's own pause: the backlog of the slots the last rescale moved is left
-   out until `settle_seconds` after the handoff (the first decision after it), and within
-   `cooldown_seconds` of a merge only the measured input rate, not lag, can undo it.
+   out until `settle_seconds` after the handoff (the first decision after it), and a merge is
+   undone only by its measured rates, not by lag or a lower capacity estimate: an input above the
+   capacity it was sized on, or a merged worker falling behind for `cooldown_seconds` on end.
 7. Merge only with headroom: to the largest smaller size whose ranges stayed within
    `MERGE_UTILIZATION` of a worker's capacity for the whole stabilization window (`cooldown_seconds`).
 8. No sizing on a start-up: a worker's first seconds (`Load.warming`) give no capacity estimate, and
@@ -201,6 +202,10 @@ class Planner:
         """The first decision after the last rescale: its handoff had completed by then."""
         self._headroom: tuple[float, int] | None = None
         """(since when, the largest smaller size seen since) while a smaller size keeps headroom."""
+        self._merged_on: float | None = None
+        """The capacity estimate the last rescale was decided on (a merge's promise of headroom)."""
+        self._short_since: float | None = None
+        """Since when a worker has fallen behind after the last merge, on its measured rate."""
 
     def max_workers(self, current: RangeMap) -> int:
         """The effective maximum: the spec's, capped by the slot count."""
@@ -240,6 +245,7 @@ class Planner:
             self.last_rescale_at = now
             self.low_since = None
             self._last, self._resumed_at, self._headroom = decision, None, None
+            self._merged_on, self._short_since = self.capacity, None
         return decision
 
     def _decide(self, current: RangeMap, lag: Mapping[int, SlotLag], now: float,
@@ -323,10 +329,9 @@ class Planner:
                    f"{capacity:.0f} ev/s per worker")
         if max(need) > capacity:
             self._headroom = None
-            merged = self._last is not None and self._last.action == "merge"
-            since_merge = now - (self.last_rescale_at or 0.0)
-            if merged and since_merge < lim.cooldown_seconds and max(into) <= capacity:
-                return Decision(None, f"lag after a merge {since_merge:.0f} s ago, but the rate fits ({summary})")
+            held = self._merge_holds(current, lag, now, load, into, summary)
+            if held is not None:
+                return held
             if self.last_rescale_at is not None and now - self.last_rescale_at < SETTLE_SECONDS:
                 return Decision(None, f"settling after the last rescale ({summary})")
             target = fewest_workers(demand, capacity, TARGET_UTILIZATION, low, high)
@@ -339,6 +344,7 @@ class Planner:
                 return Decision(None, f"over capacity, but {current.workers} balanced ranges would do ({summary})")
             nxt = balanced_map(current, demand, target)
             return Decision(nxt, f"split to {target} workers: {summary}", "split", current.moved_slots(nxt))
+        self._short_since = None  # a merged worker that keeps up starts its count again
         smaller = fewest_workers(demand, capacity, MERGE_UTILIZATION, low, high)
         if smaller >= current.workers:
             self._headroom = None
@@ -353,6 +359,31 @@ class Planner:
         nxt = balanced_map(current, demand, self._headroom[1])
         return Decision(nxt, f"merge to {nxt.workers} workers: headroom for {now - since:.0f} s ({summary})",
                         "merge", current.moved_slots(nxt))
+
+    def _merge_holds(self, current: RangeMap, lag: Mapping[int, SlotLag], now: float, load: Load,
+                     into: list[float], summary: str) -> Decision | None:
+        """Why the last merge stands though the ranges need more than the capacity estimate, or None when a
+        split may undo it: the input outgrew the capacity the merge was sized on, or a merged worker fell
+        behind on its measured rate for the whole stabilization window."""
+        if self._last is None or self._last.action != "merge" or self.capacity is None:
+            return None
+        if max(into) > max(self.capacity, self._merged_on or 0.0):
+            return None
+        since_merge = now - (self.last_rescale_at or 0.0)
+        paused = self.paused_slots(now)
+        behind = any(falling_behind(w, range_lag(a, lag).seconds, into[i])
+                     for i, a in enumerate(current.assignments)
+                     if (w := load.workers.get(a.worker)) is not None and not paused & set(a.range.slots))
+        if not behind:
+            self._short_since = None
+            return Decision(None, f"lag {since_merge:.0f} s after a merge, but the rate fits ({summary})")
+        # One window's shortfall on a busy machine is noise; one that lasts the window is not.
+        self._short_since = self._short_since if self._short_since is not None else now
+        short_for = now - self._short_since
+        if short_for >= self.limits.cooldown_seconds:
+            return None
+        return Decision(None, f"the merged size falls behind for {short_for:.0f} s; it splits after "
+                              f"{self.limits.cooldown_seconds:.0f} s of it ({summary})")
 
     def _split(self, current: RangeMap, index: int, lag: Mapping[int, SlotLag], why: str) -> Decision:
         nxt = split(current, index, lag)
