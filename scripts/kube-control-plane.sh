@@ -263,15 +263,18 @@ up() {
 down() {
   local dir=$1
   [ -d "$dir/pids" ] || return 0
-  # Reverse order: the controller manager, then the apiserver, then etcd.
-  for (( i=${#components[@]}-1; i>=0; i-- )); do
-    local file="$dir/pids/${components[$i]}.pid"
-    [ -f "$file" ] || continue
-    local pid; pid=$(cat "$file")
+  # SIGKILL, all at once: the next `up` wipes etcd's data, so a graceful stop (seconds) keeps nothing.
+  local name file pid
+  for name in "${components[@]}"; do
+    file="$dir/pids/$name.pid"
     # setsid made the pid its process group's leader: stop the group.
-    kill -TERM -- "-$pid" 2>/dev/null || true
+    [ -f "$file" ] && kill -KILL -- "-$(cat "$file")" 2>/dev/null || true
+  done
+  for name in "${components[@]}"; do
+    file="$dir/pids/$name.pid"
+    [ -f "$file" ] || continue
+    pid=$(cat "$file")
     for _ in $(seq 100); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
-    kill -KILL -- "-$pid" 2>/dev/null || true
     rm -f "$file"
   done
 }

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import dataclasses
 import json
 import threading
 import time
@@ -121,15 +122,24 @@ async def test_helm_install_apply_alerts_rescale_and_delete(plane: ControlPlane,
             # The topic as the operator creates it, so the load can start with the apply: the first
             # events wait for the first worker, which measures apply -> first event handled.
             await asyncio.to_thread(ensure_topics, bootstrap, [TopicSpec(topic_name, partitions)])
-            stop, totals = threading.Event(), LoadTotals()
+            stop, scraped, totals = threading.Event(), threading.Event(), LoadTotals()
             shape = LoadShape(rate=700, clients=100, ledger=True, duplicate_ratio=0.02, seed=11)
-            phases = [Phase(20, 30), Phase(12, 700), Phase(50, 30)]  # quiet, a burst, quiet again
-            load = threading.Thread(target=produce_phases, args=(bootstrap, topic_name, shape, phases, stop, totals))
+            # Quiet until worker 0 is scraped (Prometheus must see the burst's lag), then a burst and quiet again.
+            quiet = threading.Thread(target=produce_phases,
+                                     args=(bootstrap, topic_name, shape, [Phase(180, 30)], scraped, totals))
+            phases = [Phase(12, 700), Phase(50, 30)]
+            load = threading.Thread(target=produce_phases, args=(
+                bootstrap, topic_name, dataclasses.replace(shape, seed=12), phases, stop, totals))
             timings.applied = time.time()
             plane.apply(_consumer(bootstrap, topic_name, SPEC_SCALING, partitions))
-            load.start()
+            quiet.start()
             try:
-                await eventually(lambda: _scraped(stack, 1), "worker 0 running and scraped", timeout=180)
+                try:
+                    await eventually(lambda: _scraped(stack, 1), "worker 0 running and scraped", timeout=180)
+                finally:
+                    scraped.set()
+                    await asyncio.to_thread(quiet.join, 60)
+                load.start()
                 await eventually(lambda: _last_scaling(api, "up"), "a split caused by an alert", timeout=150)
                 split, table = await eventually(lambda: _two_workers_shown(api, plane),
                                                 "two workers after the handoff", timeout=150)
@@ -139,7 +149,8 @@ async def test_helm_install_apply_alerts_rescale_and_delete(plane: ControlPlane,
                 await eventually(lambda: _workers(api, 1), "back to one worker", timeout=180)
             finally:
                 stop.set()
-                await asyncio.to_thread(load.join, 60)
+                if load.is_alive():
+                    await asyncio.to_thread(load.join, 60)
                 scraping.cancel()
 
         log = await asyncio.to_thread(read_input_log, bootstrap, topic_name, totals.sent)
