@@ -97,9 +97,11 @@ class Restorer:
     def connect_next_reader(self) -> None:
         """Start connecting the next reader (idempotent), and the read-aheads' lookup the first time."""
         with self._lock:
-            if self._lookup is None and not self._closed:
-                lookup = self._lookup = committed_so_far_lookup(self._settings)
-                self._lookup_warmup = threading.Thread(target=self._find_coordinator, args=(lookup,),
+            if self._lookup is None and self._lookup_warmup is None and not self._closed:
+                # Made once: if it cannot be, read-aheads look up through their reader (stable offsets).
+                with contextlib.suppress(KafkaException):
+                    self._lookup = committed_so_far_lookup(self._settings)
+                self._lookup_warmup = threading.Thread(target=self._find_coordinator, args=(self._lookup,),
                                                        name="keyrange-restore-warmup", daemon=True)
                 self._lookup_warmup.start()
             if self._ready is None and not self._closed:
@@ -119,9 +121,11 @@ class Restorer:
         except Exception as exc:  # noqa: BLE001 - handed to the restore that takes this reader
             ready.set_exception(exc)
 
-    def _find_coordinator(self, lookup: Consumer) -> None:
+    def _find_coordinator(self, lookup: Consumer | None) -> None:
         """Have `lookup` find the group's coordinator now, so a read-ahead's first lookup is one round
         trip (a broker away now is met again by that lookup)."""
+        if lookup is None:
+            return
         with contextlib.suppress(KafkaException):
             lookup.committed([TopicPartition(self._settings.topic, 0)], timeout=self._settings.kafka_timeout_seconds)
 
