@@ -93,6 +93,7 @@ class Restorer:
         self._lookup_busy = threading.Lock()
         """Held while a read-ahead looks up: the lookup's close waits for it (and for the warm-up)."""
         self._lookup_warmup: threading.Thread | None = None
+        """The thread finding the lookup's coordinator (`_find_coordinator`); set once."""
 
     def connect_next_reader(self) -> None:
         """Start connecting the next reader (idempotent), and the read-aheads' lookup the first time."""
