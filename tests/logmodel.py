@@ -82,8 +82,8 @@ class ModelReader:
     def close(self) -> None:
         """Nothing to close."""
 
-    def start_offsets(self, topic: str, partitions: list[int]) -> dict[int, int]:
-        """The committed offset of each partition, or 0."""
+    def start_offsets(self, topic: str, partitions: list[int], lookup: object = None) -> dict[int, int]:
+        """The committed offset of each partition, or 0 (committed offsets are stable here: any lookup)."""
         return {p: self.committed.get(p, 0) for p in partitions}
 
     def bounds(self, spans: Iterable[Span]) -> dict[Span, tuple[int, int]]:

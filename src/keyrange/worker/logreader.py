@@ -132,10 +132,13 @@ class LogReader:
             return []
         return sorted({t for t, _ in spans} - set(existing))
 
-    def start_offsets(self, topic: str, partitions: Iterable[int]) -> dict[int, int]:
-        """Where each partition resumes: the group's committed offset, or the first offset when none."""
+    def start_offsets(self, topic: str, partitions: Iterable[int], lookup: Consumer | None = None) -> dict[int, int]:
+        """Where each partition resumes: the group's committed offset, or the first offset when none.
+        This reader's consumer (read_committed) waits until no transaction in flight carries offsets
+        of the partitions; a `lookup` consumer (`positions.committed_so_far_lookup`) answers with the
+        offsets committed so far at once."""
         timeout = self._settings.kafka_timeout_seconds
-        found = self._consumer.committed([TopicPartition(topic, p) for p in partitions], timeout=timeout)
+        found = (lookup or self._consumer).committed([TopicPartition(topic, p) for p in partitions], timeout=timeout)
         starts = {tp.partition: tp.offset for tp in found}
         for p, offset in starts.items():
             if offset < 0:

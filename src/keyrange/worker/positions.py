@@ -13,17 +13,32 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+from confluent_kafka import Consumer
+
 from keyrange.ranges.layout import SlotLayout
+from keyrange.worker.consumer import worker_client_id
 from keyrange.worker.logreader import LogReader
+from keyrange.worker.settings import WorkerSettings
 from keyrange.worker.snapshots import TotalsQuery, newest_totals, slot_totals_key
 
 
+def committed_so_far_lookup(settings: WorkerSettings) -> Consumer:
+    """A consumer that only looks up the group's committed offsets, answering with those committed so
+    far. A read_committed consumer asks the broker for stable offsets, and Kafka holds that answer
+    back while any transaction carrying offsets of the partitions is open: a read-ahead beside an old
+    owner that commits back to back on a busy machine then waits seconds for a moment when none is.
+    It never fetches, so its isolation level reads no record."""
+    return Consumer(settings.clients.consumer(settings.group_id, {"client.id": worker_client_id(settings, "offsets")},
+                                              isolation_level="read_uncommitted"))
+
+
 def slot_starts(reader: LogReader, topic: str, state_topic: str, slots: Iterable[int],
-                layout: SlotLayout) -> dict[int, int]:
-    """Per slot, the input offset it resumes from (module docstring)."""
+                layout: SlotLayout, lookup: Consumer | None = None) -> dict[int, int]:
+    """Per slot, the input offset it resumes from (module docstring); the group's offsets looked up
+    through `lookup` when given (`committed_so_far_lookup`)."""
     wanted = sorted(set(slots))
     partitions = sorted({layout.partition_of(s) for s in wanted})
-    committed = reader.start_offsets(topic, partitions)
+    committed = reader.start_offsets(topic, partitions, lookup)
     if not layout.splits_partitions:
         return {s: committed[s] for s in wanted}
     queries = {s: TotalsQuery(layout.partition_of(s), slot_totals_key(layout, s), None) for s in wanted}

@@ -9,14 +9,15 @@ done before the grant rather than after it:
   take for the end (`LogReader.read`). Once a reader found its broker withholding records and
   turned patient (`LogReader`), the next ones start so.
 - **Read-ahead (`prefetch`).** While the old owner still handles the slots, the new owner reads
-  what a restore from the committed offsets of that moment (C0) would read, with every output and
-  changelog span read to its end, and on to newer ends a bounded number of times (`LogReader.read`'s
-  `follow`), and the input past C0 about as far as the old owner may still get
-  (READ_AHEAD_PAST_COMMITTED), not through a lagging slot's whole backlog. After
-  the grant, the restore from the final committed offsets C >= C0 reads only what was appended
-  since (`restore_slots(..., prefetched)`): its window and outputs need nothing before what was
-  read ahead, because both were read from lower bounds that cannot go
-  back as the committed offset moves on (the window's stream time at C0, which the stream time at
+  what a restore from the offsets committed by that moment (C0) would read (looked up without
+  waiting for the old owner's transaction in flight: `positions.committed_so_far_lookup`), with
+  every output and changelog span read to its end, and on to newer ends a bounded number of times
+  (`LogReader.read`'s `follow`), and the input past C0 about as far as the old owner may still get
+  (READ_AHEAD_PAST_COMMITTED), not through a lagging slot's whole backlog. After the grant, the
+  restore from the final committed offsets C >= C0 reads only what was appended since
+  (`restore_slots(..., prefetched)`): its window and outputs need nothing before what was read
+  ahead, because both were read from lower bounds that cannot go back as the committed offset
+  moves on (the window's stream time at C0, which the stream time at
   C is not below; when outputs of offsets >= C0 were written, which those of offsets >= C are not
   before: rebuild.plan_reads). Reading a span in two pieces returns what one read would: a read
   only ever stops at an offset below which every transaction is decided (the input is not
@@ -26,17 +27,18 @@ done before the grant rather than after it:
 from __future__ import annotations
 
 import contextlib
+import functools
 import threading
 from collections.abc import Iterable
 from concurrent.futures import Future
 from dataclasses import dataclass
 
-from confluent_kafka import KafkaException, Message
+from confluent_kafka import Consumer, KafkaException, Message, TopicPartition
 
 from keyrange.logend import Span
 from keyrange.ranges.layout import SlotLayout
 from keyrange.worker.logreader import LogReader, close_in_background
-from keyrange.worker.positions import slot_starts
+from keyrange.worker.positions import committed_so_far_lookup, slot_starts
 from keyrange.worker.restore import (
     ParsedLogs,
     RestoredPartition,
@@ -85,10 +87,25 @@ class Restorer:
         self._closed = False
         self._patient = False
         """A reader found the broker withholding records (LogReader): the next ones start patient."""
+        self._lookup: Consumer | None = None
+        """The read-aheads' committed-offset lookup (`committed_so_far_lookup`), made with the first
+        reader and connected to the group's coordinator beside it; shared by every read-ahead (it
+        never fetches, so no read leaves a high watermark behind in it)."""
+        self._lookup_busy = threading.Lock()
+        """Held while a read-ahead looks up: the lookup's close waits for it (and for the warm-up)."""
+        self._lookup_warmup: threading.Thread | None = None
+        """The thread finding the lookup's coordinator (`_find_coordinator`); set once."""
 
     def connect_next_reader(self) -> None:
-        """Start connecting the next reader (idempotent)."""
+        """Start connecting the next reader (idempotent), and the read-aheads' lookup the first time."""
         with self._lock:
+            if self._lookup is None and self._lookup_warmup is None and not self._closed:
+                # Made once: if it cannot be, read-aheads look up through their reader (stable offsets).
+                with contextlib.suppress(KafkaException):
+                    self._lookup = committed_so_far_lookup(self._settings)
+                self._lookup_warmup = threading.Thread(target=self._find_coordinator, args=(self._lookup,),
+                                                       name="keyrange-restore-warmup", daemon=True)
+                self._lookup_warmup.start()
             if self._ready is None and not self._closed:
                 self._ready = Future()
                 threading.Thread(target=self._connect, args=(self._ready,), name="keyrange-restore-warmup",
@@ -105,6 +122,21 @@ class Restorer:
             ready.set_result(reader)
         except Exception as exc:  # noqa: BLE001 - handed to the restore that takes this reader
             ready.set_exception(exc)
+
+    def _find_coordinator(self, lookup: Consumer | None) -> None:
+        """Have `lookup` find the group's coordinator now, so a read-ahead's first lookup is one round
+        trip (a broker away now is met again by that lookup)."""
+        if lookup is None:
+            return
+        with contextlib.suppress(KafkaException):
+            lookup.committed([TopicPartition(self._settings.topic, 0)], timeout=self._settings.kafka_timeout_seconds)
+
+    def _close_lookup(self, lookup: Consumer) -> None:
+        """Close the lookup once no lookup is in flight (on its own thread: one may wait for a broker)."""
+        if self._lookup_warmup is not None:
+            self._lookup_warmup.join()
+        with self._lookup_busy:
+            lookup.close()
 
     def _take(self) -> LogReader:
         self.connect_next_reader()
@@ -128,7 +160,8 @@ class Restorer:
         Once `cut` is set it returns soon with what it read so far: `restore_slots` reads the rest."""
         reader = self._take()
         try:
-            committed = self._starts(reader, slots)
+            with self._lookup_busy:
+                committed = self._starts(reader, slots, self._lookup)
             # Outputs for every partition: one that ends at C0 now may not at C.
             plan = plan_reads(reader, self._settings, committed, self._counts, now_s, skip_ended=False,
                               layout=self.layout)
@@ -168,15 +201,18 @@ class Restorer:
         finally:
             self._done_with(reader)
 
-    def _starts(self, reader: LogReader, slots: Iterable[int]) -> dict[int, int]:
+    def _starts(self, reader: LogReader, slots: Iterable[int], lookup: Consumer | None = None) -> dict[int, int]:
         s = self._settings
-        return slot_starts(reader, s.topic, s.state, slots, self.layout)
+        return slot_starts(reader, s.topic, s.state, slots, self.layout, lookup)
 
     def close(self) -> None:
         """Close the ready reader, if any; no reader is prepared after this."""
         with self._lock:
             self._closed = True
             ready, self._ready = self._ready, None
+            lookup, self._lookup = self._lookup, None
+        if lookup is not None:
+            close_in_background(functools.partial(self._close_lookup, lookup))
         if ready is not None:
             with contextlib.suppress(Exception):
                 ready.result(timeout=self._settings.kafka_timeout_seconds).close()
