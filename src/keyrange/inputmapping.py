@@ -49,7 +49,7 @@ FORMAT_PATTERN = r"^(json|raw|[A-Za-z_][\w.]*:[A-Za-z_]\w*)$"
 """The syntax of each mapping; the CRD carries the same patterns."""
 
 KNOWN_CLIENTS = 65_536
-"""The most text clientIds a parser keeps decoded, each of at most KNOWN_CLIENT_BYTES (about 16 MB in
+"""The most text clientIds a parser keeps decoded, each of at most KNOWN_CLIENT_BYTES (about 17 MB in
 all), emptied when full: a worker meets its clients again and again, and one str per client costs
 less per record than a new one per record."""
 KNOWN_CLIENT_BYTES = 64
