@@ -155,8 +155,10 @@ def encode_processed(
     started_ms: int,
     finished_ms: int,
     result: Any,
+    key: bytes | None = None,
 ) -> tuple[bytes, bytes]:
-    """Key and value of a processed record per the wire contract."""
+    """Key and value of a processed record per the wire contract; `key`, when given, is the key
+    (str(clientId) as UTF-8) already encoded: a record key that is the clientId (`clientId: key`)."""
     value = json_bytes(
         {
             "clientId": event.client_id,
@@ -170,7 +172,7 @@ def encode_processed(
             "result": result,
         }
     )
-    return str(event.client_id).encode(), value
+    return key if key is not None else str(event.client_id).encode(), value
 
 
 def decode_processed(value: bytes) -> dict[str, Any]:

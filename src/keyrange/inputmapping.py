@@ -48,6 +48,11 @@ CREATED_PATTERN = rf"^(timestamp|{_FIELD})$"
 FORMAT_PATTERN = r"^(json|raw|[A-Za-z_][\w.]*:[A-Za-z_]\w*)$"
 """The syntax of each mapping; the CRD carries the same patterns."""
 
+KNOWN_CLIENTS = 65_536
+"""The most text clientIds a parser keeps decoded, each of at most KNOWN_CLIENT_BYTES (about 17 MB in
+all), emptied when full: a worker meets its clients again and again, and one str per client costs
+less per record than a new one per record."""
+KNOWN_CLIENT_BYTES = 64
 _CANONICAL_INT = re.compile(r"-?(0|[1-9][0-9]{0,18})")
 _RESERVED_ID = TOTALS_KEY.decode()
 
@@ -288,6 +293,7 @@ def _shaped_parse(mapping: InputMapping, decoder: Decoder | None, exact: FieldsF
     created_name, created_path, created_single = created.name, created.path, len(created.path) == 1
     reserved = _RESERVED_ID.encode()
     new_event = tuple.__new__  # InputEvent's own __new__ is a Python call more per record
+    known: dict[object, str] = {}  # valid text clientIds by their key or header bytes (KNOWN_CLIENTS)
 
     def parse(key: bytes | None, value: bytes | None, headers: Headers, timestamp_ms: int) -> InputEvent:
         if value is None:
@@ -321,12 +327,22 @@ def _shaped_parse(mapping: InputMapping, decoder: Decoder | None, exact: FieldsF
                 raw = last[1]
             else:
                 raw = _header(headers, client_name)
-            if type(raw) is not bytes or not raw or raw.startswith(reserved):
-                return exact(key, body, headers, timestamp_ms)
-            try:
-                client_id = raw.decode()
-            except UnicodeDecodeError:
-                return exact(key, body, headers, timestamp_ms)
+            # One str per client, not per record: its hash is then computed once, and every dict
+            # keyed by clients (scheduler, states, slot) finds it by identity.
+            known_id = known.get(raw)
+            if known_id is not None:
+                client_id = known_id
+            else:
+                if type(raw) is not bytes or not raw or raw.startswith(reserved):
+                    return exact(key, body, headers, timestamp_ms)
+                try:
+                    client_id = raw.decode()
+                except UnicodeDecodeError:
+                    return exact(key, body, headers, timestamp_ms)
+                if len(raw) <= KNOWN_CLIENT_BYTES:
+                    if len(known) >= KNOWN_CLIENTS:
+                        known.clear()
+                    known[raw] = client_id
         event_id: str | None
         if uuid_header:
             if type(headers) is list and headers and (last := headers[-1])[0] == uuid_name:

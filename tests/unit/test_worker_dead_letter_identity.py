@@ -39,6 +39,8 @@ CASES: dict[str, tuple[InputMapping, bytes | None, bytes, list[tuple[str, bytes]
     "field-dotted": (InputMapping(client_id="field:who.account", uuid="field:meta.id", created="field:meta.at"),
                      b"k", orjson.dumps({"who": {"account": "acct-7"}, "meta": {"id": "e-1", "at": RECORD_MS - 5},
                                          "pad": PAD}), []),
+    "key-field-uuid": (InputMapping(client_id="key", uuid="field:eventId", created="field:at"),
+                       b"acct-7", orjson.dumps({"eventId": "e-1", "at": RECORD_MS - 5, "pad": PAD}), []),
     "key-header-timestamp": (InputMapping(client_id="key", uuid="header:event-id", created="timestamp"),
                              b"acct-7", orjson.dumps({"pad": PAD}), [("event-id", b"e-1")]),
     "header-client-no-uuid": (InputMapping(client_id="header:account", uuid="none", created="timestamp"),

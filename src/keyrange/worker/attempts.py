@@ -132,6 +132,8 @@ class AttemptRunner:
         self._pool = pool
         self._stats = stats
         self._pauses = pauses
+        self._key_is_client = settings.input_mapping.client_id == "key"
+        """The record key is the clientId as UTF-8, the processed record's key: not encoded again."""
         self._deadlines = CallDeadlines(settings.handler_timeout_seconds)
         labels = (settings.metrics_consumer, settings.worker_id)
         self._latency = metric_defs.EVENT_LATENCY.labels(*labels)
@@ -254,7 +256,8 @@ class AttemptRunner:
         client's new state as JSON (None: unchanged or deleted) and whether the handler deleted it.
         Raises for a result or state that is not JSON-able, like a handler error."""
         key, value = encode_processed(job.event, partition, job.offset, self._settings.worker_id,
-                                      int(started_s * 1000), int(finished_s * 1000), result)
+                                      int(started_s * 1000), int(finished_s * 1000), result,
+                                      job.key if self._key_is_client else None)
         if not state.changed:
             return key, value, None, False
         staged = state.staged

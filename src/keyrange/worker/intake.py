@@ -120,8 +120,9 @@ class Intake:
                 slot.metrics.skewed_behind.inc()
             if mapped.uuid is not None and not slot.first_seen(offset, mapped.uuid, event_s):
                 return None  # a duplicate, as below
-            # The Message itself: its headers are converted only if it is dead-lettered.
-            return Job(slot, offset, mapped, key, value, record=m)  # type: ignore[arg-type]
+            # The Message itself: its headers are converted only if it is dead-lettered. Positional
+            # (started_s, attempts, failure, record): a keyword makes the call build a dict per record.
+            return Job(slot, offset, mapped, key, value, 0.0, 0, "", m)  # type: ignore[arg-type]
         try:
             event = parse_input(value)
         except BadEvent as exc:
