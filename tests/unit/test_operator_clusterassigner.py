@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import threading
+import time
+
 from keyrange.autoscale.scrape import WorkerSample
-from keyrange.operator.clusterassigner import PodMetricsLag, StatefulSetFleet, planner_limits
+from keyrange.operator.clusterassigner import KafkaRangeControl, PodMetricsLag, StatefulSetFleet, planner_limits
 from keyrange.ranges.planner import SlotLag
 from keyrange.spec import parse_spec
 
@@ -73,3 +76,41 @@ def test_the_newest_handoff_is_the_newest_grant_and_its_largest_pause() -> None:
     newest = newest_handoff(reports)
     assert newest is not None
     assert (newest.epoch, newest.pause_seconds, newest.worker, newest.at_ms) == (9, 0.07, 2, 150)
+
+
+class SlowToCloseController:
+    """A Controller stand-in whose steps are counted and whose close hangs until released, as a
+    Kafka client's close can on a busy machine or an unreachable broker."""
+
+    def __init__(self) -> None:
+        self.steps = 0
+        self.closing = threading.Event()
+        self.release = threading.Event()
+
+    def step_and_wait(self, stop: threading.Event, interval_seconds: float) -> None:
+        self.steps += 1
+        stop.wait(interval_seconds)
+
+    def close(self) -> None:
+        self.closing.set()
+        self.release.wait(10)
+
+
+def test_a_control_stops_acting_before_its_kafka_clients_are_closed() -> None:
+    """`close` (and so a leader's stop on losing its Lease) waits for the step in flight, not for the
+    controller's clients to close: a standby may take the Lease a second after the deadline."""
+    controller = SlowToCloseController()
+    spec = parse_spec({"kafka": {"topic": "t", "bootstrapServers": "k:9092"}})
+    control = KafkaRangeControl("ns", "c", spec, step_seconds=0.01, connect=lambda: controller)  # type: ignore[arg-type,return-value]
+    try:
+        while controller.steps == 0:
+            time.sleep(0.01)
+        began = time.monotonic()
+        control.close()
+        # Waiting for the clients would take close()'s whole 2 s bound (this close hangs 10 s).
+        assert time.monotonic() - began < 1.5
+        steps = controller.steps
+        assert controller.closing.wait(5)  # the clients close after close() returned ...
+        assert not controller.release.is_set() and controller.steps == steps  # ... and nothing steps again
+    finally:
+        controller.release.set()

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import threading
+
 from keyrange.operator.rangecontrol import RangeControl
 from keyrange.operator.registry import ControlRegistry
 from keyrange.spec import StreamConsumerSpec, parse_spec
@@ -67,3 +69,34 @@ def test_static_control_follows_replicas_and_refuses_to_rescale() -> None:
     assert status.epoch == 1 and status.ranges == ((0, "0-2"), (1, "3-5"))
     outcome = control.request_scale("up", "test")
     assert not outcome.applied and "spec.workers.replicas" in outcome.detail
+
+
+class Barriered(StaticRangeControl):
+    """A control whose close returns only once every control of the registry is closing."""
+
+    def __init__(self, spec: StreamConsumerSpec, barrier: threading.Barrier) -> None:
+        super().__init__(spec)
+        self._barrier = barrier
+        self.closed = False
+
+    def close(self) -> None:
+        self._barrier.wait()  # BrokenBarrierError after its timeout if the closes ran one by one
+        self.closed = True
+
+
+def test_losing_the_lease_stops_every_control_at_once_not_one_after_another() -> None:
+    """A leader that lost its Lease must stop every control before a standby's lease wait ends: a
+    control's close takes as long as its step in flight, so closes one by one add up (a cut-off
+    leader stopped its four controls 7 s after losing the Lease, 5 s after the standby took it)."""
+    barrier = threading.Barrier(4, timeout=5)
+    made: list[Barriered] = []
+
+    def factory(namespace: str, name: str, spec: StreamConsumerSpec) -> RangeControl:
+        made.append(Barriered(spec, barrier))
+        return made[-1]
+
+    registry = ControlRegistry(factory)
+    for name in "abcd":
+        registry.ensure("ns", name, SPEC)
+    registry.stop_all()
+    assert all(c.closed for c in made)

@@ -109,8 +109,11 @@ class KafkaRangeControl:
 
     def __init__(self, namespace: str, name: str, spec: StreamConsumerSpec, metrics_port: int = 9100,
                  step_seconds: float = 0.5, retry_seconds: float = 5.0,
-                 read_secret: SecretReader = read_secret_key) -> None:
+                 read_secret: SecretReader = read_secret_key,
+                 connect: Callable[[], Controller] | None = None) -> None:
         self._namespace, self._name, self._spec = namespace, name, spec
+        self._connect_controller = connect or self._connect
+        """Makes and starts the Controller (tests pass a stand-in for the Kafka one)."""
         self._read_secret = read_secret
         self._fleet = StatefulSetFleet(spec.workers.replicas or spec.workers.min)
         service = f"{name}-worker.{namespace}.svc"
@@ -124,6 +127,8 @@ class KafkaRangeControl:
         """(controller, how many of its rescales take_decisions has looked at)."""
         self._problem: str | None = None
         self._stop = threading.Event()
+        self._stepped_last = threading.Event()
+        """Set once the thread has left its loop: no step (so no publication) follows."""
         self._reconnect = threading.Event()
         self._fenced: ControllerFenced | None = None
         """Set when another controller of the group fenced this one: it stands down (module docstring)."""
@@ -166,7 +171,7 @@ class KafkaRangeControl:
                 self._fenced = None
                 self._disconnect()
                 try:
-                    self._controller = self._connect()
+                    self._controller = self._connect_controller()
                     self._problem = None
                     self._connecting.succeeded()
                 except (KafkaException, UserError, ValueError, OSError) as exc:  # Kafka down or misconfigured
@@ -182,6 +187,7 @@ class KafkaRangeControl:
             except Exception:
                 log.exception("%s/%s: controller step failed; retrying", self._namespace, self._name)
                 self._stop.wait(self._retry_seconds)
+        self._stepped_last.set()
         self._disconnect()
 
     def _stand_down(self, exc: ControllerFenced) -> None:
@@ -256,10 +262,13 @@ class KafkaRangeControl:
                 for r in rescales[seen:] if not r.requested]
 
     def close(self) -> None:
-        """Stop the controller thread; it closes its Kafka clients on its way out.
+        """Stop the controller thread, waiting for its step in flight but not for its Kafka clients,
+        which it closes on its way out: a leader that lost its Lease must stop acting before a
+        standby's lease wait ends, and closing clients on a busy machine takes seconds.
 
         Waits only briefly: a step blocked on an unreachable Kafka must not hold up the deletion
-        of the StreamConsumer (kopf's delete handler calls this).
+        of the StreamConsumer (kopf's delete handler calls this); the controller's transactional
+        id fences such a step's writes once another controller starts.
         """
         self._stop.set()
-        self._thread.join(timeout=2)
+        self._stepped_last.wait(timeout=2)

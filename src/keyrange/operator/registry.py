@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 
 from keyrange.operator.rangecontrol import RangeControl
 from keyrange.spec import StreamConsumerSpec
@@ -68,11 +69,17 @@ class ControlRegistry:
             control.close()
 
     def close_all(self) -> None:
-        """Stop every control (operator shutdown)."""
+        """Stop every control (operator shutdown, or the Lease lost), all at once: each close waits
+        for its control's step in flight, and one after another those waits add up."""
         with self._lock:
             controls, self._controls = list(self._controls.values()), {}
-        for control in controls:
-            control.close()
+        if len(controls) <= 1:
+            for control in controls:
+                control.close()
+            return
+        with ThreadPoolExecutor(len(controls), thread_name_prefix="keyrange-control-close") as pool:
+            for closing in [pool.submit(control.close) for control in controls]:
+                closing.result()
 
     def stop_all(self) -> None:
         """Stop every control for good: later `ensure` calls raise NotLeading (leadership lost or
