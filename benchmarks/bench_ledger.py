@@ -210,7 +210,7 @@ def bench_throughput(bootstrap: str, engine: str, events: int, clients: int, rou
     for r in range(-1 if warmup else 0, rounds):
         for mode in modes:
             load = load_average()
-            d = drain(bootstrap, topic, mode, f"{mode.replace(' ', '-')}-{r}", len(records))
+            d = drain(bootstrap, topic, mode, f"{re.sub('[^A-Za-z0-9_-]+', '-', mode)}-{r}", len(records))
             if r >= 0:
                 loads[mode].append(load)
                 results[mode].append(d)
@@ -302,8 +302,8 @@ def bench_mapping(bootstrap: str, engine: str, events: int, rounds: int) -> list
     cpu: dict[str, list[float]] = {mode: [] for mode in sources}
     for r in range(rounds):
         for mode, source in sources.items():
-            d = drain(bootstrap, source, MAPPED if mode == MAPPED else "keyrange", f"{mode.replace(' ', '-')}-{r}",
-                      len(records))
+            group = f"{re.sub('[^A-Za-z0-9_-]+', '-', mode)}-{r}"  # Kafka refuses other characters in topic names
+            d = drain(bootstrap, source, MAPPED if mode == MAPPED else "keyrange", group, len(records))
             rates[mode].append(d.rate)
             cpu[mode].append(d.cpu_us)
             print(f"   {engine} mapping round {r} {mode}: {d.rate:,.0f}/s, {d.cpu_us:.1f} us CPU/record "
