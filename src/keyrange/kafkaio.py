@@ -14,7 +14,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TypeVar
 
-from confluent_kafka import KafkaException, TopicPartition
+from confluent_kafka import KafkaError, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient, ConfigResource  # type: ignore[attr-defined]
 from confluent_kafka.admin._listoffsets import OffsetSpec
 from confluent_kafka.cimpl import NewTopic
@@ -160,6 +160,16 @@ def _until_listed(bootstrap: str, names: set[str], timeout_seconds: float,
         time.sleep(0.05)
 
 
+def _config_unread(topic: str, exc: KafkaException) -> KafkaSetupError:
+    """Why a topic's configuration could not be read: a timeout or a retriable error is Kafka slow or
+    away (KafkaUnreachable: `until_reachable` tries again); anything else is for the user to fix."""
+    error = exc.args[0]
+    message = f"cannot read the configuration of topic {topic!r}: {error}"
+    if isinstance(error, KafkaError) and (error.code() == KafkaError._TIMED_OUT or error.retriable()):
+        return KafkaUnreachable(message)
+    return KafkaSetupError(message)
+
+
 def _check_compacted(admin: AdminClient, topics: list[TopicSpec], timeout_seconds: float) -> None:
     wanted = [t.name for t in topics if t.config.get("cleanup.policy") == "compact"]
     if not wanted:
@@ -170,7 +180,7 @@ def _check_compacted(admin: AdminClient, topics: list[TopicSpec], timeout_second
         try:
             policy = listed_topic_config(future.result(), "cleanup.policy")
         except KafkaException as exc:
-            raise KafkaSetupError(f"cannot read the configuration of topic {resource.name!r}: {exc.args[0]}") from None
+            raise _config_unread(resource.name, exc) from None
         # Not listed (on tansu, a topic created without it): it passes, unverified.
         if policy is not None and "compact" not in policy.split(","):
             raise KafkaSetupError(
@@ -196,7 +206,7 @@ def max_message_bytes(bootstrap: str, topics: list[str], timeout_seconds: float 
         try:
             limit = listed_topic_config(future.result(), "max.message.bytes")
         except KafkaException as exc:
-            raise KafkaSetupError(f"cannot read the configuration of topic {resource.name!r}: {exc.args[0]}") from None
+            raise _config_unread(resource.name, exc) from None
         if limit is not None and limit.isdigit():
             out[resource.name] = int(limit)
     return out
