@@ -97,12 +97,15 @@ def ledger_oracle(log: Iterable[LoggedEvent]) -> dict[str, dict[str, int]]:
 def check_ledger(log: Iterable[LoggedEvent], processed: Iterable[Mapping[str, Any]]) -> None:
     """Every ledger result equals the sequential oracle's (order-sensitive by construction)."""
     expected = ledger_oracle(log)
-    wrong = [
-        (r["uuid"], r["result"], expected[r["uuid"]])
-        for r in processed
-        if r["uuid"] in expected and r["result"] != expected[r["uuid"]]
-    ]
-    assert not wrong, f"{len(wrong)} ledger results differ from the sequential oracle, e.g. {wrong[:3]}"
+    wrong = [r for r in processed if r["uuid"] in expected and r["result"] != expected[r["uuid"]]]
+    # The first wrong result of a client says which worker ran it from a stale state, and when.
+    first: dict[Any, Mapping[str, Any]] = {}
+    for r in sorted(wrong, key=lambda r: (r.get("partition", 0), r.get("offset", 0))):
+        first.setdefault(r["clientId"], r)
+    where = [(r["clientId"], r["uuid"], r["result"], expected[r["uuid"]], f"{r.get('partition')}@{r.get('offset')}",
+              r.get("worker"), r.get("startedAt")) for r in list(first.values())[:5]]
+    assert not wrong, (f"{len(wrong)} ledger results differ from the sequential oracle, in {len(first)} client(s); "
+                       f"each one's first (client, uuid, got, expected, partition@offset, worker, startedAt): {where}")
 
 
 @dataclass(frozen=True)
