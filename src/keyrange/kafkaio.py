@@ -21,7 +21,7 @@ from confluent_kafka.cimpl import NewTopic
 
 from keyrange.errors import UserError
 from keyrange.kafkaclients import KafkaClients
-from keyrange.kafkaquirks import LONGEST_RETRY_SECONDS, Backoff, listed_topic_config
+from keyrange.kafkaquirks import LONGEST_RETRY_SECONDS, Backoff, listed_topic_config, slow_or_away
 
 log = logging.getLogger(__name__)
 
@@ -165,7 +165,7 @@ def _config_unread(topic: str, exc: KafkaException) -> KafkaSetupError:
     away (KafkaUnreachable: `until_reachable` tries again); anything else is for the user to fix."""
     error = exc.args[0]
     message = f"cannot read the configuration of topic {topic!r}: {error}"
-    if isinstance(error, KafkaError) and (error.code() == KafkaError._TIMED_OUT or error.retriable()):
+    if isinstance(error, KafkaError) and slow_or_away(error):
         return KafkaUnreachable(message)
     return KafkaSetupError(message)
 

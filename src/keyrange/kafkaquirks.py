@@ -83,6 +83,12 @@ def classify(error: KafkaError) -> Failure:
     return Failure.OTHER
 
 
+def slow_or_away(error: KafkaError) -> bool:
+    """Whether a failed read means Kafka is slow or away, so the same read may be made again: a
+    timeout (librdkafka does not flag an admin request's timeout retriable) or a retriable error."""
+    return error.code() == KafkaError._TIMED_OUT or classify(error) is Failure.RETRIABLE
+
+
 def kafka_error(exc: KafkaException | SystemError) -> KafkaError:
     """The KafkaError a client call failed with; `exc` itself is raised again if it carries none.
 

@@ -18,6 +18,7 @@ from keyrange.kafkaquirks import (
     listed_topic_config,
     outputs_acknowledged_before_offsets,
     read_past_listed_end,
+    slow_or_away,
     transaction_end_lock,
     transactions_end_one_at_a_time,
 )
@@ -55,6 +56,18 @@ class Clock:
 ])
 def test_classify(error: KafkaError, failure: Failure) -> None:
     assert classify(error) is failure
+
+
+@pytest.mark.parametrize(("error", "again"), [
+    (KafkaError(KafkaError._TIMED_OUT), True),
+    (KafkaError(KafkaError._TIMED_OUT, retriable=True), True),
+    (KafkaError(KafkaError.COORDINATOR_NOT_AVAILABLE, retriable=True), True),
+    (KafkaError(KafkaError.TOPIC_AUTHORIZATION_FAILED), False),
+    (KafkaError(KafkaError.UNKNOWN_TOPIC_OR_PART), False),
+    (KafkaError(KafkaError._FENCED, retriable=True), False),
+])
+def test_slow_or_away_is_a_timeout_or_a_retriable_error(error: KafkaError, again: bool) -> None:
+    assert slow_or_away(error) is again
 
 
 def test_kafka_error_unwraps_confluent_s_system_error() -> None:
