@@ -54,7 +54,7 @@ types: install-dev
 # one heavy fixture (the kube control plane, the 3-node Kafka, Spark) run on one worker each
 # (tests/parallel.py), which also starts the modules with a slow test first, so that none of them
 # is left to run alone at the end. PYTEST_WORKERS=0 runs everything in one process.
-PYTEST_WORKERS ?= 3
+PYTEST_WORKERS ?= 4
 pytest: install-dev tools spark-connector
 	$(PY) -m pytest -q -p no:cacheprovider --durations=15 -n $(PYTEST_WORKERS) --dist loadgroup
 
