@@ -266,9 +266,9 @@ def produce_as(kind: str, bootstrap: str, topic: str, records: list[Scheduled]) 
     """`records` written as `kind` (MAPPING_KINDS) so that the kinds differ only in each record's key
     and headers: one producer configuration (keyrange's, `make_producer`), each record in the
     partition murmur2 of its clientId picks (where the default topic has it, for every kind), and
-    the same batches (a flush every MAPPING_BATCH_EVERY records; the linger never cuts one). A
-    producer's own batching follows its speed, and tansu's fetches and the worker's CPU follow the
-    batches: BENCHMARKS.md, "Input mapping"."""
+    the same batches (a flush every MAPPING_BATCH_EVERY records; the linger never cuts one): a
+    producer's own batches follow its settings and speed, and the mapped topic's were once 3-5x
+    smaller than the default's (BENCHMARKS.md, "Input mapping")."""
     if kind not in MAPPING_KINDS:
         raise ValueError(f"unknown kind {kind!r}; choose one of {MAPPING_KINDS}")
     producer = make_producer(bootstrap, **{"linger.ms": 60_000})
