@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 import orjson
-from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
+from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 
 from benchmarks.harness import (
     BROKERS,
@@ -51,6 +51,7 @@ from benchmarks.harness import (
 )
 from keyrange.kafkaio import TopicSpec, ensure_topics
 from keyrange.loadgen import LoadShape, Scheduled, generate, make_producer, produce_all
+from keyrange.ranges.slots import partition_for_key
 
 PARTITIONS = 12
 REPO = Path(__file__).resolve().parents[1]
@@ -251,38 +252,40 @@ def bench_throughput(bootstrap: str, engine: str, events: int, clients: int, rou
     return rows
 
 
-def produce_as_existing_topic(bootstrap: str, topic: str, records: list[Scheduled]) -> None:
-    """`records` as another team's service would write them: the key `user-<clientId>`, the uuid in
-    the `event-id` header, `created` as the record timestamp. The value stays byte for byte the
-    same, so a drain of each topic differs only in where the mapping finds the three."""
-    producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 20, "log_level": 3})
-    for r in records:
-        body = orjson.loads(r.value)
-        while True:
-            try:
-                producer.produce(topic, r.value, f"user-{body['clientId']}".encode(), timestamp=r.created_ms,
-                                 headers=[("event-id", body["uuid"].encode())])
-                break
-            except BufferError:
-                producer.poll(0.05)
-    if producer.flush(60):
-        raise KafkaException("records not delivered to the mapped topic")
+MAPPING_KINDS = ("default", "headers", "mapped")
+"""How `bench_mapping`'s topics hold the same commands: keyrange's own records (`default`), those
+records with the mapped topic's `event-id` header (`headers`), and as another team writes them
+(`mapped`: the key `user-<clientId>`, the uuid in the `event-id` header, `created` as the record
+timestamp; the value byte for byte the same)."""
+MAPPING_BATCH_EVERY = 12_000
+"""`produce_as` flushes after this many records, so that each partition's batch is its share of
+them (about 1,000 records over 12 partitions) on every kind of topic alike."""
 
 
-def produce_with_headers(bootstrap: str, topic: str, records: list[Scheduled]) -> None:
-    """`records` unchanged (key, value, timestamp, murmur2 placement), each with the header
-    `event-id` the mapped topic carries: what carrying a header costs, read by the default mapping."""
-    producer = make_producer(bootstrap, **{"linger.ms": 20})
-    for r in records:
-        uuid = orjson.loads(r.value)["uuid"]
-        while True:
-            try:
-                producer.produce(topic, r.value, r.key, timestamp=r.created_ms, headers=[("event-id", uuid.encode())])
-                break
-            except BufferError:
-                producer.poll(0.05)
-    if producer.flush(60):
-        raise KafkaException("records not delivered to the topic with headers")
+def produce_as(kind: str, bootstrap: str, topic: str, records: list[Scheduled]) -> None:
+    """`records` written as `kind` (MAPPING_KINDS) so that the kinds differ only in each record's key
+    and headers: one producer configuration (keyrange's, `make_producer`), each record in the
+    partition murmur2 of its clientId picks (where the default topic has it, for every kind), and
+    the same batches (a flush every MAPPING_BATCH_EVERY records; the linger never cuts one): a
+    producer's own batches follow its settings and speed, and the mapped topic's were once 3-5x
+    smaller than the default's (BENCHMARKS.md, "Input mapping")."""
+    if kind not in MAPPING_KINDS:
+        raise ValueError(f"unknown kind {kind!r}; choose one of {MAPPING_KINDS}")
+    producer = make_producer(bootstrap, **{"linger.ms": 60_000})
+    for start in range(0, len(records), MAPPING_BATCH_EVERY):
+        for r in records[start:start + MAPPING_BATCH_EVERY]:
+            body = orjson.loads(r.value)
+            key = f"user-{body['clientId']}".encode() if kind == "mapped" else r.key
+            headers = None if kind == "default" else [("event-id", body["uuid"].encode())]
+            while True:
+                try:
+                    producer.produce(topic, r.value, key, partition=partition_for_key(r.key, PARTITIONS),
+                                     timestamp=r.created_ms, headers=headers)
+                    break
+                except BufferError:
+                    producer.poll(0.05)
+        if producer.flush(60):
+            raise KafkaException(f"records not delivered to the {kind} topic {topic}")
 
 
 def bench_mapping(bootstrap: str, engine: str, events: int, rounds: int) -> list[dict[str, Any]]:
@@ -290,31 +293,36 @@ def bench_mapping(bootstrap: str, engine: str, events: int, rounds: int) -> list
     against the default mapping, the same commands on three topics, drained in turn each round
     (issue 31: the mapping must not cost more than 5 %): the default topic, the mapped one, and the
     default records with the mapped topic's header (read by the default mapping: what carrying the
-    header costs, apart from what the mapping does)."""
+    header costs, apart from what the mapping does). The topics are written alike (`produce_as`:
+    same producer, partitions and batches), and each round starts one topic later, so that no topic
+    always drains in the same place of a round (a new broker's first drains are the slowest)."""
     topic = f"ledger-mapping-{time.monotonic_ns()}"
+    kinds = {"keyrange": "default", WITH_HEADER: "headers", MAPPED: "mapped"}
     sources = {"keyrange": topic, WITH_HEADER: f"{topic}-header", MAPPED: f"{topic}-mapped"}
     ensure_topics(bootstrap, [TopicSpec(t, PARTITIONS) for t in sources.values()], timeout_seconds=60)
     records = list(generate(LoadShape(clients=1000, duplicate_ratio=0.01, ledger=True, seed=21), count=events))
-    produce_all(bootstrap, topic, records)
-    produce_with_headers(bootstrap, sources[WITH_HEADER], records)
-    produce_as_existing_topic(bootstrap, sources[MAPPED], records)
+    for mode, source in sources.items():
+        produce_as(kinds[mode], bootstrap, source, records)
     rates: dict[str, list[float]] = {mode: [] for mode in sources}
     cpu: dict[str, list[float]] = {mode: [] for mode in sources}
+    loads: list[str] = []
+    modes = list(sources)
     for r in range(rounds):
-        for mode, source in sources.items():
+        for mode in modes[r % len(modes):] + modes[:r % len(modes)]:
+            loads.append(load := load_average())
             group = f"{re.sub('[^A-Za-z0-9_-]+', '-', mode)}-{r}"  # Kafka refuses other characters in topic names
-            d = drain(bootstrap, source, MAPPED if mode == MAPPED else "keyrange", group, len(records))
+            d = drain(bootstrap, sources[mode], MAPPED if mode == MAPPED else "keyrange", group, len(records))
             rates[mode].append(d.rate)
             cpu[mode].append(d.cpu_us)
             print(f"   {engine} mapping round {r} {mode}: {d.rate:,.0f}/s, {d.cpu_us:.1f} us CPU/record "
-                  f"({load_average()})", file=sys.stderr, flush=True)
+                  f"({load})", file=sys.stderr, flush=True)
     default, mapped = statistics.median(rates["keyrange"]), statistics.median(rates[MAPPED])
     median_cpu = {mode: statistics.median(values) for mode, values in cpu.items()}
     return [row("ledger, mapped input: keyrange records/s (one process)", mapped, "records/s",
                 "<= 5 % below the default mapping", baseline=default, broker=engine,
                 notes=f"median of {rounds}: mapped {[round(x) for x in rates[MAPPED]]}, default "
                       f"{[round(x) for x in rates['keyrange']]}; {' '.join(MAPPED_FLAGS)}; baseline: the default "
-                      "mapping, same commands"),
+                      f"mapping, same commands, topics written alike (produce_as); {loads[0]} to {loads[-1]}"),
             row("ledger, mapped input: worker CPU per record", median_cpu[MAPPED], "us",
                 "<= 5 % above the default mapping", baseline=median_cpu["keyrange"], broker=engine,
                 notes=f"process CPU (all threads) over the 10-90 % span, median of {rounds}: mapped "

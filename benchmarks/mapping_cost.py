@@ -1,11 +1,13 @@
 """What the input mapping costs per record, in instructions (BENCHMARKS.md, "Input mapping"):
 counted by callgrind, so the figures hold on a machine whose load makes timings vary by 2x.
 
-Three topics of the same ledger commands (1,000 clients, 1 % duplicates), 12 partitions:
+Three topics of the same ledger commands (1,000 clients, 1 % duplicates), 12 partitions, written
+alike but for each record's key and headers (`bench_ledger.produce_as`: same producer, partitions
+and batches):
 - `default`: keyrange's own format (key = decimal clientId);
 - `headers`: the same records, each with the `event-id` header the mapped topic carries;
-- `mapped`: as another team writes them (`bench_ledger.produce_as_existing_topic`: key
-  `user-<clientId>`, the uuid in `event-id`, `created` as the record timestamp).
+- `mapped`: as another team writes them (key `user-<clientId>`, the uuid in `event-id`, `created`
+  as the record timestamp).
 
 Each is produced twice, with `--small` and `--large` records. A child process consumes a whole
 topic under `valgrind --tool=callgrind` (all threads: librdkafka's fetch and the main thread) and
@@ -34,13 +36,13 @@ from pathlib import Path
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaException, TopicPartition
 
-from benchmarks.bench_ledger import MAPPED_FLAGS, PARTITIONS, produce_as_existing_topic, produce_with_headers
+from benchmarks.bench_ledger import MAPPED_FLAGS, MAPPING_KINDS, PARTITIONS, produce_as
 from benchmarks.harness import load_average, running_broker
 from keyrange.kafkaio import TopicSpec, ensure_topics
-from keyrange.loadgen import LoadShape, generate, produce_all
+from keyrange.loadgen import LoadShape, generate
 
 REPO = Path(__file__).resolve().parents[1]
-KINDS = ("default", "headers", "mapped")
+KINDS = MAPPING_KINDS
 STAGES = ("consume", "headers", "admit")
 MAPPING = dict(zip(("client_id", "uuid", "created"), MAPPED_FLAGS[1::2], strict=True))
 """The benchmark's mapping (bench_ledger.MAPPED_FLAGS) as InputMapping fields."""
@@ -51,9 +53,8 @@ def produce_topics(bootstrap: str, prefix: str, count: int) -> dict[str, str]:
     topics = {kind: f"{prefix}-{kind}-{count}" for kind in KINDS}
     ensure_topics(bootstrap, [TopicSpec(t, PARTITIONS) for t in topics.values()], timeout_seconds=60)
     records = list(generate(LoadShape(clients=1000, duplicate_ratio=0.01, ledger=True, seed=21), count=count))
-    produce_all(bootstrap, topics["default"], records)
-    produce_with_headers(bootstrap, topics["headers"], records)
-    produce_as_existing_topic(bootstrap, topics["mapped"], records)
+    for kind, topic in topics.items():
+        produce_as(kind, bootstrap, topic, records)
     return topics
 
 

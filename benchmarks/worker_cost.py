@@ -39,11 +39,11 @@ from typing import NamedTuple
 
 from confluent_kafka import Consumer, TopicPartition
 
-from benchmarks.bench_ledger import MAPPED_FLAGS, PARTITIONS, produce_as_existing_topic, produce_with_headers
+from benchmarks.bench_ledger import MAPPED_FLAGS, PARTITIONS, produce_as
 from benchmarks.harness import load_average, running_broker
 from benchmarks.mapping_cost import KINDS
 from keyrange.kafkaio import TopicSpec, ensure_topics
-from keyrange.loadgen import LoadShape, Scheduled, generate, produce_all
+from keyrange.loadgen import LoadShape, Scheduled, generate
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -96,9 +96,6 @@ def _dumped(directory: Path, keep: Path | None, name: str) -> int:
     return int(found.group(1))
 
 
-PRODUCERS = {"default": produce_all, "headers": produce_with_headers, "mapped": produce_as_existing_topic}
-"""How each kind's records are written (benchmarks.mapping_cost)."""
-
 
 def count_worker(bootstrap: str, kind: str, records: list[Scheduled], warmup: int, args: argparse.Namespace
                  ) -> Span:
@@ -129,11 +126,11 @@ def count_worker(bootstrap: str, kind: str, records: list[Scheduled], warmup: in
                 time.sleep(0.1)
 
         try:
-            PRODUCERS[kind](bootstrap, topic, records[:warmup])
+            produce_as(kind, bootstrap, topic, records[:warmup])
             drained(warmup)
             control("--zero")
             started = time.monotonic()
-            PRODUCERS[kind](bootstrap, topic, records[warmup:])
+            produce_as(kind, bootstrap, topic, records[warmup:])
             drained(len(records))
             control("--dump")
             seconds = time.monotonic() - started
