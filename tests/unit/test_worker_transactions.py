@@ -536,3 +536,35 @@ def test_what_joined_a_transaction_that_is_fenced_fails_with_it() -> None:
     assert joined and isinstance(failed, TransactionFailed) and not failed.gave_up
     assert "commit" not in producer.calls
     assert not output.join([processed_record(b"3")], [])  # a failed transaction takes nothing more
+
+
+class JoinedRecordRefusedOnce(HeldProducer):
+    """The first produce of the joined record (key 2) fails as an abortable error would (the
+    transaction is aborted and the same batch tried again); the keys of every produce are kept."""
+
+    def __init__(self) -> None:
+        super().__init__("flush")
+        self.keys: list[bytes] = []
+        self.refused = False
+
+    def produce(self, topic: str, **kwargs: Any) -> None:
+        if kwargs["key"] == b"2" and not self.refused:
+            self.refused = True
+            raise KafkaException(KafkaError(KafkaError._STATE, "transaction must be aborted", txn_requires_abort=True))
+        super().produce(topic, **kwargs)
+        self.keys.append(kwargs["key"])
+
+    def abort_transaction(self, timeout: float) -> None:
+        self.calls.append("abort")
+        self.keys.clear()
+
+
+def test_what_joined_is_written_again_when_the_transaction_is_tried_again() -> None:
+    """A retried transaction writes the whole batch again: what joined it too, even when producing
+    the joined records is what failed (else the commit would count a batch it never carried)."""
+    producer = JoinedRecordRefusedOnce()
+    _, joined, failed = asyncio.run(joined_while_held(producer))
+    assert joined and failed is None
+    assert "abort" in producer.calls and producer.calls[-1] == "commit"
+    assert producer.keys == [b"1", b"2"]
+    assert producer.offsets[-1] == [(0, 12)]

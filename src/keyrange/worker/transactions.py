@@ -165,6 +165,14 @@ def newer_offsets(older: list[TopicPartition], newer: list[TopicPartition]) -> l
     return list(merged.values())
 
 
+def _with_joined(joined: Addition | None, records: list[OutputRecord], offsets: list[TopicPartition],
+                 last: list[OutputRecord]) -> tuple[list[OutputRecord], list[TopicPartition], list[OutputRecord]]:
+    """The transaction's whole records, offsets and last records once `joined` joined it."""
+    if joined is None:
+        return records, offsets, last
+    return records + joined.records, newer_offsets(offsets, joined.offsets), last + joined.last
+
+
 class SlotTransactions:
     """Writes one slot's batches of OutputRecords plus its offset commit in Kafka transactions."""
 
@@ -331,11 +339,15 @@ class SlotTransactions:
                 for r in records:
                     self._produce(producer, r)
                 # What joined by now goes out with the transaction's own position, in one round trip.
-                records, offsets, last = self._written_with(producer, self._joined(end=False), records, offsets, last)
+                # It is part of the batch before it is produced: a retry writes it again.
+                joined = self._joined(end=False)
+                records, offsets, last = _with_joined(joined, records, offsets, last)
+                self._produce_joined(producer, joined)
                 if offsets or last:
                     self._flush_then_position(producer, retry, offsets, last)
                 joined = self._joined(end=True)
-                records, offsets, last = self._written_with(producer, joined, records, offsets, last)
+                records, offsets, last = _with_joined(joined, records, offsets, last)
+                self._produce_joined(producer, joined)
                 if joined is not None and (joined.offsets or joined.last):
                     self._flush_then_position(producer, retry, joined.offsets, joined.last)
                 self._retrying(retry, "committing", self._timeout,
@@ -353,16 +365,10 @@ class SlotTransactions:
                 except (KafkaException, SystemError) as abort_exc:
                     raise self._failed(kafka_error(abort_exc), len(records)) from abort_exc
 
-    def _written_with(self, producer: Producer, joined: Addition | None, records: list[OutputRecord],
-                      offsets: list[TopicPartition], last: list[OutputRecord],
-                      ) -> tuple[list[OutputRecord], list[TopicPartition], list[OutputRecord]]:
-        """Produce what `joined` the transaction; return the transaction's whole records, offsets
-        and last records with it, which a retry writes again."""
-        if joined is None:
-            return records, offsets, last
-        for r in joined.records:
+    def _produce_joined(self, producer: Producer, joined: Addition | None) -> None:
+        """Produce the records that `joined` the transaction."""
+        for r in [] if joined is None else joined.records:
             self._produce(producer, r)
-        return records + joined.records, newer_offsets(offsets, joined.offsets), last + joined.last
 
     def _flush_then_position(self, producer: Producer, retry: CommitRetry, offsets: list[TopicPartition],
                              last: list[OutputRecord]) -> None:
