@@ -22,10 +22,16 @@ class RecordingTransactions:
 
     def __init__(self) -> None:
         self.commits: list[list[OutputRecord]] = []
+        self.asked_to_join = asyncio.Event()
 
     async def commit(self, records: list[OutputRecord], offsets: list[TopicPartition],
                      last: list[OutputRecord] | None = None) -> None:
         self.commits.append(records)
+
+    def join(self, records: list[OutputRecord], offsets: list[TopicPartition],
+             last: list[OutputRecord] | None = None) -> bool:
+        self.asked_to_join.set()
+        return False  # its commits end at once: none is ever open to join
 
 
 def slot_with_a_state_change(n: int) -> tuple[SlotState, RecordingTransactions]:
@@ -290,8 +296,94 @@ def test_the_commit_loop_leaves_a_slot_being_released_to_its_release() -> None:
             kept.change_state(1000 + more, b"x", more)
             await kept_txn.wait_for_commits(more)
         assert releasing_txn.commits == []
-        await asyncio.wait_for(committer.commit_now(only={0}), 5.0)
+        await asyncio.wait_for(committer.commit_now(), 5.0)  # nor does a commit of every held slot
+        assert releasing_txn.commits == []
+        await asyncio.wait_for(committer.commit_released([releasing]), 5.0)
         assert [[r.key for r in c] for c in releasing_txn.commits] == [[b"1000"]]
         await stopped(running)
 
     asyncio.run(scenario())
+
+
+class JoinableTransactions(RecordingTransactions):
+    """A slot's transactions whose commit waits for `gate` before it starts to end; until then
+    `join` adds to it, as SlotTransactions does; with `fail`, it then fails."""
+
+    def __init__(self, fail: TransactionFailed | None = None) -> None:
+        super().__init__()
+        self.fail = fail
+        self.gate = asyncio.Event()
+        self.began = asyncio.Event()
+        self._open = False
+        self._joined: list[OutputRecord] = []
+
+    async def commit(self, records: list[OutputRecord], offsets: list[TopicPartition],
+                     last: list[OutputRecord] | None = None) -> None:
+        self._open, self._joined = True, []
+        self.began.set()
+        await self.gate.wait()
+        self._open = False
+        if self.fail is not None:
+            raise self.fail
+        self.commits.append(records + self._joined)
+
+    def join(self, records: list[OutputRecord], offsets: list[TopicPartition],
+             last: list[OutputRecord] | None = None) -> bool:
+        self.asked_to_join.set()
+        if not self._open:
+            return False
+        self._joined += records
+        return True
+
+
+async def released_during_a_transaction(transactions: GatedTransactions | JoinableTransactions,
+                                        ) -> tuple[SlotState, list[SlotCommit], SlotCommit | None]:
+    """Slot 0's transaction of client 1000's change in flight (held at its gate); client 2000's
+    change finishes and the slot's release commits meanwhile: (the slot, the release's outcomes,
+    the failure the commit loop returned when the transaction failed)."""
+    held = slot(0, transactions)
+    committer = Committer(FAST, lambda: [held], WorkerStats())
+    running = asyncio.create_task(committer.run())
+    try:
+        await asyncio.wait_for(transactions.began.wait(), 5.0)
+        held.change_state(2000, b"2", 1)
+        held.revoke()
+        releasing = asyncio.create_task(committer.commit_released([held]))
+        await asyncio.wait_for(transactions.asked_to_join.wait(), 5.0)
+        transactions.gate.set()
+        outcomes = await asyncio.wait_for(releasing, 5.0)
+        failed = isinstance(transactions, JoinableTransactions) and transactions.fail is not None
+        return held, outcomes, await asyncio.wait_for(running, 5.0) if failed else None
+    finally:
+        await stopped(running)
+
+
+def test_a_release_adds_its_batch_to_the_transaction_in_flight_and_one_commit_ends_both() -> None:
+    """On a starved machine the commit loop runs a slot's transactions back to back, so a release
+    almost always finds one in flight: waiting for it to end and then committing in a transaction of
+    its own was the handoff pause's largest step. What the release commits (the work finished since
+    that transaction took its batch) goes into it after its own batch, in order."""
+    transactions = JoinableTransactions()
+    held, outcomes, _ = asyncio.run(released_during_a_transaction(transactions))
+    assert outcomes == [SlotCommit(held, CommitOutcome.COMMITTED, joined=True)]
+    assert [[r.key for r in c] for c in transactions.commits] == [[b"1000", b"2000"]]
+    assert held.take_batch("events", "g.state") is None  # both batches counted as committed
+
+
+def test_a_release_that_finds_its_transaction_ending_commits_in_one_of_its_own_after_it() -> None:
+    transactions = GatedTransactions()  # its commits are never open to join
+    held, outcomes, _ = asyncio.run(released_during_a_transaction(transactions))
+    assert outcomes == [SlotCommit(held, CommitOutcome.COMMITTED)]
+    assert [[r.key for r in c] for c in transactions.commits] == [[b"1000"], [b"2000"]]  # in order
+    assert transactions.most_in_flight == 1
+
+
+def test_a_release_whose_batch_joined_a_transaction_that_failed_commits_nothing_and_the_loop_returns_the_failure(
+) -> None:
+    """The release's batch fails with the transaction it joined: the slot is lost, as when the
+    release waited that transaction out; its next owner runs those events again."""
+    transactions = JoinableTransactions(fail=TransactionFailed("slot 0 was acquired by another worker"))
+    held, outcomes, returned = asyncio.run(released_during_a_transaction(transactions))
+    assert outcomes == [SlotCommit(held, CommitOutcome.SLOT_LOST)]
+    assert returned is not None and returned.slot is held and returned.outcome is CommitOutcome.FENCED
+    assert transactions.commits == [] and held.committed_offset == 0

@@ -182,3 +182,38 @@ def test_a_hash_range_commits_its_position_in_its_totals_record_after_its_output
     slot.committed(batch)
     assert slot.committed_offset == 3
     assert slot.report(43, 0)[0] == 10  # 40 records past it in the partition: about a quarter are its own
+
+
+def test_a_batch_taken_while_the_last_one_is_in_flight_counts_from_that_one() -> None:
+    """A release takes the slot's last batch while the transaction in flight still carries the one
+    before, to join it: what the second counts (duplicates, the offset moved) starts where the first
+    ends, so nothing is counted twice, and it carries no offset that did not move since."""
+    slot = held_slot()
+    for offset in range(4):
+        assert slot.admit(offset, 0, 0)
+    assert slot.first_seen(0, "a", NOW_S) and slot.first_seen(1, "b", NOW_S)
+    assert not slot.first_seen(2, "a", NOW_S)
+    slot.finish_processed(0, processed(0), 7, None, False)
+    slot.finish_processed(1, processed(1), 7, None, False)
+    first = slot.take_batch("events", STATE_TOPIC)
+    assert first is not None and (first.committable, first.duplicates) == (3, 1)
+    assert slot.take_batch("events", STATE_TOPIC) is None  # nothing since: the first carries offset 3
+
+    assert not slot.first_seen(3, "b", NOW_S)
+    second = slot.take_batch("events", STATE_TOPIC)
+    assert second is not None and (second.committable, second.duplicates) == (4, 1)
+    assert [(tp.partition, tp.offset) for tp in second.offsets] == [(0, 4)]
+    slot.committed(first)
+    slot.committed(second)
+    assert slot.committed_offset == 4 and slot.committed_totals.duplicates_dropped == 2
+
+
+def test_a_batch_taken_while_a_snapshot_is_in_flight_writes_no_second_one() -> None:
+    slot = held_slot(restored=RestoredPartition(0, changelog_records=100_000))  # a snapshot is due
+    slot.change_state(1000, b"1", 0)
+    first = slot.take_batch("events", STATE_TOPIC)
+    assert first is not None and first.snapshot is not None
+    slot.change_state(1001, b"2", 1)
+    second = slot.take_batch("events", STATE_TOPIC)
+    assert second is not None and second.snapshot is None
+    assert [r.key for r in second.records] == [b"1001"]

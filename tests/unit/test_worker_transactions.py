@@ -437,3 +437,134 @@ def test_a_slot_ends_its_transactions_under_its_partition_s_lock(tmp_path: Path)
     asyncio.run(output.open())
     output._commit([OutputRecord("events.processed", 0, b"1", b"{}")], [])
     assert producer.calls[-4:] == ["init locked", "begin", "produce events.processed", "commit locked"]
+
+
+class HeldProducer(RecordingProducer):
+    """Records the offsets each send_offsets carries; the first `hold` call waits for `proceed`
+    (the broker's answer), so that something can join the transaction meanwhile."""
+
+    def __init__(self, hold: str, fail_commit: KafkaError | None = None) -> None:
+        super().__init__()
+        self.hold = hold
+        self.fail_commit = fail_commit
+        self.reached = threading.Event()
+        self.proceed = threading.Event()
+        self.offsets: list[list[tuple[int, int]]] = []
+
+    def _held(self, call: str) -> None:
+        if call == self.hold and not self.reached.is_set():
+            self.reached.set()
+            assert self.proceed.wait(10)
+
+    def begin_transaction(self) -> None:
+        super().begin_transaction()
+        self._held("begin")
+
+    def flush(self, timeout: float) -> int:
+        self._held("flush")
+        return super().flush(timeout)
+
+    def send_offsets_to_transaction(self, offsets: Any, metadata: Any, timeout: float) -> None:
+        super().send_offsets_to_transaction(offsets, metadata, timeout)
+        self.offsets.append([(tp.partition, tp.offset) for tp in offsets])
+
+    def commit_transaction(self, timeout: float) -> None:
+        self._held("commit")
+        if self.fail_commit is not None:
+            raise KafkaException(self.fail_commit)
+        super().commit_transaction(timeout)
+
+
+def processed_record(key: bytes) -> OutputRecord:
+    return OutputRecord("events.processed", 0, key, b"{}")
+
+
+async def joined_while_held(producer: HeldProducer) -> tuple[SlotTransactions, bool, BaseException | None]:
+    """A transaction of record 1 (offset 10) in flight, held at `producer.hold`, joined meanwhile
+    by record 2 (offset 12): (the slot, whether it joined, what the commit raised)."""
+    output = await opened_slot(0, producer)
+    committing = asyncio.create_task(output.commit([processed_record(b"1")], [TopicPartition("events", 0, 10)]))
+    assert await asyncio.to_thread(producer.reached.wait, 10)
+    joined = output.join([processed_record(b"2")], [TopicPartition("events", 0, 12)])
+    producer.proceed.set()
+    try:
+        await committing
+    except TransactionFailed as exc:
+        return output, joined, exc
+    return output, joined, None
+
+
+def test_what_joins_a_transaction_in_flight_commits_with_it_in_one_commit() -> None:
+    """A release's batch joins the slot's transaction in flight instead of waiting for it to end and
+    then running one of its own: one commit (a few broker round trips fewer in the handoff's pause).
+    Joined while the transaction's outputs were being acknowledged: its records and newer offsets
+    follow the transaction's own, each set of offsets only after the outputs before it."""
+    producer = HeldProducer("flush")
+    output, joined, failed = asyncio.run(joined_while_held(producer))
+    assert joined and failed is None
+    assert producer.calls == ["begin", "produce events.processed", "flush", "send_offsets",
+                              "produce events.processed", "flush", "send_offsets", "commit"]
+    assert producer.offsets == [[(0, 10)], [(0, 12)]]
+    assert not output.join([processed_record(b"3")], [])  # it ended: nothing joins it any more
+
+
+def test_what_joins_before_the_transaction_s_position_is_written_goes_out_with_it() -> None:
+    producer = HeldProducer("begin")
+    _, joined, failed = asyncio.run(joined_while_held(producer))
+    assert joined and failed is None
+    assert producer.calls == ["begin", "produce events.processed", "produce events.processed", "flush",
+                              "send_offsets", "commit"]
+    assert producer.offsets == [[(0, 12)]]  # the newer offset only
+
+
+def test_nothing_joins_a_transaction_that_started_to_end() -> None:
+    """Its commit is on the wire: what would join it could not be in it, so the caller commits it in
+    a transaction of its own after this one."""
+    producer = HeldProducer("commit")
+    output, joined, failed = asyncio.run(joined_while_held(producer))
+    assert not joined and failed is None
+    assert producer.calls == ["begin", "produce events.processed", "flush", "send_offsets", "commit"]
+    assert producer.offsets == [[(0, 10)]]
+    assert not output.join([processed_record(b"3")], [])
+
+
+def test_what_joined_a_transaction_that_is_fenced_fails_with_it() -> None:
+    producer = HeldProducer("commit", fail_commit=KafkaError(KafkaError._FENCED, "Producer fenced by newer instance",
+                                                             fatal=True))
+    producer.hold = "flush"  # joins before the end, which then fails
+    output, joined, failed = asyncio.run(joined_while_held(producer))
+    assert joined and isinstance(failed, TransactionFailed) and not failed.gave_up
+    assert "commit" not in producer.calls
+    assert not output.join([processed_record(b"3")], [])  # a failed transaction takes nothing more
+
+
+class JoinedRecordRefusedOnce(HeldProducer):
+    """The first produce of the joined record (key 2) fails as an abortable error would (the
+    transaction is aborted and the same batch tried again); the keys of every produce are kept."""
+
+    def __init__(self) -> None:
+        super().__init__("flush")
+        self.keys: list[bytes] = []
+        self.refused = False
+
+    def produce(self, topic: str, **kwargs: Any) -> None:
+        if kwargs["key"] == b"2" and not self.refused:
+            self.refused = True
+            raise KafkaException(KafkaError(KafkaError._STATE, "transaction must be aborted", txn_requires_abort=True))
+        super().produce(topic, **kwargs)
+        self.keys.append(kwargs["key"])
+
+    def abort_transaction(self, timeout: float) -> None:
+        self.calls.append("abort")
+        self.keys.clear()
+
+
+def test_what_joined_is_written_again_when_the_transaction_is_tried_again() -> None:
+    """A retried transaction writes the whole batch again: what joined it too, even when producing
+    the joined records is what failed (else the commit would count a batch it never carried)."""
+    producer = JoinedRecordRefusedOnce()
+    _, joined, failed = asyncio.run(joined_while_held(producer))
+    assert joined and failed is None
+    assert "abort" in producer.calls and producer.calls[-1] == "commit"
+    assert producer.keys == [b"1", b"2"]
+    assert producer.offsets[-1] == [(0, 12)]

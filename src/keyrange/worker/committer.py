@@ -11,9 +11,11 @@ an interval after the last one started, or as soon as it ended if it took longer
 finishes meanwhile goes into it), so a slot stuck on Kafka (up to COMMIT_DEADLINE_SECONDS and
 more) holds up neither the other slots' commits nor their releases. Counters count what a
 transaction committed, never what was merely staged: staged outputs of a slot released without
-committing are discarded, and its next owner produces (and counts) them again. A release waits
-out its slots' commit in flight (`idle`) and knows that no later one sees them; the loop starts no
-transaction of a slot being released, whose release commits what it has in one.
+committing are discarded, and its next owner produces (and counts) them again. The loop starts no
+transaction of a slot being released: its release (`commit_released`) adds what the slot has to
+the transaction in flight if that one has not started to end (one commit ends both: on a starved
+machine the loop runs a slot's transactions back to back, so one is almost always in flight), or
+commits it in one of its own after it; either way no later transaction sees the slot.
 
 Called by the engine (engine.py), which it never calls back: it reads the held slots through
 `CommitSlot` (slot.py's SlotState) and returns each slot's outcome (`SlotCommit`); a slot whose
@@ -48,6 +50,10 @@ class SlotProducer(Protocol):
                      last: list[OutputRecord] | None = None) -> None:
         """Write `records` and commit `offsets` in one transaction, `last` once `records` were
         acknowledged; raise TransactionFailed."""
+
+    def join(self, records: list[OutputRecord], offsets: list[TopicPartition],
+             last: list[OutputRecord] | None = None) -> bool:
+        """Add to the transaction in flight unless it started to end; whether they joined."""
 
 
 class CommitSlot(Protocol):
@@ -92,6 +98,8 @@ class SlotCommit:
     slot: CommitSlot
     outcome: CommitOutcome
     error: TransactionFailed | None = None
+    joined: bool = False
+    """A release's batch committed in the transaction that was in flight (`commit_released`)."""
 
 
 class Committer:
@@ -117,6 +125,8 @@ class Committer:
         """What else failed a transaction that `run` started; `run` raises it when it wakes next."""
         self._an_end = asyncio.Event()
         """Set when a slot's transaction ends (or `run`'s next slot is due): wakes `run`."""
+        self._joined: dict[CommitSlot, CommitBatch] = {}
+        """A released slot's batch that joined its transaction in flight (`commit_released`)."""
 
     async def run(self) -> SlotCommit:
         """Start a transaction for each held slot with something to commit and none in flight, at
@@ -174,9 +184,10 @@ class Committer:
         """Commit, for every held slot with something to commit (or those of them whose `slot` is
         in `only`), its finished outputs, state changes and committable offset in one transaction,
         once its transaction in flight (if any) has ended; the slots' transactions run in parallel.
-        Returns each chosen slot's outcome; raises what else failed one of them."""
+        A slot being released is its release's to commit (`commit_released`), in order. Returns each
+        chosen slot's outcome; raises what else failed one of them."""
         while True:  # chosen again after each wait: a slot may have been released meanwhile
-            chosen = [s for s in self._slots() if only is None or s.slot in only]
+            chosen = [s for s in self._slots() if not s.revoked and (only is None or s.slot in only)]
             if not any(s in self._in_flight for s in chosen):
                 break
             await self.idle(chosen)
@@ -189,6 +200,38 @@ class Committer:
         return [ended.get(s) or SlotCommit(s, CommitOutcome.SLOT_LOST if s in self._lost else CommitOutcome.COMMITTED)
                 for s in chosen]
 
+    async def commit_released(self, slots: Collection[CommitSlot]) -> list[SlotCommit]:
+        """Commit what each of `slots` (revoked: `run` starts no transaction of them) has: in its
+        transaction in flight when that one has not started to end, else in one of its own once
+        that one ended; the slots in parallel. Returns each slot's outcome (SLOT_LOST when its
+        transaction in flight failed: `run` returns that failure); raises what else failed one.
+        When it returns, none of `slots` has a transaction in flight."""
+        results = await asyncio.gather(*(self._commit_released(slot) for slot in slots), return_exceptions=True)
+        failures = [r for r in results if isinstance(r, BaseException)]
+        if failures:
+            raise failures[0]
+        return [r for r in results if isinstance(r, SlotCommit)]
+
+    async def _commit_released(self, slot: CommitSlot) -> SlotCommit:
+        s = self._settings
+        batch = None if slot in self._lost else slot.take_batch(s.topic, s.state)
+        in_flight = self._in_flight.get(slot)
+        joined = False
+        if in_flight is not None and batch is not None and slot.transactions.join(batch.records, batch.offsets,
+                                                                                  batch.last):
+            self._joined[slot] = batch  # before any await: its transaction's end in `_commit` sees it
+            batch, joined = None, True
+        await self.idle([slot])
+        if in_flight is not None and in_flight.cancelled() and self._joined.pop(slot, None) is not None:
+            # `cancel`: the worker stops or fails, and the joined batch's fate is its producer thread's
+            raise TransactionFailed(f"slot {slot.slot}: the transaction its release joined was cancelled; what it "
+                                    "did not commit runs again from the last committed offsets", gave_up=True)
+        if slot in self._lost:
+            return SlotCommit(slot, CommitOutcome.SLOT_LOST)
+        if batch is None:  # it joined the transaction in flight, or had nothing to commit
+            return SlotCommit(slot, CommitOutcome.COMMITTED, joined=joined)
+        return await self._launch(slot, batch)
+
     async def idle(self, slots: Iterable[CommitSlot]) -> None:
         """Return once none of `slots` has a transaction in flight. Until the caller next awaits,
         none starts one: e.g. a release removes its slots right after, and no later transaction
@@ -199,20 +242,22 @@ class Committer:
 
     def _start(self, slots: Iterable[CommitSlot]) -> list[asyncio.Task[SlotCommit]]:
         """Start a transaction for each of `slots` with something to commit (none in flight)."""
-        loop = asyncio.get_running_loop()
         s = self._settings
         tasks = []
         for slot in slots:
             if slot in self._lost:
                 continue  # its producer failed: what it staged is discarded with it
             batch = slot.take_batch(s.topic, s.state)
-            if batch is None:
-                continue
-            task = loop.create_task(self._commit(slot, batch))
-            self._in_flight[slot] = task
-            task.add_done_callback(functools.partial(self._ended, slot))
-            tasks.append(task)
+            if batch is not None:
+                tasks.append(self._launch(slot, batch))
         return tasks
+
+    def _launch(self, slot: CommitSlot, batch: CommitBatch) -> asyncio.Task[SlotCommit]:
+        """Start `slot`'s transaction of `batch` (none in flight)."""
+        task = asyncio.get_running_loop().create_task(self._commit(slot, batch))
+        self._in_flight[slot] = task
+        task.add_done_callback(functools.partial(self._ended, slot))
+        return task
 
     def _ended(self, slot: CommitSlot, task: asyncio.Task[SlotCommit]) -> None:
         if self._in_flight.get(slot) is task:
@@ -236,8 +281,11 @@ class Committer:
             await slot.transactions.commit(batch.records, batch.offsets, batch.last)
         except TransactionFailed as exc:
             self._lost.add(slot)
+            self._joined.pop(slot, None)  # failed with it: discarded, as what the slot staged
             return SlotCommit(slot, CommitOutcome.GAVE_UP if exc.gave_up else CommitOutcome.FENCED, exc)
         self._transactions.inc()
-        slot.committed(batch)
-        self._stats.note_committed(batch.processed, len(batch.dead_letters), batch.duplicates)
+        for committed in (batch, self._joined.pop(slot, None)):  # in the order they were taken
+            if committed is not None:
+                slot.committed(committed)
+                self._stats.note_committed(committed.processed, len(committed.dead_letters), committed.duplicates)
         return SlotCommit(slot, CommitOutcome.COMMITTED)

@@ -147,6 +147,7 @@ class SlotState:
         "_store",
         "_store_offsets",
         "_store_view",
+        "_taken",
         "_totals_key",
         "_transactions",
         "_warned_misplaced",
@@ -170,6 +171,8 @@ class SlotState:
         """How the offsets below the offset this acquire started from finished."""
         self._committed_totals = restored.totals
         """How the offsets below _committed_offset finished."""
+        self._taken: CommitBatch | None = None
+        """The batch last taken, until it committed: a release may take the next one meanwhile."""
         self._skip = restored.finished_offsets
         """Offsets already finished before this acquire (outputs exist), with how: not run again."""
         self._dedup = TtlSet(ttl_seconds, wall_clock)
@@ -482,7 +485,11 @@ class SlotState:
         """Hand over what the slot's next transaction carries (None: nothing): the outputs and
         state changes finished since the last one, and when the committable offset moved (or a
         snapshot is due, or the newest one is not yet named) the totals record committing it,
-        after a snapshot of every client's state when one is due (snapshots.py)."""
+        after a snapshot of every client's state when one is due (snapshots.py). Taken while the
+        last one is in flight (a release's, to join its transaction), it counts from that one."""
+        base = self._taken if self._taken is not None and self._taken.totals is not None else None
+        committed_offset = self._committed_offset if base is None else base.committable
+        committed_totals = self._committed_totals if base is None or base.totals is None else base.totals
         changelog_records = len(self._dirty_state)
         records = self._take_outputs(state_topic)
         processed, self._processed = self._processed, 0
@@ -494,12 +501,14 @@ class SlotState:
         names = None
         duplicates = 0
         last: list[OutputRecord] = []
-        take_snapshot = self._snapshots.due(len(self._store))
-        if committable > self._committed_offset or take_snapshot or not self._snapshots.named:
+        # one snapshot in flight at a time: its start is known only once it committed
+        snapshot_in_flight = self._taken is not None and self._taken.snapshot is not None
+        take_snapshot = not snapshot_in_flight and self._snapshots.due(len(self._store))
+        if committable > committed_offset or take_snapshot or not self._snapshots.named:
             whole = self.whole_partition
             # A whole partition's position is the group's offset; a hash range's, its totals record
             # (positions.py): the partition's other slots are at other offsets.
-            if committable > self._committed_offset and whole:
+            if committable > committed_offset and whole:
                 offsets.append(TopicPartition(topic, self._partition, committable))
             # A snapshot is every live client's state, then the totals record; it starts at its
             # first record (the totals record when no client has a state).
@@ -511,15 +520,19 @@ class SlotState:
             records.extend(written)
             changelog_records += len(written) + len(last)
             names = self._snapshots.start
-            duplicates = totals.duplicates_dropped - self._committed_totals.duplicates_dropped
+            duplicates = totals.duplicates_dropped - committed_totals.duplicates_dropped
         if not records and not last:
             return None
-        return CommitBatch(records, offsets, committable, processed, dead_letters, totals, duplicates,
-                           changelog_records, snapshot, names, last)
+        self._taken = CommitBatch(records, offsets, committable, processed, dead_letters, totals, duplicates,
+                                  changelog_records, snapshot, names, last)
+        return self._taken
 
     def committed(self, batch: CommitBatch) -> None:
-        """`batch` (the last one taken) committed: its offset and totals are the committed ones, its
-        counts go to the metrics, and the snapshot schedule learns what the changelog got."""
+        """`batch` (the oldest one taken and not reported yet) committed: its offset and totals are
+        the committed ones, its counts go to the metrics, and the snapshot schedule learns what the
+        changelog got."""
+        if batch is self._taken:
+            self._taken = None
         m = self._metrics
         if batch.processed:
             m.processed.inc(batch.processed)

@@ -17,6 +17,10 @@ its committable offset; they commit atomically, so after a crash either all of t
 (tansu commits, torn, what a dead owner left open: see docs/kafka.md and restore.py.) Each
 producer has its own thread because a commit blocks until the broker acknowledges; slots commit
 in parallel. What a failed call means, and the waits between tries, come from kafkaquirks.py.
+
+A slot's release need not wait for its transaction in flight to end before committing what
+finished since: until that transaction starts to end, more records and newer offsets may `join`
+it, and one commit ends both (each transaction is a few round trips to a starved broker).
 """
 
 from __future__ import annotations
@@ -145,6 +149,30 @@ class OutputRecord:
     returns: e.g. where a changelog snapshot starts (snapshots.py)."""
 
 
+@dataclass(frozen=True, slots=True)
+class Addition:
+    """Records and offsets that joined a transaction in flight (`SlotTransactions.join`)."""
+
+    records: list[OutputRecord]
+    offsets: list[TopicPartition]
+    last: list[OutputRecord]
+
+
+def newer_offsets(older: list[TopicPartition], newer: list[TopicPartition]) -> list[TopicPartition]:
+    """`older` with each partition's offset replaced by `newer`'s where it has one."""
+    merged = {(tp.topic, tp.partition): tp for tp in older}
+    merged.update({(tp.topic, tp.partition): tp for tp in newer})
+    return list(merged.values())
+
+
+def _with_joined(joined: Addition | None, records: list[OutputRecord], offsets: list[TopicPartition],
+                 last: list[OutputRecord]) -> tuple[list[OutputRecord], list[TopicPartition], list[OutputRecord]]:
+    """The transaction's whole records, offsets and last records once `joined` joined it."""
+    if joined is None:
+        return records, offsets, last
+    return records + joined.records, newer_offsets(offsets, joined.offsets), last + joined.last
+
+
 class SlotTransactions:
     """Writes one slot's batches of OutputRecords plus its offset commit in Kafka transactions."""
 
@@ -171,6 +199,11 @@ class SlotTransactions:
         self._abandoned = threading.Event()
         """A call of the producer did not return (see `_send_offsets` and `commit`): the producer is
         given up, not touched again, and nothing waits behind the call."""
+        self._joining = threading.Lock()
+        self._joinable = False
+        """A transaction is in flight and has not started to end: `join` adds to it."""
+        self._additions: list[Addition] = []
+        """What joined the transaction in flight and it has not yet written."""
         # Created now (connections and metadata warm up while the slot is still read ahead), but
         # initialised only by `open`: initialising fences the slot's current owner.
         self._created = self._executor.submit(self._create)
@@ -236,7 +269,11 @@ class SlotTransactions:
         leaving the call to its thread, so that no slot waits on a producer for longer.
 
         `last`: records that say where the slot's position is (a hash-range slot's totals record,
-        as offsets do for a whole partition): written only once `records` were acknowledged."""
+        as offsets do for a whole partition): written only once `records` were acknowledged.
+
+        Until the transaction starts to end, `join` may add to it (module docstring)."""
+        with self._joining:
+            self._joinable, self._additions = True, []
         running = asyncio.get_running_loop().run_in_executor(self._executor, self._commit, records, offsets,
                                                              last or [])
         longest = COMMIT_DEADLINE_SECONDS + CALL_STUCK_SECONDS
@@ -254,8 +291,41 @@ class SlotTransactions:
                 "(a producer call did not return within its timeout): giving this producer up; the slot resumes "
                 "from the last committed offsets", gave_up=True) from None
 
+    def join(self, records: list[OutputRecord], offsets: list[TopicPartition],
+             last: list[OutputRecord] | None = None) -> bool:
+        """Add `records`, `offsets` and `last` (as `commit` takes them, and newer than what it
+        carries) to the transaction in flight, if it has not started to end: then it writes them
+        after its own, and they commit or fail with it; returns whether they joined. Any thread."""
+        with self._joining:
+            if not self._joinable:
+                return False
+            self._additions.append(Addition(records, offsets, last or []))
+            return True
+
+    def _joined(self, end: bool) -> Addition | None:
+        """What joined the transaction since the last call, merged in order; with `end`, nothing
+        may join any more (its commit follows)."""
+        with self._joining:
+            additions, self._additions = self._additions, []
+            if end:
+                self._joinable = False
+        if not additions:
+            return None
+        offsets: list[TopicPartition] = []
+        for a in additions:
+            offsets = newer_offsets(offsets, a.offsets)
+        return Addition([r for a in additions for r in a.records], offsets, [r for a in additions for r in a.last])
+
     def _commit(self, records: list[OutputRecord], offsets: list[TopicPartition],
                 last: list[OutputRecord] | None = None) -> None:
+        try:
+            self._commit_joined(records, offsets, last or [])
+        finally:
+            with self._joining:
+                self._joinable = False  # failed or committed: nothing may join it after
+
+    def _commit_joined(self, records: list[OutputRecord], offsets: list[TopicPartition],
+                       last: list[OutputRecord]) -> None:
         producer = self._producer
         if producer is None or not self._initialised:
             raise TransactionFailed(f"{self.transactional_id} is not open")
@@ -268,10 +338,18 @@ class SlotTransactions:
                 producer.begin_transaction()
                 for r in records:
                     self._produce(producer, r)
+                # What joined by now goes out with the transaction's own position, in one round trip.
+                # It is part of the batch before it is produced: a retry writes it again.
+                joined = self._joined(end=False)
+                records, offsets, last = _with_joined(joined, records, offsets, last)
+                self._produce_joined(producer, joined)
                 if offsets or last:
-                    outputs_acknowledged_before_offsets(
-                        lambda: self._flush(producer, retry),
-                        lambda: self._position(producer, retry, offsets, last or []))
+                    self._flush_then_position(producer, retry, offsets, last)
+                joined = self._joined(end=True)
+                records, offsets, last = _with_joined(joined, records, offsets, last)
+                self._produce_joined(producer, joined)
+                if joined is not None and (joined.offsets or joined.last):
+                    self._flush_then_position(producer, retry, joined.offsets, joined.last)
                 self._retrying(retry, "committing", self._timeout,
                                lambda timeout: self._ending(producer.commit_transaction, timeout))
                 retry.recovered()
@@ -286,6 +364,16 @@ class SlotTransactions:
                                    lambda timeout: self._ending(producer.abort_transaction, timeout))
                 except (KafkaException, SystemError) as abort_exc:
                     raise self._failed(kafka_error(abort_exc), len(records)) from abort_exc
+
+    def _produce_joined(self, producer: Producer, joined: Addition | None) -> None:
+        """Produce the records that `joined` the transaction."""
+        for r in [] if joined is None else joined.records:
+            self._produce(producer, r)
+
+    def _flush_then_position(self, producer: Producer, retry: CommitRetry, offsets: list[TopicPartition],
+                             last: list[OutputRecord]) -> None:
+        outputs_acknowledged_before_offsets(lambda: self._flush(producer, retry),
+                                            lambda: self._position(producer, retry, offsets, last))
 
     def _ending(self, end: Callable[[float], object], timeout: float) -> None:
         """`end(timeout)`, a call that ends a transaction (init_transactions ends the one a previous
