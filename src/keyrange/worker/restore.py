@@ -14,7 +14,9 @@ committed offset:
 - keyed state: the changelog (`<group>.state`) is read from the snapshot that the newest totals
   record counting up to at most C names, or from its start when none does (snapshots.py: this
   bounds the read whatever the uptime); its entries whose source offset (header
-  `keyrange.source.offset`) is < C are folded in log order, entries >= C are ignored; then the
+  `keyrange.source.offset`) is < C are folded in log order, each client's only while its source
+  offset does not go back (a fenced owner's record can land after its successor's on tansu: an
+  older state), entries >= C are ignored; then the
   state headers (`keyrange.state`) of the processed records of offsets >= C (exactly the events
   marked finished above) are applied in offset order. The new owner writes the states those set
   to the changelog again (`RestoredPartition.from_outputs`): a torn transaction can show a
@@ -402,9 +404,14 @@ def fold_logs(start_offsets: dict[int, int], parsed: ParsedLogs,
                 restored.counted_to = record.counted_to
         changes = [c for c in parsed.states.get(p, []) if router.slot_of(p, str(c.client).encode()) == s]
         restored.changelog_records = len(changes) + len(totals)
+        newest: dict[ClientId, int] = {}  # per client, the source offset folded last (-1: no header)
         for change in changes:
-            if change.source_offset is not None and change.source_offset >= restored.start_offset:
+            source = -1 if change.source_offset is None else change.source_offset
+            if source >= restored.start_offset:
                 continue  # possibly ahead of its processed record: that record carries the state
+            if source < newest.get(change.client, -1):
+                continue  # a fenced owner's record that landed late (tansu): an older state
+            newest[change.client] = source
             _set_state(restored, change.client, change.state, change.source_offset)
         for offset, client, state in sorted(states_after[s], key=lambda entry: entry[0]):
             _set_state(restored, client, state, offset)
