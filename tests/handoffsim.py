@@ -8,8 +8,9 @@ event), now and then a snapshot of every client's state, and last the totals rec
 to the slot's lowest unfinished offset and names the newest committed snapshot. A slot's last
 owner may be killed mid-transaction, which tansu commits torn: a prefix of its sink records and of
 its changelog records, the totals record only when every output is there (it is written after they
-were acknowledged); its successor resumes from what a restore of the logs gives. `expected_state` is
-what a restore of a slot must give.
+were acknowledged); its successor resumes from what a restore of the logs gives. With `late_writes`,
+an owner is frozen instead, and the changelog records its torn transaction had in flight land after
+some of its successor's transactions (tansu). `expected_state` is what a restore of a slot must give.
 """
 
 from __future__ import annotations
@@ -90,13 +91,20 @@ Span = tuple[str, int]
 Headers = list[tuple[str, bytes]]
 
 
-def simulate(seed: int, events: int = 400, clients: int = 24,
-             per_partition: int = 3) -> tuple[HandoffLogs, list[tuple[int, int]]]:
+def simulate(seed: int, events: int = 400, clients: int = 24, per_partition: int = 3,
+             late_writes: bool = False) -> tuple[HandoffLogs, list[tuple[int, int]]]:
     """Logs of `events` ledger events of `clients` clients over `per_partition` hash-range slots,
     their transactions interleaved at random, an owner killed now and then and every slot's last
     transaction torn; and the (sink, changelog) lengths after each transaction, where a read-ahead
-    may have stopped."""
+    may have stopped.
+
+    `late_writes`: an owner is frozen rather than killed, and the changelog records its torn
+    transaction had in flight land late, after some of its successor's transactions (tansu appends a
+    produce that passed its fencing check before the successor's init_transactions whenever it gets
+    to it)."""
     rng = random.Random(seed)
+    late: list[tuple[int, list[tuple[Span, bytes, bytes | None, Headers]]]] = []
+    """(how many more transactions before they land, changelog records) of frozen owners."""
     layout = SlotLayout(1, per_partition)
     sink, state_log = (SETTINGS.sink, 0), (SETTINGS.state, 0)
     logs: dict[Span, list[Record]] = {(SETTINGS.topic, 0): [], sink: [], (SETTINGS.dlq, 0): [], state_log: []}
@@ -146,6 +154,8 @@ def simulate(seed: int, events: int = 400, clients: int = 24,
             outputs = outputs[:rng.randint(0, len(outputs))]
             kept = rng.randint(0, len(changes))
             whole = kept == len(changes) and len(outputs) == len(batch)
+            if late_writes and not whole:
+                late.append((rng.randint(1, 4), changes[kept:]))
             changes = changes[:kept] + ([totals] if whole and rng.random() < 0.5 else [])
         else:
             changes.append(totals)
@@ -160,6 +170,13 @@ def simulate(seed: int, events: int = 400, clients: int = 24,
         w.since_snapshot += len(changes)
         if snapshot and not torn:
             w.snapshot_start, w.since_snapshot = first if first is not None else len(logs[state_log]) - 1, 0
+        for i, (wait, records) in reversed(list(enumerate(late))):
+            if wait > 1:
+                late[i] = (wait - 1, records)
+                continue
+            del late[i]
+            for span, key, value, headers in records:
+                append(span, key, value, headers)
         ends.append((len(logs[sink]), len(logs[state_log])))
 
     def restart(w: SlotWriter) -> None:

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Iterable, Mapping
+from pathlib import Path
 from typing import Any
 
 from confluent_kafka import Consumer, TopicPartition
@@ -148,3 +150,44 @@ def control_slot_count(bootstrap: str, group: str) -> int | None:
         if m.key() == ASSIGNMENT_KEY and m.value() is not None:
             slot_count = Publication.decode(m.value()).map.slot_count
     return slot_count
+
+
+def dump_topics(bootstrap: str, topics: Iterable[str], dest: Path, timeout_seconds: float = 60.0) -> None:
+    """Write every record of `topics` (read_uncommitted: aborted and open transactions' records too)
+    to `dest/<topic>.jsonl`, one JSON object per record (partition, offset, timestamp, key, headers,
+    value; bytes as UTF-8 with replacements), so a failed check can be walked back after the test's
+    broker is gone. A topic the broker does not have is skipped."""
+    import orjson
+
+    dest.mkdir(parents=True, exist_ok=True)
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"test-dump-{time.monotonic_ns()}",
+                         "isolation.level": "read_uncommitted", "enable.auto.commit": False, "log_level": 3})
+    try:
+        existing = retrying(lambda: consumer.list_topics(timeout=10)).topics
+        for topic in topics:
+            if topic not in existing:
+                continue
+            parts = sorted(existing[topic].partitions)
+            ends = {tp.partition: retrying(functools.partial(consumer.get_watermark_offsets, tp, timeout=10))[1]
+                    for tp in (TopicPartition(topic, p) for p in parts)}
+            consumer.assign([TopicPartition(topic, p, 0) for p in parts])
+            remaining = {p for p in parts if ends[p] > 0}
+            deadline = time.monotonic() + timeout_seconds
+            with (dest / f"{topic}.jsonl").open("wb") as out:
+                while remaining and time.monotonic() < deadline:
+                    for m in consumer.consume(1000, 0.1):
+                        if m.error() is not None:
+                            continue
+                        out.write(orjson.dumps({
+                            "partition": m.partition(), "offset": m.offset(), "timestamp": m.timestamp()[1],
+                            "key": _text(m.key()), "headers": [(k, _text(v)) for k, v in m.headers() or []],
+                            "value": _text(m.value())}) + b"\n")
+                        if m.offset() + 1 >= ends[m.partition()]:
+                            remaining.discard(m.partition())
+            consumer.unassign()
+    finally:
+        consumer.close()
+
+
+def _text(value: bytes | str | None) -> str | None:
+    return value.decode("utf-8", "replace") if isinstance(value, bytes) else value

@@ -20,7 +20,7 @@ from keyrange.local.supervisor import Supervisor
 from keyrange.ranges.controller import Controller
 from keyrange.spec import load_file
 from tests.checkers import check_all
-from tests.kafkatools import read_counts, read_input_log, read_processed
+from tests.kafkatools import dump_topics, read_counts, read_input_log, read_processed
 
 
 def wait_for(condition: Callable[[], bool], timeout_seconds: float, what: str, interval: float = 0.01) -> None:
@@ -31,6 +31,9 @@ def wait_for(condition: Callable[[], bool], timeout_seconds: float, what: str, i
             raise AssertionError(f"timed out after {timeout_seconds:g} s waiting for {what}")
         time.sleep(interval)
 
+
+WORKER_INFO_LOGS = ("--log-level", "INFO")
+"""`keyrange worker` arguments for a run whose worker logs must say what each restore and handoff did."""
 
 TANSU_SETTLE_SECONDS = 1.0
 """How long a stopped process's last requests get to be answered by tansu before a fence."""
@@ -161,10 +164,11 @@ def ticking(supervisor: Supervisor, stop: threading.Event) -> Iterator[Controlle
 
 @contextmanager
 def supervised(spec_path: Path, bootstrap: str, run_dir: Path, shape: LoadShape, phases: list[Phase],
-               spare_workers: int = 1) -> Iterator[SupervisedRun]:
-    """Start the supervisor of `spec_path` ticking every 0.5 s; `run.load.start()` sends `phases`."""
+               spare_workers: int = 1, worker_args: tuple[str, ...] = ()) -> Iterator[SupervisedRun]:
+    """Start the supervisor of `spec_path` ticking every 0.5 s; `run.load.start()` sends `phases`.
+    `worker_args`: more `keyrange worker` arguments (e.g. `WORKER_INFO_LOGS`)."""
     supervisor = Supervisor(load_file(spec_path), spec_path, bootstrap, run_dir, tick_seconds=0.5,
-                            spare_workers=spare_workers)
+                            spare_workers=spare_workers, worker_args=worker_args)
     stop, load_stop, totals = threading.Event(), threading.Event(), LoadTotals()
     load = threading.Thread(target=produce_phases, args=(bootstrap, supervisor.consumer.spec.kafka.topic, shape,
                                                          phases, load_stop, totals), daemon=True)
@@ -175,13 +179,21 @@ def supervised(spec_path: Path, bootstrap: str, run_dir: Path, shape: LoadShape,
             load_stop.set()
 
 
-def check_everything(bootstrap: str, topic: str, group: str, sent: int) -> int:
+def check_everything(bootstrap: str, topic: str, group: str, sent: int, keep_in: Path | None = None) -> int:
     """Read the input, the processed records and the committed totals; check_all with the ledger
-    oracle, and that every distinct event was processed; return how many that is."""
-    log = read_input_log(bootstrap, topic, sent)
-    distinct = len({e.uuid for e in log})
-    processed = read_processed(bootstrap, f"{topic}.processed", distinct, timeout_seconds=120)
-    counts = read_counts(bootstrap, topic, group, covering=len(log))
-    check_all(log, list(processed), counts, ledger=True)
-    assert len(processed) == distinct
+    oracle, and that every distinct event was processed; return how many that is. With `keep_in`,
+    a failed check first writes every topic of the consumer there (`dump_topics`): the session's
+    broker, and its data, are gone when the failure is looked at."""
+    try:
+        log = read_input_log(bootstrap, topic, sent)
+        distinct = len({e.uuid for e in log})
+        processed = read_processed(bootstrap, f"{topic}.processed", distinct, timeout_seconds=120)
+        counts = read_counts(bootstrap, topic, group, covering=len(log))
+        check_all(log, list(processed), counts, ledger=True)
+        assert len(processed) == distinct
+    except AssertionError:
+        if keep_in is not None:
+            dump_topics(bootstrap, [topic, f"{topic}.processed", f"{topic}.dlq", f"{group}.state",
+                                    f"{group}.control"], keep_in)
+        raise
     return distinct

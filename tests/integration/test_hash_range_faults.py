@@ -34,6 +34,7 @@ from keyrange.ranges.layout import SlotLayout
 from tests.conftest import BrokerUnderTest
 from tests.integration.supervised import (
     TANSU_SETTLE_SECONDS,
+    WORKER_INFO_LOGS,
     SupervisedRun,
     check_everything,
     consumer_yaml,
@@ -85,7 +86,9 @@ def test_a_frozen_owner_of_a_hash_range_resumed_after_a_split_moved_it_commits_n
     shape = LoadShape(rate=150, clients=80, duplicate_ratio=0.05, ledger=True, seed=17)
     replacement_log = tmp_path / "replacement.log"
     replacement = None
-    with supervised(path, bootstrap, tmp_path / "run", shape, [Phase(40, 150)]) as run:
+    # Worker logs at INFO (each restore's line) and, on a failed check, the topics kept: a rare
+    # failure on tansu must say which restore lost what.
+    with supervised(path, bootstrap, tmp_path / "run", shape, [Phase(40, 150)], worker_args=WORKER_INFO_LOGS) as run:
         try:
             assert run.controller.layout == SlotLayout(1, 2)
             wait_for(lambda: holds(run, 0, {0, 1}), 60, "worker 0 to hold both hash ranges of partition 0")
@@ -107,7 +110,8 @@ def test_a_frozen_owner_of_a_hash_range_resumed_after_a_split_moved_it_commits_n
             with replacement_log.open("wb") as out:
                 replacement = subprocess.Popen(
                     [sys.executable, "-m", "keyrange.cli", "worker", "--spec-file", str(path), "--bootstrap",
-                     bootstrap, "--worker-id", "0"], stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+                     bootstrap, "--worker-id", "0", *WORKER_INFO_LOGS], stdout=out, stderr=subprocess.STDOUT,
+                    stdin=subprocess.DEVNULL)
             wait_for(lambda: holds(run, 0, {0}, replacement.pid) and holds(run, 1, {1})
                      and state.publication is not None and not state.publication.transit, 120,
                      f"the replacement to hold slot 0 and worker 1 slot 1: {run.controller.status().last_decision}",
@@ -129,7 +133,7 @@ def test_a_frozen_owner_of_a_hash_range_resumed_after_a_split_moved_it_commits_n
             wait_for(lambda: handled(run) >= target or not run.load.is_alive(), 120,
                      "300 more events handled after the replacement stood down", interval=0.1)
             run.end_load()
-            check_everything(bootstrap, topic_name, f"{topic_name}-g", run.totals.sent)
+            check_everything(bootstrap, topic_name, f"{topic_name}-g", run.totals.sent, keep_in=tmp_path / "topics")
         finally:
             if replacement is not None and replacement.poll() is None:
                 replacement.kill()

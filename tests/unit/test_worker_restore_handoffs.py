@@ -1,7 +1,8 @@
 """Restoring hash-range slots from logs their owners wrote: siblings' transactions interleaved in the
 shared changelog and sink partitions, snapshots, clients finishing out of order, each slot's last
-transaction torn (tansu), and the read-ahead's seam (read ahead at any transaction's end, caught up
-at the grant). Every restore must give the state every finished event left (tests/handoffsim.py)."""
+transaction torn (tansu), a frozen owner's changelog records landing after its successor's (tansu),
+and the read-ahead's seam (read ahead at any transaction's end, caught up at the grant). Every
+restore must give the state every finished event left (tests/handoffsim.py)."""
 
 from __future__ import annotations
 
@@ -19,6 +20,15 @@ SEEDS = range(40)
 @pytest.mark.parametrize("seed", SEEDS)
 def test_a_full_restore_of_each_hash_range_gives_the_state_of_every_finished_event(seed: int) -> None:
     sim, _ = simulate(seed)
+    slots = list(range(sim.layout.per_partition))
+    committed, restored = restore_from(sim.logs, sim.layout, slots)
+    for s in slots:
+        assert restored[s].state == sim.expected_state(s, committed[s]), f"slot {s} from {committed[s]}"
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_a_frozen_owners_changelog_records_landing_after_its_successors_do_not_take_a_client_back(seed: int) -> None:
+    sim, _ = simulate(seed, late_writes=True)
     slots = list(range(sim.layout.per_partition))
     committed, restored = restore_from(sim.logs, sim.layout, slots)
     for s in slots:

@@ -14,7 +14,9 @@ committed offset:
 - keyed state: the changelog (`<group>.state`) is read from the snapshot that the newest totals
   record counting up to at most C names, or from its start when none does (snapshots.py: this
   bounds the read whatever the uptime); its entries whose source offset (header
-  `keyrange.source.offset`) is < C are folded in log order, entries >= C are ignored; then the
+  `keyrange.source.offset`) is < C are folded in log order, each client's only while its source
+  offset does not go back (a fenced owner's record can land after its successor's on tansu: an
+  older state), entries >= C are ignored; then the
   state headers (`keyrange.state`) of the processed records of offsets >= C (exactly the events
   marked finished above) are applied in offset order. The new owner writes the states those set
   to the changelog again (`RestoredPartition.from_outputs`): a torn transaction can show a
@@ -36,7 +38,7 @@ argument, and why it is the plain changelog's state on Kafka, is in docs/worker.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -99,6 +101,8 @@ class RestoredPartition:
     the changelog said so); a snapshot writes it with the state."""
     totals: Totals = field(default_factory=Totals)
     """How the offsets below start_offset finished (the newest totals record the commit covers)."""
+    counted_to: int | None = None
+    """The offset that totals record counts up to (None: the logs read held none for the slot)."""
     snapshot_start: int | None = None
     """The changelog snapshot that totals record names (snapshots.py; None: none)."""
     changelog_records: int = 0
@@ -130,11 +134,11 @@ def restore(settings: WorkerSettings, start_offsets: dict[int, int], partition_c
 
 def restore_with(reader: LogReader, settings: WorkerSettings, start_offsets: dict[int, int],
                  partition_counts: dict[str, int], now_s: float | None,
-                 layout: SlotLayout | None = None) -> dict[int, RestoredPartition]:
-    """`restore` on a given reader."""
+                 layout: SlotLayout | None = None, parsed: ParsedLogs | None = None) -> dict[int, RestoredPartition]:
+    """`restore` on a given reader; the records read are parsed into `parsed` when given."""
     layout = layout or SlotLayout(partition_counts[settings.topic])
     plan = plan_reads(reader, settings, start_offsets, partition_counts, now_s, layout=layout)
-    parsed = ParsedLogs()
+    parsed = ParsedLogs() if parsed is None else parsed
     reader.read(plan.starts, input_stops(settings.topic, start_offsets, layout),
                 each=lambda span, messages: parsed.add(settings, span, messages))
     return fold_logs(start_offsets, parsed, layout)
@@ -317,25 +321,32 @@ class ParsedLogs:
     pacer: Pacer = field(default_factory=Pacer, repr=False, compare=False)
     """Parsing and folding step aside for the worker's event loop now and then (pacing.py): a
     restore runs on a thread beside it, and the slots that did not move go on meanwhile."""
+    read: dict[Span, tuple[int, int]] = field(default_factory=dict, compare=False)
+    """Per span, the first offset and the offset after the last of the records added (what a
+    restore's log line says it read)."""
 
-    def add(self, settings: WorkerSettings, span: Span, messages: Iterable[Message]) -> None:
+    def add(self, settings: WorkerSettings, span: Span, messages: Sequence[Message]) -> None:
         """Parse `messages` of `span` (records after those added for it before)."""
         topic, partition = span
+        if messages:
+            first, after = messages[0].offset(), messages[-1].offset()
+            if first is not None and after is not None:
+                self.read[span] = (self.read.get(span, (first, 0))[0], after + 1)
         parser = settings.input_mapping.parser
-        messages = self.pacer.paced(messages)
+        paced = self.pacer.paced(messages)
         if topic == settings.topic:
-            self.inputs.setdefault(partition, []).extend(_input_entry(parser, m) for m in messages)
+            self.inputs.setdefault(partition, []).extend(_input_entry(parser, m) for m in paced)
         elif topic in (settings.sink, settings.dlq):
             group = settings.group_id.encode()
             # Several consumer groups may share a sink and a DLQ: only this group's outputs say
             # what this group finished. Outputs without the header predate it and are not trusted.
-            ours = (m for m in messages if _header(m, GROUP_HEADER) == group)
+            ours = (m for m in paced if _header(m, GROUP_HEADER) == group)
             if topic == settings.dlq:
                 self.outputs.extend(e for m in ours if (e := _dead_letter_entry(parser, m)) is not None)
             else:
                 self.outputs.extend(e for m in ours if (e := _processed_entry(m)) is not None)
         elif topic == settings.state:
-            for m in messages:
+            for m in paced:
                 if is_totals_key(m.key()):
                     if (totals := _totals_entry(m)) is not None:
                         self.totals.setdefault(partition, []).append(totals)
@@ -390,16 +401,43 @@ def fold_logs(start_offsets: dict[int, int], parsed: ParsedLogs,
         for record in totals:
             if record.counted_to <= restored.start_offset:
                 restored.totals, restored.snapshot_start = record.totals, record.snapshot_start
+                restored.counted_to = record.counted_to
         changes = [c for c in parsed.states.get(p, []) if router.slot_of(p, str(c.client).encode()) == s]
         restored.changelog_records = len(changes) + len(totals)
+        newest: dict[ClientId, int] = {}  # per client, the source offset folded last (-1: no header)
         for change in changes:
-            if change.source_offset is not None and change.source_offset >= restored.start_offset:
+            source = -1 if change.source_offset is None else change.source_offset
+            if source >= restored.start_offset:
                 continue  # possibly ahead of its processed record: that record carries the state
+            if source < newest.get(change.client, -1):
+                continue  # a fenced owner's record that landed late (tansu): an older state
+            newest[change.client] = source
             _set_state(restored, change.client, change.state, change.source_offset)
         for offset, client, state in sorted(states_after[s], key=lambda entry: entry[0]):
             _set_state(restored, client, state, offset)
             restored.from_outputs[client] = offset
     return result
+
+
+def describe_restore(settings: WorkerSettings, restored: Mapping[int, RestoredPartition], parsed: ParsedLogs,
+                     layout: SlotLayout, read_ahead_from: Mapping[int, int] | None = None) -> str:
+    """One line saying what a restore restored each slot from: where it resumes (C; C0 when it went
+    on from a read-ahead), the totals record it took, the changelog records and states it folded,
+    the offsets at or past C that had finished (outputs found) and the states it re-logs from their
+    processed records; then the offsets of every span it read (first-after last record)."""
+    slots = []
+    for s, r in sorted(restored.items()):
+        ahead = f" (read ahead from {read_ahead_from[s]})" if read_ahead_from and s in read_ahead_from else ""
+        finished = sorted(r.finished_offsets)
+        done = f"{len(finished)} finished at or past it ({finished[0]}-{finished[-1]})" if finished else "none past it"
+        relog = sorted(r.from_outputs.values())
+        relogged = f", re-logging {len(relog)} states set at {relog[0]}-{relog[-1]}" if relog else ""
+        slots.append(f"{layout.describe_slot(s)} from {r.start_offset}{ahead}: totals counting to {r.counted_to}, "
+                     f"{r.changelog_records} changelog records, {len(r.state)} client states, {len(r.seen)} uuids, "
+                     f"{done}{relogged}")
+    roles = {settings.topic: "input", settings.sink: "sink", settings.dlq: "dlq", settings.state: "changelog"}
+    spans = ", ".join(f"{roles.get(t, t)}[{p}] {a}-{b}" for (t, p), (a, b) in sorted(parsed.read.items()))
+    return f"{'; '.join(slots)}; read {spans or 'nothing'}"
 
 
 def _input_entry(parser: InputParser, m: Message) -> InputEntry:

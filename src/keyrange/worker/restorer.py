@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import logging
 import threading
 from collections.abc import Iterable
 from concurrent.futures import Future
@@ -42,12 +43,15 @@ from keyrange.worker.positions import committed_so_far_lookup, slot_starts
 from keyrange.worker.restore import (
     ParsedLogs,
     RestoredPartition,
+    describe_restore,
     fold_logs,
     input_stops,
     plan_reads,
     restore_with,
 )
 from keyrange.worker.settings import WorkerSettings
+
+log = logging.getLogger(__name__)
 
 READ_AHEAD_FOLLOWS = 2
 """How many times a read-ahead that reached a log's end reads on to its newest end (records
@@ -196,8 +200,13 @@ class Restorer:
             if prefetched is not None:
                 caught_up = _catch_up(reader, self._settings, starts, prefetched, self.layout)
                 if caught_up is not None:
+                    log.info("restored %s", describe_restore(self._settings, caught_up, prefetched.logs, self.layout,
+                                                             prefetched.committed))
                     return caught_up
-            return restore_with(reader, self._settings, starts, self._counts, now_s, self.layout)
+            parsed = ParsedLogs()
+            restored = restore_with(reader, self._settings, starts, self._counts, now_s, self.layout, parsed)
+            log.info("restored %s", describe_restore(self._settings, restored, parsed, self.layout))
+            return restored
         finally:
             self._done_with(reader)
 
