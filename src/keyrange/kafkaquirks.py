@@ -139,6 +139,12 @@ class Backoff:
 # --- tansu workarounds (each right on Apache Kafka too; docs/kafka.md says what tansu does) -------
 
 
+WHOLE_LOG_FROM = 0
+"""Where a read of a partition from its start begins: offset 0, not the earliest offset ListOffsets
+lists, which tansu can answer past a fresh partition's first batches when several producers write
+them at once; a read below the log's start begins at that start (`auto.offset.reset`)."""
+
+
 def outputs_acknowledged_before_offsets(flush: Callable[[], None], send_offsets: Callable[[], None]) -> None:
     """Flush a transaction's outputs, then send its offsets: tansu's init_transactions commits what a
     dead predecessor had delivered, so visible offsets must imply visible outputs."""

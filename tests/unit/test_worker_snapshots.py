@@ -52,19 +52,22 @@ class ChangelogTransactions:
 class LogOnlyReader:
     """Reads an in-memory changelog as LogReader does; counts the records it hands back."""
 
-    def __init__(self, log: list[FakeMessage], first: int = 0) -> None:
+    def __init__(self, log: list[FakeMessage], first: int = 0, listed_first: int | None = None) -> None:
         self.log = [r for r in log if r.offset() >= first]
         self.first = first
+        self.listed_first = first if listed_first is None else listed_first
+        """The first offset ListOffsets lists (tansu's can be past records the log holds)."""
         self.end = log[-1].offset() + 2 if log else first
         self.records_read = 0
 
     def bounds(self, spans: list[Span]) -> dict[Span, tuple[int, int]]:
-        return {span: (self.first, self.end) for span in spans}
+        return {span: (self.listed_first, self.end) for span in spans}
 
     def read(self, starts: dict[Span, int], stops: dict[Span, int] | None = None,
              each: Callable[[Span, list[FakeMessage]], None] | None = None
              ) -> tuple[dict[Span, list[FakeMessage]], dict[Span, int]]:
         stops = stops or {}
+        out: dict[Span, list[FakeMessage]] = {span: [] for span in starts}
         ends = {}
         for span, start in starts.items():
             stop = stops.get(span, self.end)
@@ -72,8 +75,10 @@ class LogOnlyReader:
             self.records_read += len(batch)
             if batch and each is not None:
                 each(span, batch)
+            elif each is None:
+                out[span] = batch
             ends[span] = stop
-        return {span: [] for span in starts}, ends
+        return out, ends
 
 
 def totals_record(offset: int, counted_to: int, snapshot_start: int | None) -> FakeMessage:
@@ -121,9 +126,23 @@ def test_the_search_steps_back_in_doubling_steps_past_a_long_stretch_without_tot
 
 
 def test_without_a_named_snapshot_the_changelog_is_read_from_its_start() -> None:
+    """From offset 0, where a read begins at the log's start (300 here: its head was deleted)."""
     log = [FakeMessage(o, b"7", b"1", None) for o in range(300, 400)] + [totals_record(400, 10, None)]
-    assert changelog_starts(LogOnlyReader(log, first=300), SETTINGS.state, {0: 10}) == {STATE: 300}  # type: ignore[arg-type]
+    reader = LogOnlyReader(log, first=300)
+    start = changelog_starts(reader, SETTINGS.state, {0: 10})  # type: ignore[arg-type]
+    assert start == {STATE: 0}
+    assert [m.offset() for m in reader.read(start)[0][STATE]] == list(range(300, 401))
     assert changelog_starts(LogOnlyReader([]), SETTINGS.state, {0: 0}) == {STATE: 0}  # type: ignore[arg-type]
+
+
+def test_a_listed_start_past_the_first_records_does_not_skip_them() -> None:
+    """tansu can list a fresh partition's earliest offset past its first batches when several
+    producers wrote them at once (docs/kafka.md): a restore that began there lost a client's only
+    changelog record, and the client's state with it."""
+    log = [FakeMessage(o, str(o).encode(), b"1", None) for o in range(40)] + [totals_record(40, 10, None)]
+    reader = LogOnlyReader(log, listed_first=24)
+    start = changelog_starts(reader, SETTINGS.state, {0: 10})  # type: ignore[arg-type]
+    assert [m.offset() for m in reader.read(start)[0][STATE]][:24] == list(range(24))
 
 
 CLIENTS = 30

@@ -31,12 +31,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
-from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaException, Producer, TopicPartition
+from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
 
 from keyrange.errors import UserError
 from keyrange.kafkaclients import KafkaClients
 from keyrange.kafkaio import TopicSpec, ensure_topics
-from keyrange.kafkaquirks import Failure, classify, kafka_error, read_past_listed_end
+from keyrange.kafkaquirks import WHOLE_LOG_FROM, Failure, classify, kafka_error, read_past_listed_end
 from keyrange.ranges.ownership import allowed_slots, supersedes
 from keyrange.ranges.pauses import HandoffPause
 from keyrange.ranges.rangemap import RangeMap
@@ -282,7 +282,7 @@ class ControlChannel:
         # A group id is required by the client but never used: offsets are not committed,
         # every reader reads the whole compacted topic from the beginning.
         self._consumer = Consumer(clients.consumer(f"{client_name}-control-reader", {"fetch.wait.max.ms": 50}))
-        self._consumer.assign([TopicPartition(self.topic, 0, OFFSET_BEGINNING)])
+        self._consumer.assign([TopicPartition(self.topic, 0, WHOLE_LOG_FROM)])
 
     @staticmethod
     def ensure_topic(bootstrap: str, group_id: str, client_properties: Mapping[str, str] | None = None,

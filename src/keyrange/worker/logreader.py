@@ -10,7 +10,7 @@ from collections.abc import Callable, Iterable
 from confluent_kafka import Consumer, KafkaException, Message, TopicPartition
 
 from keyrange.errors import UserError
-from keyrange.kafkaquirks import PATIENT_FETCH_WAIT_MS, Backoff, withholds_records_below_end
+from keyrange.kafkaquirks import PATIENT_FETCH_WAIT_MS, WHOLE_LOG_FROM, Backoff, withholds_records_below_end
 from keyrange.logend import Span, fetched_end, reached
 from keyrange.worker.consumer import consumer_config
 from keyrange.worker.pacing import Pacer
@@ -139,11 +139,7 @@ class LogReader:
         offsets committed so far at once."""
         timeout = self._settings.kafka_timeout_seconds
         found = (lookup or self._consumer).committed([TopicPartition(topic, p) for p in partitions], timeout=timeout)
-        starts = {tp.partition: tp.offset for tp in found}
-        for p, offset in starts.items():
-            if offset < 0:
-                starts[p] = self._consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=timeout)[0]
-        return starts
+        return {tp.partition: tp.offset if tp.offset >= 0 else WHOLE_LOG_FROM for tp in found}
 
     def close(self) -> None:
         """Close the consumer (it never joined a group)."""

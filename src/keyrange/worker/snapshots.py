@@ -37,6 +37,7 @@ from dataclasses import dataclass
 from confluent_kafka import Message
 
 from keyrange.events import SNAPSHOT_HEADER, SOURCE_OFFSET_HEADER, is_totals_key, totals_key
+from keyrange.kafkaquirks import WHOLE_LOG_FROM
 from keyrange.logend import Span
 from keyrange.ranges.layout import SlotLayout
 from keyrange.worker.logreader import LogReader
@@ -124,12 +125,11 @@ def changelog_starts(reader: LogReader, state_topic: str, committed: Mapping[int
     queries = {slot: TotalsQuery(layout.partition_of(slot), slot_totals_key(layout, slot), c)
                for slot, c in committed.items()}
     newest = newest_totals(reader, state_topic, queries)
-    bounds = reader.bounds({(state_topic, q.partition) for q in queries.values()})
     found: dict[Span, int] = {}
     for slot, query in queries.items():
         span = (state_topic, query.partition)
         record = newest[slot]
-        start = bounds[span][0] if record is None or record[1] is None else record[1]
+        start = WHOLE_LOG_FROM if record is None or record[1] is None else record[1]
         found[span] = min(found.get(span, start), start)
     return found
 
