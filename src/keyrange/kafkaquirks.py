@@ -142,7 +142,9 @@ class Backoff:
 WHOLE_LOG_FROM = 0
 """Where a read of a partition from its start begins: offset 0, not the earliest offset ListOffsets
 lists, which tansu can answer past a fresh partition's first batches when several producers write
-them at once; a read below the log's start begins at that start (`auto.offset.reset`)."""
+them at once; a read below the log's start begins at that start (`auto.offset.reset`). A position
+(where a slot resumes) is the listed one unless records below it read back (`LogReader.start_offsets`):
+on Kafka a log whose head was deleted starts past 0."""
 
 
 def outputs_acknowledged_before_offsets(flush: Callable[[], None], send_offsets: Callable[[], None]) -> None:

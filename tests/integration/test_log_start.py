@@ -75,3 +75,25 @@ def test_a_read_from_a_partition_s_start_gets_its_first_batches_whatever_the_bro
         finally:
             reader.close()
     print(f"the broker listed a start past offset 0 in {wrong_listings} of {TRIALS} fresh partitions")
+
+
+def test_a_partition_whose_head_was_deleted_resumes_at_its_first_record(kafka_bootstrap: str,
+                                                                         topic_name: str) -> None:
+    """Without a committed offset a slot resumes at the log's first offset, not at 0: on Kafka a log
+    whose head retention deleted starts past 0, and a window starting at 0 would count the deleted
+    records as lag for as long as nothing new comes (Apache Kafka only: tansu has no DeleteRecords)."""
+    from confluent_kafka.admin import AdminClient
+
+    ensure_topics(kafka_bootstrap, [TopicSpec(topic_name, 1)])
+    producer = Producer({"bootstrap.servers": kafka_bootstrap})
+    for k in range(30):
+        producer.produce(topic_name, key=str(k).encode(), value=b"1", partition=0)
+    producer.flush(30)
+    admin = AdminClient({"bootstrap.servers": kafka_bootstrap})
+    for future in admin.delete_records([TopicPartition(topic_name, 0, 25)]).values():
+        future.result(30)
+    reader = LogReader(settings_for(kafka_bootstrap, topic_name))
+    try:
+        assert reader.start_offsets(topic_name, [0]) == {0: 25}
+    finally:
+        reader.close()

@@ -139,7 +139,19 @@ class LogReader:
         offsets committed so far at once."""
         timeout = self._settings.kafka_timeout_seconds
         found = (lookup or self._consumer).committed([TopicPartition(topic, p) for p in partitions], timeout=timeout)
-        return {tp.partition: tp.offset if tp.offset >= 0 else WHOLE_LOG_FROM for tp in found}
+        return {tp.partition: tp.offset if tp.offset >= 0 else self._first_offset(topic, tp.partition) for tp in found}
+
+    def _first_offset(self, topic: str, partition: int) -> int:
+        """The partition's first offset: the one ListOffsets lists, or the first record a read from
+        WHOLE_LOG_FROM finds below it (tansu can list one past a fresh partition's first batches)."""
+        span = (topic, partition)
+        listed = max(0, self._consumer.get_watermark_offsets(TopicPartition(*span),
+                                                             timeout=self._settings.kafka_timeout_seconds)[0])
+        if listed <= WHOLE_LOG_FROM:
+            return listed
+        below, _ = self.read({span: WHOLE_LOG_FROM}, {span: listed})
+        found = [m.offset() for m in below[span]]
+        return min([o for o in found if o is not None], default=listed)
 
     def close(self) -> None:
         """Close the consumer (it never joined a group)."""
