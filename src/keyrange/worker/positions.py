@@ -27,7 +27,10 @@ def committed_so_far_lookup(settings: WorkerSettings) -> Consumer:
     far. A read_committed consumer asks the broker for stable offsets, and Kafka holds that answer
     back while any transaction carrying offsets of the partitions is open: a read-ahead beside an old
     owner that commits back to back on a busy machine then waits seconds for a moment when none is.
-    It never fetches, so its isolation level reads no record."""
+    It never fetches, so its isolation level reads no record. The acquire's restore uses it too, once
+    the slots' producers are initialised: every earlier transaction of them is then decided, and
+    offsets still pending are a fenced producer's late write, which a stable lookup would wait for
+    until the new owner commits (docs/kafka.md)."""
     return Consumer(settings.clients.consumer(settings.group_id, {"client.id": worker_client_id(settings, "offsets")},
                                               isolation_level="read_uncommitted"))
 

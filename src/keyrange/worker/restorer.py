@@ -193,10 +193,16 @@ class Restorer:
     def restore_slots(self, slots: Iterable[int], prefetched: Prefetched | None = None,
                       now_s: float | None = None) -> dict[int, RestoredPartition]:
         """Look up where each slot resumes (committed offset, else the first), then restore it,
-        reading only what was appended since `prefetched` when that read-ahead covers the slots."""
+        reading only what was appended since `prefetched` when that read-ahead covers the slots.
+        Only after the slots' producers are initialised (the acquire's first step): the committed
+        offsets are looked up as committed so far (`positions.committed_so_far_lookup`)."""
         reader = self._take()
         try:
-            starts = self._starts(reader, slots)
+            # Called once the acquire initialised the slots' producers: every earlier transaction of
+            # their ids is decided, so offsets still pending are a fenced producer's late write, which a
+            # stable lookup would wait for until this owner's first commit (never, from inside it).
+            with self._lookup_busy:
+                starts = self._starts(reader, slots, self._lookup)
             if prefetched is not None:
                 caught_up = _catch_up(reader, self._settings, starts, prefetched, self.layout)
                 if caught_up is not None:
