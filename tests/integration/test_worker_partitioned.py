@@ -29,7 +29,7 @@ from keyrange.ranges.channel import ControlChannel
 from keyrange.ranges.controller import Controller
 from keyrange.ranges.planner import ScalingLimits, SlotLag
 from tests.integration.supervised import check_everything, consumer_yaml, wait_for
-from tests.kafkatools import read_counts
+from tests.kafkatools import committed_input_records
 from tests.netfaults import BlackholeRelay
 
 RELAYED = "RELAYED"
@@ -66,13 +66,6 @@ class _NoLag:
         return {}
 
 
-def _covered(bootstrap: str, topic: str, group: str) -> int:
-    """How many input records the group's committed totals account for (handled, dead-lettered or
-    dropped as duplicates): each committed input record is exactly one of them."""
-    counts = read_counts(bootstrap, topic, group, timeout_seconds=0)
-    return counts.handled + counts.dead_lettered + counts.duplicates_dropped
-
-
 def _worker(spec: Path, bootstrap: str, log: Path) -> subprocess.Popen[bytes]:
     with log.open("wb") as out:
         return subprocess.Popen([sys.executable, "-m", "keyrange.cli", "worker", "--spec-file", str(spec),
@@ -106,7 +99,7 @@ def test_a_worker_partitioned_silently_and_replaced_commits_nothing_and_stands_d
         wait_for(lambda: 0 in state.reports and len(state.reports[0].held) == PARTITIONS, 90,
                   "the old worker to hold every slot")
         load.start()
-        wait_for(lambda: _covered(direct, topic_name, group) > 0, 90,
+        wait_for(lambda: committed_input_records(direct, topic_name, group) > 0, 90,
                  "the old worker to handle and commit through the relay", interval=0.2)
         relay.blackhole()
         sent_at_cut = totals.sent
@@ -114,7 +107,7 @@ def test_a_worker_partitioned_silently_and_replaced_commits_nothing_and_stands_d
         wait_for(lambda: 0 in state.claims and state.claims[0].pid == new.pid
                   and state.reports[0].pid == new.pid and len(state.reports[0].held) == PARTITIONS, 90,
                   "the replacement to claim worker 0 and hold every slot")
-        wait_for(lambda: _covered(direct, topic_name, group) > sent_at_cut, 90,
+        wait_for(lambda: committed_input_records(direct, topic_name, group) > sent_at_cut, 90,
                  "the replacement to handle what the old one had in flight, and more", interval=0.2)
         relay.heal()
         code = old.wait(timeout=180)
