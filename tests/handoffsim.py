@@ -128,7 +128,8 @@ def simulate(seed: int, events: int = 400, clients: int = 24, per_partition: int
     def commit(w: SlotWriter, torn: bool) -> None:
         batch = w.finished[w.committed_upto:]
         w.committed_upto = len(w.finished)
-        unfinished = [o for o in w.offsets if o not in set(w.finished)]
+        done = set(w.finished)
+        unfinished = [o for o in w.offsets if o not in done]
         committable = min(unfinished) if unfinished else events
         outputs: list[tuple[int, bytes, bytes, Headers]] = []
         dirty: dict[int, int] = dict(w.relog)
@@ -193,9 +194,13 @@ def simulate(seed: int, events: int = 400, clients: int = 24, per_partition: int
 
     for _ in range(events * 2):
         w = rng.choice(writers)
-        pending = [o for o in w.offsets if o not in set(w.finished)]
+        done = set(w.finished)
         # Any client's next event may finish: clients finish out of order, each in log order.
-        ready = [o for o in pending if o == min(p for p in pending if evs[p][0] == evs[o][0])]
+        ready, seen = [], set()
+        for o in w.offsets:  # ascending: a client's first pending offset is its next event
+            if o not in done and evs[o][0] not in seen:
+                seen.add(evs[o][0])
+                ready.append(o)
         if ready and rng.random() < 0.8:
             offset = rng.choice(ready)
             client, op, amount = evs[offset]

@@ -140,6 +140,14 @@ def read_counts(bootstrap: str, topic: str, group: str, covering: int = 0,
         time.sleep(0.2)
 
 
+def committed_input_records(bootstrap: str, topic: str, group: str) -> int:
+    """How many input records of `topic` the group's committed totals account for so far (handled,
+    dead-lettered or dropped as a duplicate: each committed input record is exactly one of them),
+    for waiting until the workers have committed some work, or everything sent before a moment."""
+    counts = read_counts(bootstrap, topic, group, timeout_seconds=0)
+    return counts.handled + counts.dead_lettered + counts.duplicates_dropped
+
+
 def control_slot_count(bootstrap: str, group: str) -> int | None:
     """The slot count of the newest range map on the consumer's control topic (None: no map), which
     says how its partitions are cut into slots (ranges/layout.py)."""

@@ -28,6 +28,10 @@ from tests.integration.aggregation_helpers import make_topic, processed_records,
 from tests.kafka_cluster_helpers import bootstrap_for
 from tests.kafkatools import read_counts, read_input_log, read_processed
 
+pytestmark = pytest.mark.xdist_group("spark")
+"""Every test here runs on the Spark worker (tests/parallel.py): the aggregation test must, and the
+module's secure Kafka node is then started once, not once more on another xdist worker."""
+
 USER, PASSWORD = "keyrange-app", "s3cret-scram-pw"
 PASSWORD_VARIABLE = "TEST_KAFKA_SCRAM_PASSWORD"
 

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -26,6 +25,7 @@ from keyrange.loadgen import LoadShape
 from keyrange.local.load import Phase
 from tests.conftest import BrokerUnderTest
 from tests.integration.supervised import check_everything, consumer_yaml, stopped_while_fenced, supervised, wait_for
+from tests.kafkatools import committed_input_records
 
 REACQUIRED = "again: their producer failed"
 
@@ -43,7 +43,8 @@ def test_a_second_process_with_the_same_worker_id_stands_down_with_a_clear_error
         try:
             wait_for(run.worker_holds_slots(0), 60, "worker 0 to hold its slots")
             run.load.start()
-            time.sleep(2)  # the load flows through worker 0 first
+            wait_for(lambda: committed_input_records(bootstrap, topic_name, f"{topic_name}-g") > 0, 60,
+                     "the load to flow through worker 0 first", interval=0.2)
             first = run.fleet.workers[0].process
             assert first is not None
             state = run.controller.channel.state

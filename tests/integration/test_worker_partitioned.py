@@ -14,7 +14,6 @@ from __future__ import annotations
 import subprocess
 import sys
 import threading
-import time
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -30,6 +29,7 @@ from keyrange.ranges.channel import ControlChannel
 from keyrange.ranges.controller import Controller
 from keyrange.ranges.planner import ScalingLimits, SlotLag
 from tests.integration.supervised import check_everything, consumer_yaml, wait_for
+from tests.kafkatools import committed_input_records
 from tests.netfaults import BlackholeRelay
 
 RELAYED = "RELAYED"
@@ -99,13 +99,16 @@ def test_a_worker_partitioned_silently_and_replaced_commits_nothing_and_stands_d
         wait_for(lambda: 0 in state.reports and len(state.reports[0].held) == PARTITIONS, 90,
                   "the old worker to hold every slot")
         load.start()
-        time.sleep(4)  # the old worker handles and commits through the relay
+        wait_for(lambda: committed_input_records(direct, topic_name, group) > 0, 90,
+                 "the old worker to handle and commit through the relay", interval=0.2)
         relay.blackhole()
+        sent_at_cut = totals.sent
         new = _worker(spec, direct, tmp_path / "new.log")
         wait_for(lambda: 0 in state.claims and state.claims[0].pid == new.pid
                   and state.reports[0].pid == new.pid and len(state.reports[0].held) == PARTITIONS, 90,
                   "the replacement to claim worker 0 and hold every slot")
-        time.sleep(6)  # the replacement handles what the old one had in flight, and more
+        wait_for(lambda: committed_input_records(direct, topic_name, group) > sent_at_cut, 90,
+                 "the replacement to handle what the old one had in flight, and more", interval=0.2)
         relay.heal()
         code = old.wait(timeout=180)
         # The old worker stood down: every step is done. The load ends here, and what it sent is
