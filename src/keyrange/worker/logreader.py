@@ -149,9 +149,16 @@ class LogReader:
                                                              timeout=self._settings.kafka_timeout_seconds)[0])
         if listed <= WHOLE_LOG_FROM:
             return listed
-        below, _ = self.read({span: WHOLE_LOG_FROM}, {span: listed})
-        found = [m.offset() for m in below[span]]
-        return min([o for o in found if o is not None], default=listed)
+        first: list[int] = []
+        found = threading.Event()
+
+        def take(_span: Span, messages: list[Message]) -> None:
+            if not first:
+                first.append(messages[0].offset())  # type: ignore[arg-type]
+            found.set()  # the first record is all this needs: not a read of everything below `listed`
+
+        self.read({span: WHOLE_LOG_FROM}, {span: listed}, each=take, cut=found)
+        return first[0] if first else listed
 
     def close(self) -> None:
         """Close the consumer (it never joined a group)."""
