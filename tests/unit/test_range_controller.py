@@ -184,3 +184,40 @@ def test_a_consumer_of_fewer_partitions_than_workers_names_its_hash_ranges() -> 
     assert controller.request_scale("up", "alert").detail == "split 0: scale-up requested"
     refused = controller.request_scale("up", "alert")
     assert not refused.applied and refused.detail == "a rescale is in progress (epoch 1: w0=0)"
+
+
+class RecordingGroupOffsets:
+    """A GroupOffsetSink that records each commit with how many assignments were written before it."""
+
+    def __init__(self, channel: MemoryChannel) -> None:
+        self.channel = channel
+        self.commits: list[tuple[dict[int, int], int]] = []
+
+    def commit(self, offsets: Mapping[int, int]) -> None:
+        self.commits.append((dict(offsets), self.channel.keys().count(ASSIGNMENT_KEY)))
+
+    def close(self) -> None:
+        pass
+
+
+def test_a_release_is_granted_before_the_group_offsets_are_committed() -> None:
+    # The group's offsets commit is a broker round trip the step waits for: the moved slots pause
+    # until the grant, so the step that reads the release publishes it first.
+    channel, fleet, clock = MemoryChannel(), Fleet(), WallClock()
+    offsets = RecordingGroupOffsets(channel)
+    monotonic = [100.0]
+    controller = Controller(channel, 1, LIMITS, NoLag(), fleet, clock=lambda: monotonic[0], wall_clock_ms=clock,
+                            group_offsets=offsets)
+    controller.start()
+    controller.warm_timeout_seconds = 0
+    assert controller.status().layout == SlotLayout(1, 2)
+    assert controller.request_scale("up", "alert").applied
+    channel.report(WorkerReport(1, 1, frozenset(), clock.now_ms))
+    channel.report(WorkerReport(0, 1, frozenset({0, 1}), clock.now_ms, positions={0: 10, 1: 12}))
+    controller.step()
+    assert controller.status().phase is Phase.IN_TRANSIT
+
+    monotonic[0] += 1.0
+    channel.report(WorkerReport(0, 2, frozenset({0}), clock.now_ms, positions={0: 11}))
+    assert controller.step().epoch == 3
+    assert offsets.commits[-1] == ({0: 11}, 3), offsets.commits

@@ -190,7 +190,7 @@ class RecordingChannel(UnwritableChannel):
 
 
 class RecordingOwner(FakeSlotOwner):
-    """A FakeSlotOwner that writes its acquires into the shared `steps`."""
+    """A FakeSlotOwner that writes its acquires and releases into the shared `steps`."""
 
     def __init__(self, steps: list[str]) -> None:
         super().__init__()
@@ -199,6 +199,10 @@ class RecordingOwner(FakeSlotOwner):
     async def acquire(self, slots: Collection[int]) -> None:
         self.steps.append(f"acquire {sorted(slots)}")
         await super().acquire(slots)
+
+    async def release(self, slots: Collection[int]) -> None:
+        self.steps.append(f"release {sorted(slots)}")
+        await super().release(slots)
 
 
 async def test_a_granted_new_owner_acquires_before_it_writes_a_report() -> None:
@@ -236,3 +240,35 @@ async def test_an_awaited_worker_that_holds_nothing_reports_before_it_acquires()
     member = RangeMember(engine, channel, 0, heartbeat_seconds=60, poll_seconds=0.01)  # type: ignore[arg-type]
     await run_until(member, lambda: member.applied_epoch == 5)
     assert steps[:2] == ["report 5 holding []", "acquire [0, 1, 2]"]
+
+
+class WakingChannel(RecordingChannel):
+    """A control channel whose first wait on the topic (a poll with a timeout) reads `newer`; every
+    read is written into `steps` (a zero-timeout read as `read`, a wait as `wait`)."""
+
+    def __init__(self, publication: Publication, newer: Publication, steps: list[str]) -> None:
+        super().__init__(publication, steps)
+        self.newer: Publication | None = newer
+
+    def poll(self, timeout_seconds: float = 0.0) -> int:
+        self.steps.append("wait" if timeout_seconds > 0 else "read")
+        if timeout_seconds > 0 and self.newer is not None:
+            self.state.publication, self.newer = self.newer, None
+            return 1
+        return 0
+
+
+async def test_an_epoch_read_by_the_wait_is_applied_without_reading_the_topic_again() -> None:
+    # Each read is a hop to a thread and back through the worker's event loop, which a starved
+    # worker (a CPU hog beside it) turns around only after the events queued before it: the wait
+    # that read the transit has the newest state, so the release starts from it.
+    steps: list[str] = []
+    engine = RecordingOwner(steps)
+    engine.held = {0, 1, 2, 3, 4, 5}
+    transit = Publication(RangeMap.even(6, 2, epoch=6), frozenset({3, 4, 5}), frozenset({0}))
+    channel = WakingChannel(Publication(RangeMap.even(6, 1, epoch=5)), transit, steps)
+    member = RangeMember(engine, channel, 0, heartbeat_seconds=60, poll_seconds=0.01)  # type: ignore[arg-type]
+    member.applied_epoch, member.claim = 5, 7
+    await run_until(member, lambda: member.applied_epoch == 6)
+    released = steps.index("release [3, 4, 5]")
+    assert steps[released - 1] == "wait", steps

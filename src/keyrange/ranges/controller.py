@@ -263,9 +263,12 @@ class Controller:
         publication. Thread-safe."""
         with self._lock:
             self.channel.poll(0.0)
-            self._commit_group_offsets()
             if self.handoff.in_flight:
-                return self._drive()
+                # The grant first: the moved slots pause until it, and the offsets' commit waits on the broker.
+                publication = self._drive()
+                self._commit_group_offsets()
+                return publication
+            self._commit_group_offsets()
             self._lag = self.lag_source.slot_lag()
             load = self.lag_source.load() if isinstance(self.lag_source, LoadSource) else None
             decision = self.planner.decide(self.publication.map, self._lag, self.clock(), load=load)

@@ -124,7 +124,7 @@ class RangeMember:
         try:
             while not stop.is_set():
                 try:
-                    await self.sync_once()
+                    await self.sync_once(read=False)  # the catch-up and each wait below read to the end
                 except ControlWriteFailed as exc:
                     # The control topic's partition is between leaders (a broker died, restarts or
                     # froze): retry the round. An epoch counts as applied only once its report is
@@ -137,9 +137,13 @@ class RangeMember:
             if self._read_ahead_task is not None:
                 self._read_ahead_task.cancel()
 
-    async def sync_once(self) -> None:
-        """One round: read new control records, apply the newest epoch, heartbeat when due."""
-        await asyncio.to_thread(self.channel.poll, 0.0)
+    async def sync_once(self, read: bool = True) -> None:
+        """One round: read new control records (unless `read` is False: the caller just read them),
+        apply the newest epoch, heartbeat when due."""
+        if read:
+            # A read is a hop to a thread and back through the event loop, which a starved worker
+            # turns around only after everything queued before it.
+            await asyncio.to_thread(self.channel.poll, 0.0)
         self._check_identity()
         pub = self.channel.state.publication
         if pub is None:
