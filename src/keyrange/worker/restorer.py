@@ -194,13 +194,12 @@ class Restorer:
                       now_s: float | None = None) -> dict[int, RestoredPartition]:
         """Look up where each slot resumes (committed offset, else the first), then restore it,
         reading only what was appended since `prefetched` when that read-ahead covers the slots.
-        Only after the slots' producers are initialised (the acquire's first step): the committed
-        offsets are looked up as committed so far (`positions.committed_so_far_lookup`)."""
+        Only after the slots' producers are initialised (the acquire's first step): every earlier
+        transaction of them is then decided, so the committed offsets are looked up as committed so far
+        (`positions.committed_so_far_lookup`); offsets still pending are a fenced producer's late write."""
         reader = self._take()
         try:
-            # Called once the acquire initialised the slots' producers: every earlier transaction of
-            # their ids is decided, so offsets still pending are a fenced producer's late write, which a
-            # stable lookup would wait for until this owner's first commit (never, from inside it).
+            # Not a stable lookup: it would wait for a fenced producer's late offsets (docstring).
             with self._lookup_busy:
                 starts = self._starts(reader, slots, self._lookup)
             if prefetched is not None:
