@@ -96,6 +96,24 @@ def _write_status(patch: kopf.Patch, status: Any, seen: Observed, control: Range
         patch.status[key] = value
 
 
+Refusal = tuple[str, str]
+"""(message, reason) of an object the API server refused to apply (status.APPLY_REFUSALS)."""
+
+
+def _remember_apply(memo: Any, generation: int, refusal: Refusal | None) -> None:
+    """Keep reconcile's last apply outcome in the consumer's memo, which kopf shares with its refresh
+    timer: the timer runs beside reconcile, so status may hold a refresh's older view."""
+    memo.last_apply = (generation, refusal)
+
+
+def _refusal(memo: Any, status: Any, generation: int) -> Refusal | None:
+    """The refusal of this generation's apply: this process's own record, else status (a restart)."""
+    known: tuple[int, Refusal | None] | None = getattr(memo, "last_apply", None)
+    if known is not None and known[0] == generation:
+        return known[1]
+    return apply_refusal(status, generation)
+
+
 def _counted(handler: str) -> Callable[[Callable[..., None]], Callable[..., None]]:
     """Count each call in keyrange_operator_reconciles by result."""
 
@@ -149,6 +167,7 @@ def reconcile(*, name: str, namespace: str | None, body: kopf.Body, spec: kopf.S
             # RBAC will not change by retrying soon: say what is missing, retry rarely.
             message = (f"the operator's ServiceAccount is not allowed to do this: {exc}; "
                        "check the chart's rbac values")
+            _remember_apply(memo, generation, (message, "Forbidden"))
             _write_status(patch, status, Observed(generation, replicas, 0, selector, error=message,
                                                   error_reason="Forbidden"), control, now)
             raise kopf.TemporaryError(message, delay=FORBIDDEN_RETRY_SECONDS) from None
@@ -157,9 +176,11 @@ def reconcile(*, name: str, namespace: str | None, body: kopf.Body, spec: kopf.S
             # retrying the same spec cannot help.
             message = (f"the API server refused an object rendered from this StreamConsumer: {exc}; fix the "
                        "worker pod fields of its spec (or the chart's workers values)")
+            _remember_apply(memo, generation, (message, "InvalidSpec"))
             _write_status(patch, status, Observed(generation, replicas, 0, selector, error=message), control, now)
             raise kopf.PermanentError(message) from None
         raise
+    _remember_apply(memo, generation, None)
     if control is not None:
         control.workers_available(_ready(sts))
     logger.info("applied %s with %d workers", rendering.worker_name(name), replicas)
@@ -204,7 +225,7 @@ def refresh(*, name: str, namespace: str | None, body: kopf.Body, spec: kopf.Spe
     for decision in control.take_decisions():
         record_planner_decision(kube, dict(body), patch, decision)
     seen = Observed(generation, replicas, ready, selector, pods=_pods(sts), deduplication=model.input.mapping().dedup)
-    if (refused := apply_refusal(status, generation)) is not None:
+    if (refused := _refusal(memo, status, generation)) is not None:
         # The StatefulSet exists, but reconcile could not apply what came after it.
         seen = replace(seen, error=refused[0], error_reason=refused[1])
     _write_status(patch, status, seen, control, memo.clock())
