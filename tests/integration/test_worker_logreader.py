@@ -14,6 +14,7 @@ from keyrange.kafkaio import TopicSpec, ensure_topics
 from keyrange.worker.logreader import LogReader, RestoreError
 from keyrange.worker.totals import committed_totals
 from tests.integration.worker_helpers import settings_for
+from tests.kafkatools import flush_while_delivering
 
 BATCHES = 100
 """One record each: with one batch per fetch, the read takes this many fetches."""
@@ -108,7 +109,7 @@ def _append_one_record_batches(bootstrap: str, topic: str, count: int, stop: thr
             except BufferError:
                 producer.poll(0.01)
         producer.poll(0)
-    assert producer.flush(60) == 0
+    assert flush_while_delivering(producer) == 0
 
 
 def test_a_read_from_inside_a_long_log_being_written_reaches_its_end(any_bootstrap: str, topic_name: str) -> None:
