@@ -228,11 +228,16 @@ async def _workers(api: Any, count: int) -> bool:
 
 async def _two_workers_shown(api: Any, plane: ControlPlane) -> tuple[dict[str, Any], list[str]] | None:
     """The status at two running workers, and `kubectl get`'s table of the consumer once its row
-    shows that status's range map."""
+    shows that status's range map; with the same status read after the table (the planner may start
+    another rescale between the two reads, which the table then shows)."""
     status = await _status(api)
     if not (status.get("workers") == 2 and status.get("phase") == "Running"):
         return None
     table = (await asyncio.to_thread(plane.kubectl, "get", "strc", NAME, "-n", NS)).stdout.splitlines()
+    after = await _status(api)
+    shown = {key: after.get(key) for key in ("workers", "phase", "rangeMap")}
+    if shown != {key: status.get(key) for key in shown}:
+        return None
     return (status, table) if status["rangeMap"] in table[-1] else None
 
 
