@@ -103,6 +103,17 @@ def _worker_pids(spec_path: Path) -> list[int]:
 
 
 @pytest.mark.slow
+def _processed_any(bootstrap: str, topic: str) -> bool:
+    """Whether the run has committed a processed record yet; a read not at the end within its
+    second is "not yet" (run F: a starved machine, the run's transactions open), not a failure."""
+    if topic not in _topics(bootstrap):
+        return False
+    try:
+        return len(read_processed(bootstrap, f"{topic}.processed", 1, timeout_seconds=1)) > 0
+    except AssertionError:
+        return False
+
+
 def test_keyrange_run_stops_cleanly_on_ctrl_c(bootstrap: str, topic_name: str, tmp_path: Path) -> None:
     path = tmp_path / "consumer.yaml"
     path.write_text(SPEC.format(name="ctrl-c", topic=topic_name, handler_config=QUEUED))
@@ -110,8 +121,7 @@ def test_keyrange_run_stops_cleanly_on_ctrl_c(bootstrap: str, topic_name: str, t
                              "--produce", "300", "--ledger", "--run-dir", str(tmp_path / "run")],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        wait_for(lambda: len(read_processed(bootstrap, f"{topic_name}.processed", 1, timeout_seconds=1)) > 0
-                 if topic_name in _topics(bootstrap) else False, 90, "the first processed record", interval=1.0)
+        wait_for(lambda: _processed_any(bootstrap, topic_name), 90, "the first processed record", interval=1.0)
         assert _worker_pids(path), "no worker process runs"
         proc.send_signal(signal.SIGINT)
         stdout, stderr = proc.communicate(timeout=90)
