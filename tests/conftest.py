@@ -33,12 +33,12 @@ from tests.timeouts import SESSION_TEARDOWN_SECONDS, last_test_allowance
 
 pytest_runtest_protocol = last_test_allowance(SESSION_TEARDOWN_SECONDS)
 
-QUICK_JVM_ENVIRONMENT = {"JDK_JAVA_OPTIONS": " ".join(QUICK_START_JVM_OPTIONS)}
-"""Every JVM the tests start (Spark's drivers, in this process and under `keyrange aggregate` or the
-demo; the Kafka nodes have it already) compiles with the quick compiler only: a test's short run
-never reaches the optimising compiler's pay-off, and the suite is bound by CPU (BENCHMARKS.md)."""
-for _name, _value in QUICK_JVM_ENVIRONMENT.items():
-    os.environ.setdefault(_name, _value)
+QUICK_JVM_OPTIONS = " ".join(QUICK_START_JVM_OPTIONS)
+"""JDK_JAVA_OPTIONS for every JVM the tests start (Spark's drivers, in this process and under
+`keyrange aggregate` or the demo; the Kafka nodes have it already): the quick compiler only, as a
+test's short run never reaches the optimising compiler's pay-off, and the suite is bound by CPU
+(BENCHMARKS.md)."""
+os.environ.setdefault("JDK_JAVA_OPTIONS", QUICK_JVM_OPTIONS)
 
 _names = itertools.count()
 

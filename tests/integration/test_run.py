@@ -102,7 +102,6 @@ def _worker_pids(spec_path: Path) -> list[int]:
     return pids
 
 
-@pytest.mark.slow
 def _processed_any(bootstrap: str, topic: str) -> bool:
     """Whether the run has committed a processed record yet; a read not at the end within its
     second is "not yet" (run F: a starved machine, the run's transactions open), not a failure."""
@@ -114,6 +113,7 @@ def _processed_any(bootstrap: str, topic: str) -> bool:
         return False
 
 
+@pytest.mark.slow
 def test_keyrange_run_stops_cleanly_on_ctrl_c(bootstrap: str, topic_name: str, tmp_path: Path) -> None:
     path = tmp_path / "consumer.yaml"
     path.write_text(SPEC.format(name="ctrl-c", topic=topic_name, handler_config=QUEUED))

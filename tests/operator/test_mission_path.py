@@ -235,8 +235,7 @@ async def _two_workers_shown(api: Any, plane: ControlPlane) -> tuple[dict[str, A
         return None
     table = (await asyncio.to_thread(plane.kubectl, "get", "strc", NAME, "-n", NS)).stdout.splitlines()
     after = await _status(api)
-    shown = {key: after.get(key) for key in ("workers", "phase", "rangeMap")}
-    if shown != {key: status.get(key) for key in shown}:
+    if any(after.get(key) != status.get(key) for key in ("workers", "phase", "rangeMap")):
         return None
     return (status, table) if status["rangeMap"] in table[-1] else None
 
