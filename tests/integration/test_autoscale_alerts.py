@@ -128,6 +128,8 @@ def test_alerts_scale_through_prometheus_and_alertmanager(tmp_path: Path, worker
         ups = [t for t, d, _ in controller.calls if d == "up"]
         first_down = next(t for t, d, _ in controller.calls if d == "down")
         assert first_down - ups[-1] >= COOLDOWN_SECONDS * 0.9, "merged within the cooldown of a split"
+        # The receiver records a decision once the controller's call has returned, on its own thread.
+        wait_for(lambda: len(decisions) >= len(controller.calls), "the receiver recording its last decision")
         assert [(d.consumer, d.applied) for d in decisions] == [(CONSUMER, True)] * len(controller.calls)
 
         # Repeated requests of one direction are spaced by at least the cooldown.
