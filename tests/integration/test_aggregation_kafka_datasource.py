@@ -15,6 +15,7 @@ import orjson
 import pytest
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows
 
+from keyrange.aggregation.job import run_available_now
 from keyrange.aggregation.kafka_datasource import KafkaStreamReader
 from tests.integration.aggregation_helpers import (
     make_topic,
@@ -39,10 +40,9 @@ def _stream_once(spark: Any, bootstrap: str, topic: str, checkpoint: Path) -> li
     def collect(df: Any, batch_id: int) -> None:
         batches.append([(r.partition, r.offset) for r in df.select("partition", "offset").collect()])
 
-    query = (_source(spark, bootstrap, topic, streaming=True).writeStream.foreachBatch(collect)
-             .option("checkpointLocation", str(checkpoint)).trigger(availableNow=True).start())
-    query.awaitTermination(300)
-    assert query.exception() is None, query.exception()
+    run_available_now(lambda: _source(spark, bootstrap, topic, streaming=True).writeStream.foreachBatch(collect)
+                      .option("checkpointLocation", str(checkpoint)).trigger(availableNow=True).start(),
+                      timeout_seconds=300)
     return batches
 
 

@@ -11,7 +11,7 @@ only new records, and a replayed micro-batch rewrites the same outputs (each rec
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import asdict
 from typing import Any
 
@@ -23,7 +23,7 @@ from keyrange.errors import UserError
 from keyrange.kafkaio import partition_counts
 
 __all__ = ["AggregationError", "AggregationSummary", "BatchAggregator", "ContinuousAggregation", "ProgressCallback",
-           "check_topic", "run_once", "start_continuous", "summary_dict"]
+           "check_topic", "run_available_now", "run_once", "start_continuous", "summary_dict"]
 
 ONCE_BATCH_CAP = 2_000_000
 """Default micro-batch cap of `run_once`: every micro-batch pays fixed costs (its Spark jobs, and
@@ -78,18 +78,9 @@ def run_once(bootstrap: str, topic: str, output: str, checkpoint: str | None = N
     root = store.normalize(output)
     aggregator = BatchAggregator(spark, root, progress, retention_minutes)
     began = time.monotonic()
-    for attempt in range(1, CONNECT_BACK_ATTEMPTS + 1):
-        query = (processed_stream(spark, settings).writeStream.foreachBatch(aggregator)
-                 .option("checkpointLocation", store.normalize(checkpoint or f"{root}/_checkpoint"))
-                 .trigger(availableNow=True).start())
-        try:
-            _await(query)
-            break
-        except AggregationError as exc:
-            # Spark waits a fixed 10 s for a new Python process to connect back; on a saturated
-            # machine that can run out. The checkpoint makes a rerun safe (nothing counts twice).
-            if "failed to connect back" not in str(exc) or attempt == CONNECT_BACK_ATTEMPTS:
-                raise
+    run_available_now(lambda: processed_stream(spark, settings).writeStream.foreachBatch(aggregator)
+                      .option("checkpointLocation", store.normalize(checkpoint or f"{root}/_checkpoint"))
+                      .trigger(availableNow=True).start())
     aggregator.summary.seconds = time.monotonic() - began
     return aggregator.finish()
 
@@ -139,6 +130,21 @@ def start_continuous(bootstrap: str, topic: str, output: str, checkpoint: str | 
              .option("checkpointLocation", store.normalize(checkpoint or f"{root}/_checkpoint"))
              .trigger(processingTime=f"{trigger_seconds} seconds").start())
     return ContinuousAggregation(query, aggregator)
+
+
+def run_available_now(start: Callable[[], Any], timeout_seconds: float | None = None) -> None:
+    """Run the availableNow query that `start()` starts to its end, starting it again (up to
+    CONNECT_BACK_ATTEMPTS runs) when Spark's Python worker failed to connect back.
+
+    Spark waits a fixed 10 s for a new Python process to connect back; on a saturated machine that
+    can run out. The query's checkpoint makes a rerun safe: it resumes after its last batch."""
+    for attempt in range(1, CONNECT_BACK_ATTEMPTS + 1):
+        try:
+            _await(start(), timeout_seconds)
+            return
+        except AggregationError as exc:
+            if "failed to connect back" not in str(exc) or attempt == CONNECT_BACK_ATTEMPTS:
+                raise
 
 
 def _await(query: Any, timeout_seconds: float | None = None) -> None:
