@@ -17,19 +17,32 @@ from keyrange.loadgen import LoadShape
 from keyrange.local.fleet import ProcessFleet
 from keyrange.local.load import LoadTotals, Phase, produce_phases
 from keyrange.local.supervisor import Supervisor
-from keyrange.ranges.controller import Controller
+from keyrange.ranges.controller import Controller, ControllerStatus
 from keyrange.spec import load_file
 from tests.checkers import check_all
 from tests.kafkatools import dump_topics, read_counts, read_input_log, read_processed
 
 
-def wait_for(condition: Callable[[], bool], timeout_seconds: float, what: str, interval: float = 0.01) -> None:
-    """Poll `condition` every `interval` until it holds; AssertionError naming `what` after `timeout_seconds`."""
+def wait_for(condition: Callable[[], bool], timeout_seconds: float, what: str | Callable[[], str],
+             interval: float = 0.01) -> None:
+    """Poll `condition` every `interval` until it holds; AssertionError naming `what` after `timeout_seconds`
+    (a callable `what` is asked then, so that it can say what the state was at the timeout)."""
     deadline = time.monotonic() + timeout_seconds
     while not condition():
         if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout_seconds:g} s waiting for {what}")
+            said = what() if callable(what) else what
+            raise AssertionError(f"timed out after {timeout_seconds:g} s waiting for {said}")
         time.sleep(interval)
+
+
+def describe_status(status: ControllerStatus) -> str:
+    """The controller's state for a failure message: its map, handoff and last decision."""
+    m = status.map
+    ranges = " ".join(f"w{a.worker}={m.describe_range(a.range, status.layout)}" for a in m.assignments)
+    lags = ", ".join(f"{x.records} ({x.seconds:.1f} s)" for x in status.range_lag)
+    return (f"epoch {status.epoch} [{ranges}], handoff {status.phase.name.lower()} "
+            f"(awaiting {sorted(status.handoff_awaiting)}, starting {status.starting}), lag per range {lags}; "
+            f"last decision: {status.last_decision}")
 
 
 WORKER_INFO_LOGS = ("--log-level", "INFO")

@@ -19,7 +19,7 @@ from keyrange.local.load import Phase
 from keyrange.ranges.controller import Rescale
 from tests.checkers import check_all
 from tests.conftest import BrokerUnderTest
-from tests.integration.supervised import supervised, wait_for
+from tests.integration.supervised import describe_status, supervised, wait_for
 from tests.kafkatools import read_counts, read_input_log, read_processed
 
 SPEC = """apiVersion: keyrange.dev/v1alpha1
@@ -71,7 +71,7 @@ def test_a_step_load_reaches_its_size_and_merges_back_without_flapping(
         run.load.join(timeout=300)
         assert not run.load.is_alive()
         wait_for(lambda: (s := controller.status()).map.workers == 1 and not s.handoff_awaiting and not s.starting,
-                 180, f"the merge back to one worker: {controller.status().last_decision}", interval=0.2)
+                 180, lambda: f"the merge back to one worker: {describe_status(controller.status())}", interval=0.2)
         log = read_input_log(bootstrap, topic_name, run.totals.sent)
         processed = read_processed(bootstrap, f"{topic_name}.processed", len({e.uuid for e in log}),
                                    timeout_seconds=120)
