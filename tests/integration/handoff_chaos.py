@@ -23,10 +23,12 @@ import threading
 import time
 import uuid as uuidlib
 from collections import defaultdict
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from confluent_kafka import Consumer, TopicPartition
 
 from keyrange.events import encode_input
 from keyrange.kafkaio import TopicSpec, ensure_topics
@@ -35,6 +37,7 @@ from keyrange.local.fleet import ProcessFleet
 from keyrange.ranges.channel import ControlChannel
 from keyrange.ranges.layout import SlotLayout, SlotRouter
 from tests.checkers import LoggedEvent
+from tests.kafkatools import read_topic
 
 PARTITIONS = 12
 MAX_WORKERS = 4
@@ -362,3 +365,42 @@ def lost_per_slot(log: list[LoggedEvent], processed: list[Mapping[str, Any]], pa
         if e.uuid not in handled:
             lost[router.slot_of(e.partition, str(e.client_id).encode())].append(e.offset)
     return {layout.describe_slot(s): (len(o), min(o), max(o)) for s, o in sorted(lost.items())}
+
+
+def slot_story(workdir: Path, slots: Iterable[str], lines: int = 60, width: int = 300) -> str:
+    """For a failing seed: the controller's publications and requests, and the worker log lines that
+    name any of `slots` (as `describe_slot` shows them: `'0:2/3': 603`, `0:2/3 from 603`), warn or
+    release, in time order: the last `lines` of them, each cut to `width` characters and prefixed
+    with its log's name (CI keeps no log files)."""
+    marks = [m for s in slots for m in (f"'{s}'", f" {s} from ")]
+    found: list[tuple[str, str]] = []
+    for log in [workdir / "controller.log", *sorted((workdir / "logs").glob("*.log"))]:
+        if not log.exists():
+            continue
+        worker = log.parent.name == "logs"
+        for line in log.read_text(errors="replace").splitlines():
+            if (any(m in line for m in marks) or (not worker and ("published" in line or "requested" in line))
+                    or (worker and (" WARNING " in line or " ERROR " in line or "released slots" in line))):
+                found.append((line[:23], f"{log.stem}: {line[:width]}"))
+    found.sort(key=lambda f: f[0])
+    return "\n".join(text for _, text in found[-lines:]) or "(no log line names them)"
+
+
+def processed_read_to(bootstrap: str, topic: str) -> str:
+    """For a failing seed: how far the processed topic reads now, {partition: (records, read to,
+    high watermark)}, or why it does not read to its end (an open transaction holding it back)."""
+    try:
+        messages = read_topic(bootstrap, f"{topic}.processed", timeout_seconds=30)
+    except AssertionError as exc:
+        return str(exc)
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "chaos-ends", "log_level": 3})
+    try:
+        ends = {p: consumer.get_watermark_offsets(TopicPartition(f"{topic}.processed", p), timeout=10)[1]
+                for p in sorted({m.partition() for m in messages})}
+    finally:
+        consumer.close()
+    read: dict[int, tuple[int, int]] = {}
+    for m in messages:
+        count, _ = read.get(m.partition(), (0, 0))
+        read[m.partition()] = (count + 1, m.offset() + 1)
+    return str({p: (*read[p], end) for p, end in ends.items()})

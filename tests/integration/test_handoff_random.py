@@ -27,7 +27,15 @@ import pytest
 from keyrange.ranges.layout import SlotLayout
 from keyrange.ranges.slots import parse_slot_list
 from tests.checkers import check_all
-from tests.integration.handoff_chaos import MAX_WORKERS, PARTITIONS, ChaosRun, Schedule, lost_per_slot
+from tests.integration.handoff_chaos import (
+    MAX_WORKERS,
+    PARTITIONS,
+    ChaosRun,
+    Schedule,
+    lost_per_slot,
+    processed_read_to,
+    slot_story,
+)
 from tests.kafkatools import control_slot_count, read_counts, read_input_log, read_processed
 
 CI_SEEDS = "3,8"
@@ -67,11 +75,13 @@ def test_random_handoffs_keep_every_guarantee(any_bootstrap: str, topic_name: st
         assert slot_count == SlotLayout.for_workers(partitions, max_workers).slot_count
         check_all(log, list(processed), counts, ledger=True)
     except AssertionError as exc:
+        lost = lost_per_slot(log, list(processed), partitions, slot_count)
         raise AssertionError(
             f"{schedule.describe()}\nkills: {run.kills}\nrequests: {run.requests}\nlogs: {run.workdir}\n"
             f"replay: KEYRANGE_CHAOS_SEEDS={seed} python -m pytest -p no:cacheprovider "
             f"tests/integration/test_handoff_random.py\n{exc}\n"
-            f"lost per slot: {lost_per_slot(log, list(processed), partitions, slot_count)}") from exc
+            f"lost per slot: {lost}\nprocessed topic now reads {processed_read_to(bootstrap, topic_name)}\n"
+            f"what the logs say of those slots:\n{slot_story(run.workdir, lost)}") from exc
     workers_per_partition = {p: len({r["worker"] for r in processed if r["partition"] == p})
                              for p in range(partitions)}
     print(f"seed {seed} ({layout}): workers that handled each partition {workers_per_partition}")
