@@ -168,13 +168,37 @@ def test_a_split_soon_after_a_merge_needs_the_rate_short_of_capacity() -> None:
     down = planner.decide(current, CAUGHT_UP, now=20, load=load(current, 25))
     assert down.next_map is not None and down.next_map.workers == 1
     current = down.next_map
-    # lag alone (backlog over budget, rate fits: 600 of 800 ev/s) does not undo the merge ...
     backlog = {s: SlotLag(1000, 4.0) for s in range(12)}
-    lagging = planner.decide(current, backlog, now=30, load=load(current, 50))
+    # the first decision after the handoff: its rates settle first, whatever they read
+    settling = planner.decide(current, backlog, now=30, load=load(current, 100, handled={0: 800}))
+    assert settling.next_map is None and "settle first" in settling.reason
+    settled = 30 + LIMITS.settle_seconds
+    # lag alone (backlog over budget, rate fits: 600 of 800 ev/s) does not undo the merge ...
+    lagging = planner.decide(current, backlog, now=settled, load=load(current, 50))
     assert lagging.next_map is None and "rate fits" in lagging.reason
     # ... a rate the merged size cannot handle does
-    short = planner.decide(current, backlog, now=31, load=load(current, 100, handled={0: 800}))
+    short = planner.decide(current, backlog, now=settled + 1, load=load(current, 100, handled={0: 800}))
     assert short.action == "split"
+
+
+def test_rates_read_across_a_merges_handoff_do_not_split_it_again() -> None:
+    """Seen on tansu (test_target_sizing): 3 workers at 54 ev/s merged to one (capacity 177 ev/s);
+    1.2 s after the handoff the 5 s rate window, spanning the old owners' last counts, the pause and
+    the new owner's catch-up, read 283 ev/s in, and the planner split to 3 again (3 -> 1 -> 3)."""
+    planner = Planner(LIMITS)
+    current = merged_to_one(planner, RangeMap.even(12, 3), 54 / 12, 177)
+    spanning = Load({s: 283 / 12 for s in range(12)}, {0: WorkerLoad(150, permits_busy=0.85)})
+    resumed = LIMITS.cooldown_seconds + 10  # the first decision after the handoff
+    for now in (resumed, resumed + 1.2, resumed + LIMITS.settle_seconds - 0.1):
+        d = planner.decide(current, CAUGHT_UP, now=now, load=spanning)
+        assert d.next_map is None, d.reason
+    quiet = planner.decide(current, CAUGHT_UP, now=resumed + LIMITS.settle_seconds,
+                           load=load(current, 60 / 12, capacity=177))
+    assert quiet.next_map is None, quiet.reason
+    # a true rise past the capacity the merge was sized on still splits
+    rise = planner.decide(current, CAUGHT_UP, now=resumed + LIMITS.settle_seconds + 1,
+                          load=load(current, 283 / 12, capacity=177, handled={0: 177}))
+    assert rise.action == "split", rise.reason
 
 
 def test_an_idle_worker_whose_events_wait_after_a_merge_does_not_split_it_again() -> None:

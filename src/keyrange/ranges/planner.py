@@ -24,8 +24,9 @@ default `target` policy replaces rules 2-4 once the controller measured the load
    after `SETTLE_SECONDS`, not after the cooldown.
 6. No split from a handoff's own pause: the backlog of the slots the last rescale moved is left
    out until `settle_seconds` after the handoff (the first decision after it), and a merge is
-   undone only by its measured rates, not by lag or a lower capacity estimate: an input above the
-   capacity it was sized on, or a merged worker falling behind for `cooldown_seconds` on end.
+   undone only by its measured rates once they settled (`settle_seconds` after its handoff), not
+   by lag or a lower capacity estimate: an input above the capacity it was sized on, or a merged
+   worker falling behind for `cooldown_seconds` on end.
 7. Merge only with headroom: to the largest smaller size whose ranges stayed within
    `MERGE_UTILIZATION` of a worker's capacity for the whole stabilization window (`cooldown_seconds`).
 8. No sizing on a start-up: a worker's first seconds (`Load.warming`) give no capacity estimate, and
@@ -367,10 +368,14 @@ class Planner:
         behind on its measured rate for the whole stabilization window."""
         if self._last is None or self._last.action != "merge" or self.capacity is None:
             return None
-        if max(into) > max(self.capacity, self._merged_on or 0.0):
-            return None
         since_merge = now - (self.last_rescale_at or 0.0)
         paused = self.paused_slots(now)
+        if paused:
+            # The rate window still spans the handoff: the old owners' last counts, the pause, the new
+            # owner's catch-up and a lag read on either side of it, which add up to more than came in.
+            return Decision(None, f"{since_merge:.0f} s after a merge, its rates settle first ({summary})")
+        if max(into) > max(self.capacity, self._merged_on or 0.0):
+            return None
         behind = any(falling_behind(w, range_lag(a, lag).seconds, into[i])
                      for i, a in enumerate(current.assignments)
                      if (w := load.workers.get(a.worker)) is not None and not paused & set(a.range.slots))
