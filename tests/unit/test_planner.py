@@ -117,6 +117,18 @@ def test_forced_requests_skip_thresholds_but_keep_cooldown_and_limits() -> None:
     assert Planner(LIMITS).decide(RangeMap.even(12, 4), {}, now=0, force="up").next_map is None
 
 
+def test_a_scale_down_request_never_splits() -> None:
+    """Seen in the chaos test (CI, seed 8): a "down" request while a range lagged was applied as a
+    split of that range. A request names a direction; against it the planner refuses and says why."""
+    planner = Planner(LIMITS)
+    current = RangeMap.even(12, 2)
+    hot = {**lag_on(range(12), 0), **lag_on(range(6), 441)}
+    down = planner.decide(current, hot, now=100, force="down")
+    assert down.next_map is None, down.reason
+    assert down.reason == "scale-down requested, but range 0-5 lags 2646 records / 0.0 s: not merging"
+    assert planner.decide(current, hot, now=101).action == "split"  # unrequested, the lag splits
+
+
 def test_no_merge_while_a_slot_reports_no_lag() -> None:
     """A slot no worker measures (its owner is down, restarting or in a handoff) may be one nobody
     handles: its backlog is unknown, not zero, so the low lag of the others does not merge; once it

@@ -14,7 +14,7 @@ Rules, in order:
    `cooldown_seconds`; the merged range keeps whichever owner moves the fewest slots, and the
    highest ordinal is the one freed (a StatefulSet scales down from the top).
 A forced request ("up"/"down", from the alert webhook) skips the lag thresholds of rules 3-4 but
-keeps limits and cooldown.
+keeps limits and cooldown, and never goes against its direction ("down" with a hot range: refused).
 
 Those are the `step` policy's rules (one split or merge per decision), kept for comparison. The
 default `target` policy replaces rules 2-4 once the controller measured the load (`sizing.py`):
@@ -272,6 +272,12 @@ class Planner:
             return Decision(None, f"cooling down ({left:.0f} s left)")
         hot = [i for i, x in enumerate(lags)
                if x.records > lim.lag_high_records or x.seconds > lim.lag_high_seconds]
+        if force == "down" and hot and current.workers > lim.min_workers:
+            # A request names a direction: against it the answer is no, with the reason.
+            index = max(hot, key=lambda i: (lags[i].records, lags[i].seconds))
+            x, hottest = lags[index], self._show(current, current.assignments[index].range)
+            return Decision(None, f"scale-down requested, but range {hottest} lags {x.records} records / "
+                                  f"{x.seconds:.1f} s: not merging")
         if force == "up" or hot:
             if current.workers >= self.max_workers(current):
                 return Decision(None, f"lag is high but {self._at_maximum(current)}")
