@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import itertools
 from collections import Counter, defaultdict
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -133,12 +133,23 @@ def check_counts(log: Iterable[LoggedEvent], counts: Counts) -> None:
 
 def check_all(log: list[LoggedEvent], processed: list[Mapping[str, Any]], counts: Counts | None,
               dead_lettered: Iterable[str] = (), ledger: bool = False) -> None:
-    """Run every guarantee checker that applies. `counts` is required on purpose: a test that
-    cannot know the workers' counts says so by passing None."""
-    check_no_duplicates(processed)
-    check_no_loss(log, processed, dead_lettered)
-    check_order_per_client(log, processed)
+    """Run every guarantee checker that applies, and fail with what each one that failed says (a
+    loss reads differently with the counts beside it: handled without an output, or dropped as a
+    duplicate). `counts` is required on purpose: a test that cannot know the workers' counts says so
+    by passing None."""
+    checks: list[Callable[[], None]] = [
+        lambda: check_no_duplicates(processed),
+        lambda: check_no_loss(log, processed, dead_lettered),
+        lambda: check_order_per_client(log, processed),
+    ]
     if ledger:
-        check_ledger(log, processed)
+        checks.append(lambda: check_ledger(log, processed))
     if counts is not None:
-        check_counts(log, counts)
+        checks.append(lambda: check_counts(log, counts))
+    failures = []
+    for check in checks:
+        try:
+            check()
+        except AssertionError as exc:
+            failures.append(str(exc))
+    assert not failures, "\n".join(failures)
