@@ -370,8 +370,8 @@ class Planner:
     def _merge_holds(self, current: RangeMap, lag: Mapping[int, SlotLag], now: float, load: Load,
                      into: list[float], summary: str) -> Decision | None:
         """Why the last merge stands though the ranges need more than the capacity estimate, or None when a
-        split may undo it: the input outgrew the capacity the merge was sized on, or a merged worker fell
-        behind on its measured rate for the whole stabilization window."""
+        split may undo it: once its rates settled, the input outgrew the capacity the merge was sized on,
+        or a merged worker fell behind on its measured rate for the whole stabilization window."""
         if self._last is None or self._last.action != "merge" or self.capacity is None:
             return None
         since_merge = now - (self.last_rescale_at or 0.0)
@@ -383,8 +383,7 @@ class Planner:
         if max(into) > max(self.capacity, self._merged_on or 0.0):
             return None
         behind = any(falling_behind(w, range_lag(a, lag).seconds, into[i])
-                     for i, a in enumerate(current.assignments)
-                     if (w := load.workers.get(a.worker)) is not None and not paused & set(a.range.slots))
+                     for i, a in enumerate(current.assignments) if (w := load.workers.get(a.worker)) is not None)
         if not behind:
             self._short_since = None
             return Decision(None, f"lag {since_merge:.0f} s after a merge, but the rate fits ({summary})")
