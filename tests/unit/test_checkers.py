@@ -43,3 +43,9 @@ def test_check_all_names_every_failure_at_once() -> None:
     message = str(failed.value)
     assert "1 of 3 events were lost" in message
     assert "2 duplicates dropped, but the input holds 1" in message
+
+
+def test_an_output_of_no_input_event_is_reported_not_a_crash() -> None:
+    stray = {**RIGHT[0], "uuid": "z"}
+    with pytest.raises(AssertionError, match="1 processed uuids are not in the input"):
+        check_all(LOG, [*RIGHT, stray], Counts(handled=3, dead_lettered=0, duplicates_dropped=1), ledger=True)
