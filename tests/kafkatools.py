@@ -46,12 +46,11 @@ def read_topic(bootstrap: str, topic: str, expect: int | None = None,
     """
     consumer = Consumer(KafkaClients(bootstrap).consumer(f"test-reader-{time.monotonic_ns()}"))
     try:
-        metadata = retrying(lambda: consumer.list_topics(topic, timeout=10))
-        parts = sorted(metadata.topics[topic].partitions)
+        deadline = time.monotonic() + timeout_seconds
+        parts = _partitions_once_created(consumer, topic, deadline)
         consumer.assign([TopicPartition(topic, p, 0) for p in parts])
         out: list[Any] = []
         next_offset = {(topic, p): 0 for p in parts}
-        deadline = time.monotonic() + timeout_seconds
         while True:
             for m in consumer.consume(1000, 0.1):
                 if m.error() is None:
@@ -68,6 +67,18 @@ def read_topic(bootstrap: str, topic: str, expect: int | None = None,
                     f"{{partition: (read to, high watermark)}}: {behind} ({len(out)} records read)")
     finally:
         consumer.close()
+
+
+def _partitions_once_created(consumer: Consumer, topic: str, deadline: float) -> list[int]:
+    """The partitions of `topic`, waiting until `deadline` for it to exist: a worker creates its
+    processed topic when it starts, which on a busy machine can come after the read begins."""
+    while True:
+        found = retrying(lambda: consumer.list_topics(topic, timeout=10)).topics.get(topic)
+        if found is not None and found.partitions:
+            return sorted(found.partitions)
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{topic}: the topic does not exist (did any worker start and write to it?)")
+        time.sleep(0.2)
 
 
 def read_input_log(bootstrap: str, topic: str, expect: int | None = None,

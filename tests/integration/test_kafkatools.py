@@ -3,6 +3,7 @@ committed offsets and totals the worker tests watch, also while a broker is away
 
 from __future__ import annotations
 
+import time
 import uuid
 from concurrent import futures
 
@@ -35,6 +36,25 @@ def test_expect_is_a_minimum_not_where_the_read_stops(bootstrap: str, topic_name
     records = read_topic(bootstrap, topic_name, expect=1000)
     assert len(records) == 3001
     assert sorted(int(m.value()) for m in records) == list(range(3001))
+
+
+def test_a_topic_created_after_the_read_began_is_read(kafka_broker: KafkaCluster, topic_name: str) -> None:
+    # A worker creates its processed topic when it starts, which on a busy machine (CI, a test over
+    # TLS) came after the test began reading it: the read saw no partitions and returned nothing.
+    bootstrap = kafka_broker.bootstrap  # Kafka: it never creates a topic because a client asked about it.
+    with futures.ThreadPoolExecutor(1) as pool:
+        read = pool.submit(read_topic, bootstrap, topic_name, expect=4, timeout_seconds=60)
+        # Not a wait for anything: it puts the read's first metadata request before the topic exists.
+        time.sleep(1)
+        assert not read.done(), f"the read ended before its topic existed: {read.result()!r}"
+        ensure_topics(bootstrap, [TopicSpec(topic_name, 2)])
+        _produce(bootstrap, topic_name, 4, 2)
+        assert sorted(int(m.value()) for m in read.result(timeout=90)) == [0, 1, 2, 3]
+
+
+def test_a_topic_that_never_appears_fails_the_read_by_name(kafka_broker: KafkaCluster, topic_name: str) -> None:
+    with pytest.raises(AssertionError, match=f"{topic_name}: the topic does not exist"):
+        read_topic(kafka_broker.bootstrap, topic_name, expect=1, timeout_seconds=1)
 
 
 def test_an_empty_topic_reads_as_empty(bootstrap: str, topic_name: str) -> None:
