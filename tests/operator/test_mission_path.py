@@ -27,10 +27,10 @@ import dataclasses
 import json
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Awaitable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import pytest
 
@@ -45,6 +45,8 @@ from tests.kafkatools import read_counts, read_input_log, read_processed, read_t
 from tests.operator.conftest import CHART, RELEASE, RELEASE_NS, admin_api, eventually, helm
 from tests.operator.kubecluster import ControlPlane
 from tests.operator.node_agent import TestNodeAgent
+
+T = TypeVar("T")
 
 NS = "mission"
 NAME = "ledger"
@@ -140,13 +142,16 @@ async def test_helm_install_apply_alerts_rescale_and_delete(plane: ControlPlane,
                     scraped.set()
                     await asyncio.to_thread(quiet.join, 60)
                 load.start()
-                await eventually(lambda: _last_scaling(api, "up"), "a split caused by an alert", timeout=150)
-                split, table = await eventually(lambda: _two_workers_shown(api, plane),
-                                                "two workers after the handoff", timeout=150)
+                await _explained(eventually(lambda: _last_scaling(api, "up"), "a split caused by an alert",
+                                            timeout=150), api, stack, node)
+                split, table = await _explained(eventually(lambda: _two_workers_shown(api, plane),
+                                                           "two workers after the handoff", timeout=150),
+                                                api, stack, node)
                 _check_ranges_shown(split, table, partitions)
                 # The merge: the lag-low alert's or the planner's own (both use lagLowRecords), whichever
                 # comes first after the cooldown.
-                await eventually(lambda: _workers(api, 1), "back to one worker", timeout=180)
+                await _explained(eventually(lambda: _workers(api, 1), "back to one worker", timeout=180),
+                                 api, stack, node)
             finally:
                 stop.set()
                 if load.is_alive():
@@ -172,6 +177,26 @@ async def test_helm_install_apply_alerts_rescale_and_delete(plane: ControlPlane,
                          "the garbage collector to delete the StatefulSet", timeout=120)
         await eventually(lambda: _no_pods(api), "the worker pods to go", timeout=120)
         assert node.errors == []
+
+
+async def _explained(wait: Awaitable[T], api: Any, stack: PrometheusStack, node: TestNodeAgent) -> T:
+    """`wait`, or its timeout with what the alert path shows at that moment: its first line (all CI's
+    summary keeps) the consumer's last scaling record, the alerts and the lag Prometheus sees; then
+    the consumer's Events and the pods' logs."""
+    try:
+        return await wait
+    except AssertionError as exc:
+        status = await _status(api)
+        last = (status.get("lastScaling") or {}).get("message")
+        alerts = [f"{a['labels'].get('alertname')}[{a['labels'].get('worker', '')}] {a['state']}"
+                  for a in await asyncio.to_thread(stack.alerts)]
+        lag = {r["metric"].get("worker"): r["value"][1] for r in await asyncio.to_thread(
+            stack.query, f'sum by (worker) (keyrange_consumer_lag{{consumer="{NAME}"}})')}
+        events = [f"{e.get('reason')}: {e.get('message')}" for e in await api.events(NS, NAME)][-10:]
+        raise AssertionError(
+            f"{exc}; workers {status.get('workers')} ({status.get('phase')}), last scaling: {last!r}, "
+            f"alerts: {alerts}, lag by worker: {lag}\nevents:\n" + "\n".join(events) + f"\n{node.report(40)}"
+        ) from None
 
 
 async def _ready_pod(api: Any, namespace: str, selector: str) -> str | None:
