@@ -25,6 +25,7 @@ import asyncio
 import base64
 import dataclasses
 import json
+import re
 import threading
 import time
 from collections.abc import Awaitable, Iterator
@@ -47,6 +48,7 @@ from tests.operator.kubecluster import ControlPlane
 from tests.operator.node_agent import TestNodeAgent
 
 T = TypeVar("T")
+APPLIED_BY_ALERT = re.compile(r"scaling from (?P<from>\d+) to (?P<to>\d+) workers \(alert ")
 
 NS = "mission"
 NAME = "ledger"
@@ -142,7 +144,7 @@ async def test_helm_install_apply_alerts_rescale_and_delete(plane: ControlPlane,
                     scraped.set()
                     await asyncio.to_thread(quiet.join, 60)
                 load.start()
-                await _explained(eventually(lambda: _last_scaling(api, "up"), "a split caused by an alert",
+                await _explained(eventually(lambda: _scaled_by_alert(api, "up"), "a split caused by an alert",
                                             timeout=150), api, stack, node)
                 split, table = await _explained(eventually(lambda: _two_workers_shown(api, plane),
                                                            "two workers after the handoff", timeout=150),
@@ -239,11 +241,17 @@ async def _status(api: Any) -> dict[str, Any]:
     return dict((found or {}).get("status") or {})
 
 
-async def _last_scaling(api: Any, direction: str) -> dict[str, Any] | None:
-    last = (await _status(api)).get("lastScaling") or {}
-    moved = int(last.get("toWorkers") or 0) - int(last.get("fromWorkers") or 0)
-    wanted = moved > 0 if direction == "up" else moved < 0
-    return last if wanted and str(last.get("reason", "")).startswith("alert ") else None
+async def _scaled_by_alert(api: Any, direction: str) -> str | None:
+    """The message of an applied rescale in `direction` that an alert asked for, from the consumer's
+    Events: status.lastScaling holds only the newest decision, and the next notification's refusal
+    ("a rescale is in progress") replaces the split's a second later, too soon for a busy poller."""
+    for event in await api.events(NS, NAME):
+        found = APPLIED_BY_ALERT.match(str(event.get("message") or ""))
+        if event.get("reason") == "Rescaled" and found:
+            moved = int(found["to"]) - int(found["from"])
+            if moved > 0 if direction == "up" else moved < 0:
+                return str(event["message"])
+    return None
 
 
 async def _workers(api: Any, count: int) -> bool:
