@@ -106,6 +106,14 @@ def read_processed(bootstrap: str, topic: str, expect: int | None = None,
                                                             timeout_seconds=timeout_seconds)]
 
 
+def log_ends(log: Iterable[LoggedEvent], partitions: Iterable[int] = ()) -> dict[int, int]:
+    """{partition: the offset after its last event in `log`}, 0 for a listed partition with none."""
+    ends = dict.fromkeys(partitions, 0)
+    for e in log:
+        ends[e.partition] = max(ends.get(e.partition, 0), e.offset + 1)
+    return ends
+
+
 def committed_offsets(bootstrap: str, topic: str, group: str) -> dict[int, int]:
     """The group's committed offset of every partition of `topic` (its first offset when none)."""
     from keyrange.kafkaio import partition_counts

@@ -32,7 +32,7 @@ from keyrange.ranges.membership import run_controlled
 from keyrange.ranges.planner import ScalingLimits, SlotLag
 from keyrange.worker import Worker, WorkerSettings
 from tests.checkers import LoggedEvent, check_all
-from tests.kafkatools import offsets_committed_so_far, read_counts, read_input_log, read_processed
+from tests.kafkatools import log_ends, offsets_committed_so_far, read_counts, read_input_log, read_processed
 from tests.stacks import describe_stuck_handoff
 
 PARTITIONS = 12
@@ -146,9 +146,7 @@ def wait_finished(bootstrap: str, topic: str, group: str, log: Collection[Logged
                   timeout_seconds: float = FINISH_TIMEOUT_SECONDS) -> None:
     """Return once the group's committed offsets cover every event of `log`; fail after the timeout
     naming the partitions whose committed offset stopped short (a stalled slot, not a slow check)."""
-    ends: dict[int, int] = {}
-    for e in log:
-        ends[e.partition] = max(ends.get(e.partition, 0), e.offset + 1)
+    ends = log_ends(log)
     began = time.monotonic()
     committed: dict[int, int] = {}
     while time.monotonic() - began < timeout_seconds:

@@ -18,19 +18,12 @@ from keyrange.local.ports import free_port
 from tests.checkers import check_all, first_occurrences
 from tests.integration.worker_cli_helpers import PARTITIONS, REPO, metric_sum, repo_env, start, wait, worker_command
 from tests.integration.worker_helpers import produce_stream
-from tests.kafkatools import offsets_committed_so_far, read_counts, read_input_log, read_processed
+from tests.kafkatools import log_ends, offsets_committed_so_far, read_counts, read_input_log, read_processed
 
 
 def committed_all(bootstrap: str, topic: str, ends: dict[int, int]) -> bool:
     found = offsets_committed_so_far(bootstrap, topic, f"{topic}-g", ends)
     return all(offset >= ends[p] for p, offset in found.items())
-
-
-def log_ends(log: list) -> dict[int, int]:  # type: ignore[type-arg]
-    ends = dict.fromkeys(range(PARTITIONS), 0)
-    for e in log:
-        ends[e.partition] = max(ends[e.partition], e.offset + 1)
-    return ends
 
 
 @pytest.mark.slow
@@ -57,8 +50,8 @@ def test_sigkill_then_restart_loses_nothing_and_reruns_nothing(any_bootstrap: st
     port = free_port()
     second = start(worker_command(bootstrap, topic_name, port), log_path)
     try:
-        wait(lambda: committed_all(bootstrap, topic_name, log_ends(log)), "all offsets committed after restart",
-             proc=second, log_path=log_path)
+        wait(lambda: committed_all(bootstrap, topic_name, log_ends(log, range(PARTITIONS))),
+             "all offsets committed after restart", proc=second, log_path=log_path)
     finally:
         second.send_signal(signal.SIGTERM)
         assert second.wait(60) == 0, log_path.read_text()
@@ -87,8 +80,8 @@ def test_sigkill_then_restart_loses_nothing_and_reruns_nothing(any_bootstrap: st
     port = free_port()
     third = start(worker_command(bootstrap, topic_name, port), log_path)
     try:
-        wait(lambda: committed_all(bootstrap, topic_name, log_ends(log2)), "the third run to commit everything",
-             proc=third, log_path=log_path)
+        wait(lambda: committed_all(bootstrap, topic_name, log_ends(log2, range(PARTITIONS))),
+             "the third run to commit everything", proc=third, log_path=log_path)
         dropped = metric_sum(port, "keyrange_duplicates_dropped_total")
     finally:
         third.send_signal(signal.SIGTERM)
