@@ -243,8 +243,8 @@ async def _status(api: Any) -> dict[str, Any]:
 
 async def _scaled_by_alert(api: Any, direction: str) -> str | None:
     """The message of an applied rescale in `direction` that an alert asked for, from the consumer's
-    Events: status.lastScaling holds only the newest decision, and the next notification's refusal
-    ("a rescale is in progress") replaces the split's a second later, too soon for a busy poller."""
+    Events: status.lastScaling holds only the newest decision, and a later alert's refusal by the
+    cooldown replaces the split's seconds later, too soon for a busy poller."""
     for event in await api.events(NS, NAME):
         found = APPLIED_BY_ALERT.match(str(event.get("message") or ""))
         if event.get("reason") == "Rescaled" and found:

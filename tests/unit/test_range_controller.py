@@ -184,6 +184,7 @@ def test_a_consumer_of_fewer_partitions_than_workers_names_its_hash_ranges() -> 
     assert controller.request_scale("up", "alert").detail == "split 0: scale-up requested"
     refused = controller.request_scale("up", "alert")
     assert not refused.applied and refused.detail == "a rescale is in progress (epoch 1: w0=0)"
+    assert refused.in_progress  # the operator leaves the split's record in status (decisions.py)
 
 
 class RecordingGroupOffsets:

@@ -32,10 +32,15 @@ class ScalingControl:
 
     def __init__(self) -> None:
         self.workers, self.requests = 1, list[tuple[Direction, str]]()
+        self.busy = False
+        """Refuse as a controller does while a handoff is in flight."""
 
     def request_scale(self, direction: Direction, reason: str) -> ScaleOutcome:
         self.requests.append((direction, reason))
         before = self.workers
+        if self.busy:
+            return ScaleOutcome(False, "a rescale is in progress (epoch 1: w0=0-5 w1=6-11)", before, before,
+                                in_progress=True)
         self.workers = min(4, self.workers + (1 if direction == "up" else -1))
         return ScaleOutcome(self.workers != before, "", before, self.workers)
 
@@ -122,6 +127,19 @@ async def test_a_refused_request_is_a_warning_event(client: TestClient[Any, Any]
     assert body["decisions"][0]["applied"] is False
     assert kube.events[0][:2] == ("RescaleRefused", "Warning")
     assert "workers.replicas" in kube.events[0][2]
+
+
+async def test_a_request_refused_while_a_rescale_is_under_way_leaves_its_record(
+        client: TestClient[Any, Any], kube: RecordingKube, control: ScalingControl) -> None:
+    await notify(client, alert())
+    (_, split), = kube.patches
+    # The lag-seconds alert joins the episode a second later, while the split's handoff runs.
+    control.busy = True
+    body = await notify(client, alert(name="KeyrangeLagHighSeconds"))
+    assert body["decisions"][0]["applied"] is False
+    assert kube.patches == [("shop/payments", split)], "the refusal replaced the split in status.lastScaling"
+    assert kube.events[-1][:2] == ("RescaleRefused", "Warning")
+    assert "a rescale is in progress" in kube.events[-1][2]
 
 
 async def test_consumers_the_operator_does_not_run_are_unknown(client: TestClient[Any, Any],

@@ -27,7 +27,9 @@ PLANNER_REASON = "Planner"
 
 def record_scaling_decision(kube: Kube, namespace: str, name: str, outcome: ScaleOutcome, reason: str,
                             now: datetime) -> None:
-    """Write status.lastScaling and post an Event on the StreamConsumer `namespace/name`."""
+    """Write status.lastScaling and post an Event on the StreamConsumer `namespace/name`. A request
+    refused because a rescale is under way is an Event only: written to status, it would hide the
+    rescale it waits for (the next alert notification comes within a second of a split)."""
     consumer = kube.get(API_VERSION, KIND, namespace, name)
     if consumer is None:
         return  # deleted meanwhile: nothing to record on
@@ -35,8 +37,9 @@ def record_scaling_decision(kube: Kube, namespace: str, name: str, outcome: Scal
     message = f"{verb} from {outcome.from_workers} to {outcome.to_workers} workers ({reason})"
     if outcome.detail:
         message += f": {outcome.detail}"
-    record = scaling_record(outcome.from_workers, outcome.to_workers, reason, message, now)
-    kube.patch(API_VERSION, KIND, namespace, name, {"status": {"lastScaling": record}}, subresource="status")
+    if not outcome.in_progress:
+        record = scaling_record(outcome.from_workers, outcome.to_workers, reason, message, now)
+        kube.patch(API_VERSION, KIND, namespace, name, {"status": {"lastScaling": record}}, subresource="status")
     kube.event(consumer, SCALED_REASON if outcome.applied else REFUSED_REASON, message, now,
                "Normal" if outcome.applied else "Warning")
 

@@ -248,7 +248,7 @@ class Controller:
             before = pub.map.workers
             if self.handoff.in_flight:
                 busy = f"a rescale is in progress ({pub.map.describe(self.layout)})"
-                return ScaleOutcome(False, busy, before, before)
+                return ScaleOutcome(False, busy, before, before, in_progress=True)
             decision = self.planner.decide(pub.map, self._lag, self.clock(), direction)
             log.info("scale %s requested (%s): %s", direction, reason, decision.reason)
             self.last_decision = decision.reason

@@ -133,6 +133,8 @@ class ScaleOutcome:
     """Workers before the request."""
     to_workers: int
     """Workers the decided map uses (`from_workers` when nothing was applied)."""
+    in_progress: bool = False
+    """Refused only because a rescale is under way: that rescale's record stays the one shown."""
 
 
 def range_lag(assignment: Assignment, lag: Mapping[int, SlotLag]) -> SlotLag:
