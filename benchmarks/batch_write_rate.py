@@ -1,0 +1,65 @@
+"""How fast one-record batches are written to a one-partition topic, per producer setting.
+
+    python -m benchmarks.batch_write_rate BOOTSTRAP [BATCHES]
+
+A log of many small batches is what `test_worker_logreader`'s long-log test needs (tansu's fetch
+answers came back empty for seconds inside such a log); writing it is most of that test's time.
+Each setting writes BATCHES (default 4,000) records, one per batch, to a fresh topic of its own,
+one setting after another in one run, and prints the batches written per second.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+import time
+from typing import Any
+
+from confluent_kafka import Producer
+from confluent_kafka.admin import AdminClient, NewTopic
+
+SETTINGS: list[tuple[str, dict[str, Any], int]] = [
+    ("idempotent, 5 in flight", {"enable.idempotence": True}, 1),
+    ("4 idempotent producers at once", {"enable.idempotence": True}, 4),
+    ("not idempotent, 50 in flight", {"max.in.flight.requests.per.connection": 50}, 1),
+]
+"""(name, producer settings, producers writing at once)."""
+
+
+def write(bootstrap: str, topic: str, count: int, settings: dict[str, Any]) -> None:
+    """`count` records of 100 bytes, each in a batch of its own, to partition 0 of `topic`."""
+    producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 0, "batch.num.messages": 1,
+                         "log_level": 3, **settings})
+    for i in range(count):
+        while True:
+            try:
+                producer.produce(topic, b"v" * 100, str(i).encode(), partition=0)
+                break
+            except BufferError:
+                producer.poll(0.01)
+        producer.poll(0)
+    left = producer.flush(120)
+    if left:
+        raise SystemExit(f"{left} records of {topic} were not delivered in 120 s")
+
+
+def main(argv: list[str]) -> None:
+    if not 1 <= len(argv) <= 2:
+        raise SystemExit(__doc__)
+    bootstrap, batches = argv[0], int(argv[1]) if len(argv) == 2 else 4000
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    for name, settings, producers in SETTINGS:
+        topic = f"batch-write-rate-{time.time_ns()}"
+        admin.create_topics([NewTopic(topic, 1, 1)])[topic].result()
+        began = time.monotonic()
+        threads = [threading.Thread(target=write, args=(bootstrap, topic, batches // producers, settings))
+                   for _ in range(producers)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        print(f"{name}: {batches / (time.monotonic() - began):.0f} batches/s", flush=True)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
