@@ -19,6 +19,7 @@ class FailingWriter:
     def __init__(self) -> None:
         self.failure: BaseException | None = None
         self.abort_failure: BaseException | None = None
+        self.flush_failure: BaseException | None = None
         self.calls: list[str] = []
 
     def init_transactions(self, timeout: float) -> None:
@@ -43,10 +44,14 @@ class FailingWriter:
             raise failure
 
     def flush(self, timeout: float) -> int:
+        self.calls.append("flush")
+        failure, self.flush_failure = self.flush_failure, None
+        if failure is not None:
+            raise failure
         return 0
 
     def close(self) -> None:
-        pass
+        self.calls.append("close")
 
 
 @pytest.fixture
@@ -133,3 +138,23 @@ def test_claiming_the_writer_reports_a_kafka_failure_wrapped_in_a_system_error_a
             channel.claim_writer(0.1)
     finally:
         channel.close()
+
+
+def test_a_fenced_controller_closes_its_channel_without_raising() -> None:
+    # The fenced error of a write's add-partitions request can be raised by the next call that serves
+    # the producer's events: under load that was close()'s flush (test_fencing, a clean-clone run).
+    made: list[FailingWriter] = []
+
+    def make(_config: object) -> FailingWriter:
+        made.append(FailingWriter())
+        return made[-1]
+
+    channel = ControlChannel("127.0.0.1:1", "g", make_producer=make)  # type: ignore[arg-type]
+    channel.claim_writer()
+    reports, writer = made
+    writer.failure = system_error_from(KafkaError(KafkaError._FENCED, "fenced", fatal=True))
+    with pytest.raises(ControllerFenced):
+        channel.publish(publication())
+    writer.flush_failure = KafkaException(KafkaError(KafkaError._FENCED, "fenced", fatal=True))
+    channel.close()
+    assert reports.calls[-2:] == ["flush", "close"] and writer.calls[-1] == "flush", (reports.calls, writer.calls)

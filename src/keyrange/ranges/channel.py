@@ -25,6 +25,7 @@ not move are never in transit.
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -41,6 +42,8 @@ from keyrange.ranges.ownership import allowed_slots, supersedes
 from keyrange.ranges.pauses import HandoffPause
 from keyrange.ranges.rangemap import RangeMap
 from keyrange.ranges.slots import format_slot_list, parse_slot_list
+
+log = logging.getLogger(__name__)
 
 ASSIGNMENT_KEY = b"assignment"
 PREPARE_KEY = b"prepare"
@@ -412,9 +415,13 @@ class ControlChannel:
         cannot, after `keyrange run` has stopped the embedded broker)."""
         self._producer.flush(5.0)
         self._producer.close()
-        if self._writer is not None:
-            self._writer.flush(5.0)
-            self._writer = None
+        writer, self._writer = self._writer, None
+        if writer is not None:
+            try:
+                writer.flush(5.0)
+            except (KafkaException, SystemError) as exc:
+                # A fenced writer's error can surface in any later call that serves its events: this one.
+                log.info("the controller's writer closed after an error: %s", kafka_error(exc))
         self._consumer.close()
 
 
