@@ -29,7 +29,7 @@ def record_scaling_decision(kube: Kube, namespace: str, name: str, outcome: Scal
                             now: datetime) -> None:
     """Write status.lastScaling and post an Event on the StreamConsumer `namespace/name`. A request
     refused because a rescale is under way is an Event only: written to status, it would hide the
-    rescale it waits for (the next alert notification comes within a second of a split)."""
+    rescale it waits for (the next alert notification can come within a second of a split)."""
     consumer = kube.get(API_VERSION, KIND, namespace, name)
     if consumer is None:
         return  # deleted meanwhile: nothing to record on
