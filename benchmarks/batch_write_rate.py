@@ -18,19 +18,29 @@ from typing import Any
 from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 
+FAST = {"max.in.flight.requests.per.connection": 50}
+"""Not idempotent, so 50 requests in flight rather than 5 (what the long-log test writes with)."""
 SETTINGS: list[tuple[str, dict[str, Any], int]] = [
     ("idempotent, 5 in flight", {"enable.idempotence": True}, 1),
     ("4 idempotent producers at once", {"enable.idempotence": True}, 4),
-    ("not idempotent, 50 in flight", {"max.in.flight.requests.per.connection": 50}, 1),
+    ("not idempotent, 50 in flight", FAST, 1),
 ]
 """(name, producer settings, producers writing at once)."""
 
 
-def write(bootstrap: str, topic: str, count: int, settings: dict[str, Any]) -> None:
-    """`count` records of 100 bytes, each in a batch of its own, to partition 0 of `topic`."""
-    producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 0, "batch.num.messages": 1,
-                         "log_level": 3, **settings})
+def one_record_batch_producer(bootstrap: str, settings: dict[str, Any]) -> Producer:
+    """A producer that sends each record in a batch of its own."""
+    return Producer({"bootstrap.servers": bootstrap, "linger.ms": 0, "batch.num.messages": 1, "log_level": 3,
+                     **settings})
+
+
+def append_one_record_batches(producer: Producer, topic: str, count: int,
+                              stop: threading.Event | None = None) -> None:
+    """Send `count` records of 100 bytes to partition 0 of `topic` (2 ms apart when `stop` is given,
+    until it is set); the caller flushes."""
     for i in range(count):
+        if stop is not None and stop.wait(0.002):
+            break
         while True:
             try:
                 producer.produce(topic, b"v" * 100, str(i).encode(), partition=0)
@@ -38,6 +48,12 @@ def write(bootstrap: str, topic: str, count: int, settings: dict[str, Any]) -> N
             except BufferError:
                 producer.poll(0.01)
         producer.poll(0)
+
+
+def write(bootstrap: str, topic: str, count: int, settings: dict[str, Any]) -> None:
+    """`count` one-record batches to partition 0 of `topic`, delivered."""
+    producer = one_record_batch_producer(bootstrap, settings)
+    append_one_record_batches(producer, topic, count)
     left = producer.flush(120)
     if left:
         raise SystemExit(f"{left} records of {topic} were not delivered in 120 s")

@@ -8,6 +8,7 @@ import threading
 import time
 
 import pytest
+from benchmarks.batch_write_rate import FAST, append_one_record_batches, one_record_batch_producer
 from confluent_kafka import Producer
 
 from keyrange.kafkaio import TopicSpec, ensure_topics
@@ -97,20 +98,10 @@ def test_the_totals_of_a_group_without_a_changelog_fail_saying_the_topic_is_miss
 
 
 def _append_one_record_batches(bootstrap: str, topic: str, count: int, stop: threading.Event | None = None) -> None:
-    # Not idempotent, so up to 50 requests in flight rather than 5: the long log is written 1.5-2x as
-    # fast (BENCHMARKS.md). Only the batches' count and offsets matter here.
-    producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 0, "batch.num.messages": 1,
-                         "max.in.flight.requests.per.connection": 50, "log_level": 3})
-    for i in range(count):
-        if stop is not None and stop.wait(0.002):
-            break
-        while True:
-            try:
-                producer.produce(topic, b"v" * 100, str(i).encode(), partition=0)
-                break
-            except BufferError:
-                producer.poll(0.01)
-        producer.poll(0)
+    # Not idempotent (FAST): the long log is written 1.5-2x as fast (BENCHMARKS.md); only the
+    # batches' count and offsets matter here.
+    producer = one_record_batch_producer(bootstrap, FAST)
+    append_one_record_batches(producer, topic, count, stop)
     assert flush_while_delivering(producer) == 0
 
 
