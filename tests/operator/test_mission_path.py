@@ -188,17 +188,19 @@ async def _explained(wait: Awaitable[T], api: Any, stack: PrometheusStack, node:
     try:
         return await wait
     except AssertionError as exc:
-        status = await _status(api)
-        last = (status.get("lastScaling") or {}).get("message")
-        alerts = [f"{a['labels'].get('alertname')}[{a['labels'].get('worker', '')}] {a['state']}"
-                  for a in await asyncio.to_thread(stack.alerts)]
-        lag = {r["metric"].get("worker"): r["value"][1] for r in await asyncio.to_thread(
-            stack.query, f'sum by (worker) (keyrange_consumer_lag{{consumer="{NAME}"}})')}
-        events = [f"{e.get('reason')}: {e.get('message')}" for e in await api.events(NS, NAME)][-10:]
-        raise AssertionError(
-            f"{exc}; workers {status.get('workers')} ({status.get('phase')}), last scaling: {last!r}, "
-            f"alerts: {alerts}, lag by worker: {lag}\nevents:\n" + "\n".join(events) + f"\n{node.report(40)}"
-        ) from None
+        try:
+            status = await _status(api)
+            last = (status.get("lastScaling") or {}).get("message")
+            alerts = [f"{a['labels'].get('alertname')}[{a['labels'].get('worker', '')}] {a['state']}"
+                      for a in await asyncio.to_thread(stack.alerts)]
+            lag = {r["metric"].get("worker"): r["value"][1] for r in await asyncio.to_thread(
+                stack.query, f'sum by (worker) (keyrange_consumer_lag{{consumer="{NAME}"}})')}
+            events = [f"{e.get('reason')}: {e.get('message')}" for e in await api.events(NS, NAME)][-10:]
+            shown = (f"workers {status.get('workers')} ({status.get('phase')}), last scaling: {last!r}, "
+                     f"alerts: {alerts}, lag by worker: {lag}\nevents:\n" + "\n".join(events))
+        except Exception as unreadable:  # noqa: BLE001 - the wait's own failure must still be raised
+            shown = f"(the alert path could not be read: {unreadable!r})"
+        raise AssertionError(f"{exc}; {shown}\n{node.report(40)}") from None
 
 
 async def _ready_pod(api: Any, namespace: str, selector: str) -> str | None:
