@@ -39,6 +39,8 @@ from keyrange.autoscale.rules import RuleOptions, render_rule_groups
 from keyrange.kafkaio import TopicSpec, ensure_topics
 from keyrange.loadgen import LoadShape
 from keyrange.local.load import LoadTotals, Phase, produce_phases
+from keyrange.ranges.layout import SlotLayout
+from keyrange.ranges.slots import parse_slot_list
 from keyrange.spec import parse_spec
 from tests.checkers import check_all
 from tests.integration.prometheus.stack import PrometheusStack
@@ -283,12 +285,9 @@ def _check_ranges_shown(status: dict[str, Any], table: list[str], partitions: in
     shown = [r["partitions"] for r in status["ranges"]]
     assert len(shown) == status["workers"], shown
     if partitions == 1:
-        thirds = []
-        for text in shown:
-            found = re.fullmatch(r"0:(\d)(?:-(\d))?/3", text)
-            assert found, shown
-            thirds += range(int(found[1]), int(found[2] or found[1]) + 1)
-        assert sorted(thirds) == [0, 1, 2], shown
+        slots = [parse_slot_list(r["slots"]) for r in status["ranges"]]
+        assert sorted(s for held in slots for s in held) == [0, 1, 2], slots
+        assert shown == [SlotLayout(1, 3).describe_slots(held) for held in slots], (shown, slots)
     else:
         assert all(":" not in text for text in shown), shown
     assert status["rangeMap"] == " ".join(f"w{r['worker']}={r['partitions']}" for r in status["ranges"])
