@@ -16,7 +16,8 @@ import time
 from typing import Any
 
 from confluent_kafka import Producer
-from confluent_kafka.admin import AdminClient, NewTopic
+
+from keyrange.kafkaio import TopicSpec, ensure_topics
 
 FAST = {"max.in.flight.requests.per.connection": 50}
 """Not idempotent, so 50 requests in flight rather than 5 (what the long-log test writes with)."""
@@ -63,10 +64,9 @@ def main(argv: list[str]) -> None:
     if not 1 <= len(argv) <= 2:
         raise SystemExit(__doc__)
     bootstrap, batches = argv[0], int(argv[1]) if len(argv) == 2 else 4000
-    admin = AdminClient({"bootstrap.servers": bootstrap})
     for name, settings, producers in SETTINGS:
         topic = f"batch-write-rate-{time.time_ns()}"
-        admin.create_topics([NewTopic(topic, 1, 1)])[topic].result()
+        ensure_topics(bootstrap, [TopicSpec(topic, 1)])
         began = time.monotonic()
         threads = [threading.Thread(target=write, args=(bootstrap, topic, batches // producers, settings))
                    for _ in range(producers)]
