@@ -51,14 +51,36 @@ def metric_sum(port: int, name: str) -> float:
                if line.startswith(name + "{") or line.startswith(name + " "))
 
 
+def condensed(log_text: str) -> str:
+    """The log with each run of identical lines (a stalled worker's summary, once a second) shown
+    once and counted: a failure's whole story fits the few kilobytes CI keeps of it."""
+    out: list[str] = []
+    runs = 0
+    for line in log_text.splitlines():
+        if out and line == out[-1]:
+            runs += 1
+            continue
+        if runs:
+            out.append(f"  [the line above {runs} more times]")
+            runs = 0
+        out.append(line)
+    if runs:
+        out.append(f"  [the line above {runs} more times]")
+    return "\n".join(out)
+
+
 def wait(condition: object, what: str, timeout_seconds: float = 120.0, proc: subprocess.Popen[bytes] | None = None,
          log_path: Path | None = None) -> None:
-    """Poll `condition` until true; fail with `what` (and the log) after the deadline or if `proc` exits."""
+    """Poll `condition` until true; fail with `what` (and the log, condensed) after the deadline or
+    if `proc` exits."""
     deadline = time.monotonic() + timeout_seconds
     while not condition():  # type: ignore[operator]
         if proc is not None and proc.poll() is not None:
-            raise AssertionError(f"worker exited ({proc.returncode}) while waiting for {what}:\n"
-                                 f"{log_path.read_text() if log_path else ''}")
+            raise AssertionError(f"worker exited ({proc.returncode}) while waiting for {what}:\n{_log(log_path)}")
         if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}:\n{log_path.read_text() if log_path else ''}")
+            raise AssertionError(f"timed out waiting for {what}:\n{_log(log_path)}")
         time.sleep(0.1)
+
+
+def _log(log_path: Path | None) -> str:
+    return condensed(log_path.read_text()) if log_path else ""
