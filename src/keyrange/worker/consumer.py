@@ -185,6 +185,15 @@ class ThreadedConsumer:
         if tps:
             await self._call(self._c.resume, tps)
 
+    async def positions(self, partitions: Iterable[int]) -> dict[int, int]:
+        """The offset the consumer returns next per partition (-1 when it has none yet): past what
+        it returned and past the commit markers it read after that."""
+        tps = [TopicPartition(self._topic, p) for p in partitions]
+        if not tps:
+            return {}
+        found = await self._call(self._c.position, tps)
+        return {tp.partition: max(tp.offset, -1) for tp in found}
+
     async def high_watermarks(self, partitions: Iterable[int]) -> dict[int, int]:
         """High watermark per partition (-1 when unknown): `known_log_end` of the one last seen in
         fetch responses (frozen while a partition is paused for backpressure) and the broker's last

@@ -50,6 +50,7 @@ from keyrange.worker.scheduler import ClientScheduler
 from keyrange.worker.settings import WorkerSettings
 from keyrange.worker.slot import SlotMetrics, SlotState
 from keyrange.worker.snapshots import CHANGELOG_TOPIC_CONFIG, slot_totals_key
+from keyrange.worker.stalls import FetchStalls, PartitionFetch, Stall
 from keyrange.worker.stats import WorkerStats
 from keyrange.worker.transactions import SlotTransactions, TransactionFailed
 
@@ -109,7 +110,10 @@ class Worker:
         """Fetches started so far (the one in flight, if any, is number `_fetches`)."""
         self._stale: dict[int, int] = {}
         """Partition -> the last fetch whose records of it are stale: it was re-assigned from a lower
-        offset for a newly acquired slot after that fetch began (see `acquire`)."""
+        offset for a newly acquired slot (see `acquire`), or fetched afresh (`_refetch`), after that
+        fetch began."""
+        self._fetch_stalls = FetchStalls()
+        """Which held partitions' fetch stalled (stalls.py), told each gauge tick."""
         self._acquiring: dict[int, _AcquireTicket] = {}
         self._losing: dict[int, asyncio.Task[None]] = {}
         """Slots whose producer failed, being released (see `_slot_failed`)."""
@@ -640,4 +644,32 @@ class Worker:
         self.stats.lag_seconds = oldest_s
         self.stats.pending = sum(slot.pending for slot in states)
         self.stats.dedup_entries = sum(slot.dedup_entries for slot in states)
+        await self._watch_fetch_stalls(highs)
+
+    async def _watch_fetch_stalls(self, ends: Mapping[int, int]) -> None:
+        """Fetch afresh each held partition whose fetch stalled (stalls.py), given the log ends."""
+        behind = [p for p, held in self._by_partition.items() if ends.get(p, -1) > min(s.next_offset for s in held)]
+        # The consumer's position passes a transactional input's commit markers, which it never returns.
+        positions = await self._consumer.positions(behind) if behind else {}
+        observed = {}
+        for p, held in self._by_partition.items():  # as held after the await: the refetch queues with none between
+            reading = min(slot.next_offset for slot in held)
+            idle = not any(slot.paused or slot.revoked or slot.pending for slot in held)
+            observed[p] = PartitionFetch(reading, max(reading, positions.get(p, -1)), ends.get(p, -1), idle)
+        if stalls := self._fetch_stalls.observe(observed):
+            await self._refetch(stalls)
+
+    async def _refetch(self, stalls: list[Stall]) -> None:
+        """Fetch the stalled partitions afresh from where their slots read next: assigned again,
+        librdkafka's fetch state of them starts over. Queued on the consumer's thread with no await
+        since `stalls` was taken from the held slots, so a release's unassign comes after it."""
+        for stall in stalls:
+            log.warning("%s: fetching it afresh from there (librdkafka can leave a partition's fetch waiting "
+                        "after a broker restart or a leader change: docs/kafka.md)", stall.describe())
+        offsets = {stall.partition: stall.offset for stall in stalls}
+        # Records of them in the fetch in flight are dropped: they come again from these offsets (an
+        # acquire's mark, until its re-assignment is queued, stays).
+        for p in offsets:
+            self._stale[p] = max(self._stale.get(p, 0), self._fetches)
+        await self._consumer.seek(offsets)
 
