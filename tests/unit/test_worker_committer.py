@@ -4,9 +4,12 @@ transactions are recorded; the slots are SlotState, the committer's fake is at i
 from __future__ import annotations
 
 import asyncio
+import logging
 
+import pytest
 from confluent_kafka import TopicPartition
 
+from keyrange.worker import committer as committer_module
 from keyrange.worker.committer import CommitOutcome, Committer, SlotCommit
 from keyrange.worker.settings import WorkerSettings
 from keyrange.worker.slot import SlotState
@@ -154,6 +157,29 @@ def test_a_release_waits_out_its_slots_transaction_in_flight() -> None:
         await stopped(running)
 
     asyncio.run(scenario())
+
+
+def test_a_release_waiting_long_for_its_transaction_in_flight_says_so(monkeypatch: pytest.MonkeyPatch,
+                                                                       caplog: pytest.LogCaptureFixture) -> None:
+    monkeypatch.setattr(committer_module, "SLOW_STEP_SECONDS", 0.02)
+
+    async def scenario() -> None:
+        txn = GatedTransactions()
+        held = slot(3, txn)
+        committer = Committer(FAST, lambda: [held], WorkerStats())
+        running = asyncio.create_task(committer.run())
+        await asyncio.wait_for(txn.began.wait(), 5.0)
+        waiting = asyncio.create_task(committer.idle([held]))
+        await asyncio.sleep(0.1)
+        txn.gate.set()
+        await asyncio.wait_for(waiting, 5.0)
+        await stopped(running)
+
+    with caplog.at_level(logging.WARNING, logger="keyrange.worker.committer"):
+        asyncio.run(scenario())
+    said = [r.getMessage() for r in caplog.records]
+    assert said and all(m.startswith("slots [3]: waiting for their transaction in flight: still waiting after")
+                        for m in said), said
 
 
 class FailingTransactions(RecordingTransactions):

@@ -27,7 +27,9 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import logging
 import math
+import time
 from collections import deque
 from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass
@@ -39,9 +41,11 @@ from confluent_kafka import TopicPartition
 from keyrange import metrics as metric_defs
 from keyrange.worker.settings import WorkerSettings
 from keyrange.worker.slot import CommitBatch
+from keyrange.worker.slowsteps import SLOW_STEP_SECONDS
 from keyrange.worker.stats import WorkerStats
 from keyrange.worker.transactions import OutputRecord, TransactionFailed
 
+log = logging.getLogger(__name__)
 
 class SlotProducer(Protocol):
     """What the committer needs of a slot's producer (transactions.py's SlotTransactions)."""
@@ -237,8 +241,12 @@ class Committer:
         none starts one: e.g. a release removes its slots right after, and no later transaction
         sees them."""
         slots = list(slots)
+        began = time.monotonic()
         while running := [task for s in slots if (task := self._in_flight.get(s)) is not None]:
-            await asyncio.wait(running)
+            done, _ = await asyncio.wait(running, timeout=SLOW_STEP_SECONDS)
+            if not done:  # said here, not by reported_if_slow: its task would resume the caller a step late
+                log.warning("slots %s: waiting for their transaction in flight: still waiting after %.0f s",
+                            sorted(s.slot for s in slots if s in self._in_flight), time.monotonic() - began)
 
     def _start(self, slots: Iterable[CommitSlot]) -> list[asyncio.Task[SlotCommit]]:
         """Start a transaction for each of `slots` with something to commit (none in flight)."""

@@ -49,6 +49,7 @@ from keyrange.worker.routing import BatchRouter
 from keyrange.worker.scheduler import ClientScheduler
 from keyrange.worker.settings import WorkerSettings
 from keyrange.worker.slot import SlotMetrics, SlotState
+from keyrange.worker.slowsteps import reported_if_slow
 from keyrange.worker.snapshots import CHANGELOG_TOPIC_CONFIG, slot_totals_key
 from keyrange.worker.stalls import FetchStalls, PartitionFetch, Stall
 from keyrange.worker.stats import WorkerStats
@@ -306,15 +307,16 @@ class Worker:
             # owner left open is resolved before the restore reads the outputs. A read-ahead still
             # running goes on meanwhile, then stops where it got: the restore reads on from there.
             opening = time.monotonic()
-            await asyncio.gather(*(t.open() for t in transactions.values()))
+            await reported_if_slow(asyncio.gather(*(t.open() for t in transactions.values())),
+                                   f"acquiring slots {new}: initialising their producers")
             opened = time.monotonic()
             prefetched = await read_ahead.finish() if read_ahead is not None else None
             restore_began = time.monotonic()
             open_ms, finish_ms = (opened - opening) * 1000, (restore_began - opened) * 1000
             # Committed offsets are looked up by the restore's own consumer too: the worker's consumer
             # is busy fetching the slots that keep flowing.
-            restored = await asyncio.get_running_loop().run_in_executor(
-                None, self._restorer.restore_slots, new, prefetched)
+            restored = await reported_if_slow(asyncio.get_running_loop().run_in_executor(
+                None, self._restorer.restore_slots, new, prefetched), f"acquiring slots {new}: the restore")
             restore_ms = (time.monotonic() - restore_began) * 1000
         except BaseException:
             if read_ahead is not None:
@@ -449,7 +451,9 @@ class Worker:
         # meanwhile are skipped (revoked), so the in-flight calls need not wait for the unassign.
         unassigned = self._consumer.unassign(sorted({slot.partition for slot in states if all(
             other.revoked for other in self._by_partition[slot.partition])}))
-        await asyncio.gather(unassigned, *(slot.drained() for slot in states))
+        releasing = f"releasing slots {[slot.slot for slot in states]}"
+        await reported_if_slow(asyncio.gather(unassigned, *(slot.drained() for slot in states)),
+                               f"{releasing}: the consumer's unassign and the slots' handler calls")
         drained = time.monotonic()
         assert self._committer is not None
         joined = 0
