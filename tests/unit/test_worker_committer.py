@@ -141,42 +141,34 @@ def test_a_slot_stuck_in_its_transaction_holds_up_neither_the_other_slots_commit
     asyncio.run(scenario())
 
 
-def test_a_release_waits_out_its_slots_transaction_in_flight() -> None:
-    async def scenario() -> None:
-        txn = GatedTransactions()
-        held = slot(0, txn)
-        committer = Committer(FAST, lambda: [held], WorkerStats())
-        running = asyncio.create_task(committer.run())
-        await asyncio.wait_for(txn.began.wait(), 5.0)
-        waiting = asyncio.create_task(committer.idle([held]))
-        await asyncio.sleep(0.05)  # ten intervals: idle must still wait, as the transaction has not ended
-        assert not waiting.done()
-        txn.gate.set()
-        await asyncio.wait_for(waiting, 5.0)
-        assert len(txn.commits) == 1
-        await stopped(running)
+async def released_behind_its_transaction(n: int, seconds: float) -> tuple[GatedTransactions, bool]:
+    """Slot `n`'s transaction held up for `seconds` while its release waits in `idle`: the slot's
+    transactions, and whether that wait ended before the transaction did."""
+    txn = GatedTransactions()
+    held = slot(n, txn)
+    committer = Committer(FAST, lambda: [held], WorkerStats())
+    running = asyncio.create_task(committer.run())
+    await asyncio.wait_for(txn.began.wait(), 5.0)
+    waiting = asyncio.create_task(committer.idle([held]))
+    await asyncio.sleep(seconds)
+    early = waiting.done()
+    txn.gate.set()
+    await asyncio.wait_for(waiting, 5.0)
+    await stopped(running)
+    return txn, early
 
-    asyncio.run(scenario())
+
+def test_a_release_waits_out_its_slots_transaction_in_flight() -> None:
+    # Ten intervals: idle must still wait, as the transaction has not ended.
+    txn, early = asyncio.run(released_behind_its_transaction(0, 0.05))
+    assert not early and len(txn.commits) == 1
 
 
 def test_a_release_waiting_long_for_its_transaction_in_flight_says_so(monkeypatch: pytest.MonkeyPatch,
                                                                        caplog: pytest.LogCaptureFixture) -> None:
     monkeypatch.setattr(committer_module, "SLOW_STEP_SECONDS", 0.02)
-
-    async def scenario() -> None:
-        txn = GatedTransactions()
-        held = slot(3, txn)
-        committer = Committer(FAST, lambda: [held], WorkerStats())
-        running = asyncio.create_task(committer.run())
-        await asyncio.wait_for(txn.began.wait(), 5.0)
-        waiting = asyncio.create_task(committer.idle([held]))
-        await asyncio.sleep(0.1)
-        txn.gate.set()
-        await asyncio.wait_for(waiting, 5.0)
-        await stopped(running)
-
     with caplog.at_level(logging.WARNING, logger="keyrange.worker.committer"):
-        asyncio.run(scenario())
+        asyncio.run(released_behind_its_transaction(3, 0.1))
     said = [r.getMessage() for r in caplog.records]
     assert said and all(m.startswith("slots [3]: waiting for their transaction in flight: still waiting after")
                         for m in said), said
