@@ -10,6 +10,7 @@ and commit) and then stops the broker.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import threading
@@ -144,18 +145,21 @@ class Supervisor:
         self._thread.start()
 
     def stop(self) -> None:
-        """Stop planning, SIGTERM the workers (they commit), stop the broker we started."""
+        """Stop planning, SIGTERM the workers (they commit), stop the broker we started. Each step
+        runs even if an earlier one failed, and the last failure is raised: a worker that would not
+        stop must not leave the embedded broker running."""
         self._stop.set()
-        if self.alerts is not None:
-            self.alerts.stop()
-        if self._thread is not None:
-            self._thread.join(timeout=10)
-        if self.fleet is not None:
-            self.fleet.stop()
-        if self.controller is not None:
-            self.controller.close()
-        if self.broker is not None:
-            self.broker.stop()
+        with contextlib.ExitStack() as steps:  # its callbacks run last-pushed first, every one of them
+            if self.broker is not None:
+                steps.callback(self.broker.stop)
+            if self.controller is not None:
+                steps.callback(self.controller.close)
+            if self.fleet is not None:
+                steps.callback(self.fleet.stop)
+            if self._thread is not None:
+                steps.callback(self._thread.join, 10)
+            if self.alerts is not None:
+                steps.callback(self.alerts.stop)
 
     # --- the controller's hooks --------------------------------------------------------------
 
