@@ -652,14 +652,18 @@ class Worker:
 
     async def _watch_fetch_stalls(self, ends: Mapping[int, int]) -> None:
         """Fetch afresh each held partition whose fetch stalled (stalls.py), given the log ends."""
-        behind = [p for p, held in self._by_partition.items() if ends.get(p, -1) > min(s.next_offset for s in held)]
-        # The consumer's position passes a transactional input's commit markers, which it never returns.
-        positions = await self._consumer.positions(behind) if behind else {}
+        def idle(held: list[SlotState]) -> bool:
+            return not any(slot.paused or slot.revoked or slot.pending for slot in held)
+
+        # The consumer's position passes a transactional input's commit markers, which it never
+        # returns; asked only of partitions that may have stalled (none while records flow).
+        maybe = [p for p, held in self._by_partition.items()
+                 if idle(held) and ends.get(p, -1) > min(slot.next_offset for slot in held)]
+        positions = await self._consumer.positions(maybe) if maybe else {}
         observed = {}
         for p, held in self._by_partition.items():  # as held after the await: the refetch queues with none between
             reading = min(slot.next_offset for slot in held)
-            idle = not any(slot.paused or slot.revoked or slot.pending for slot in held)
-            observed[p] = PartitionFetch(reading, max(reading, positions.get(p, -1)), ends.get(p, -1), idle)
+            observed[p] = PartitionFetch(reading, max(reading, positions.get(p, -1)), ends.get(p, -1), idle(held))
         if stalls := self._fetch_stalls.observe(observed):
             await self._refetch(stalls)
 
