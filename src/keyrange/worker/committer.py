@@ -47,6 +47,7 @@ from keyrange.worker.transactions import OutputRecord, TransactionFailed
 
 log = logging.getLogger(__name__)
 
+
 class SlotProducer(Protocol):
     """What the committer needs of a slot's producer (transactions.py's SlotTransactions)."""
 

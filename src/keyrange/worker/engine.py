@@ -679,5 +679,8 @@ class Worker:
         # acquire's mark, until its re-assignment is queued, stays).
         for p in offsets:
             self._stale[p] = max(self._stale.get(p, 0), self._fetches)
-        await self._consumer.seek(offsets)
+        try:
+            await self._consumer.seek(offsets)
+        except KafkaException as exc:  # the watch tries again later; the worker goes on as it was
+            log.warning("fetching partitions %s afresh failed: %s", sorted(offsets), exc)
 

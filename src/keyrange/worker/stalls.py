@@ -2,7 +2,8 @@
 has stopped fetching. librdkafka can leave a partition waiting in one of its fetch states after
 the broker restarts or its leader changes (docs/kafka.md); nothing reports it, and without this
 the slot would show lag and nothing pending until the worker restarts. The engine feeds
-`FetchStalls` each gauge tick and positions a stalled partition's fetch afresh (`Worker.refetch`).
+`FetchStalls` each gauge tick and assigns a stalled partition again from where its slots read
+(`Worker._refetch`).
 
 A partition counts as stalled when for `STALL_SECONDS` none of its held slots is paused or has
 anything pending, and its log end is past the consumer's position (which passes a transactional
