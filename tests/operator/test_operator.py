@@ -85,8 +85,18 @@ async def _explained(wait: Awaitable[T], api: Api, name: str, node: TestNodeAgen
     try:
         return await wait
     except AssertionError as exc:
-        obj = await api.get(f"{SC_PATH.format(ns=api.namespace)}/{name}")
-        raise AssertionError(f"{exc}\nstatus: {(obj or {}).get('status')}\n{node.report()}") from None
+        raise AssertionError(f"{exc}\n{await _story(api, name, node)}") from None
+
+
+async def _story(api: Api, name: str, node: TestNodeAgent) -> str:
+    """The consumer's status, its and its StatefulSet's Events in order (the operator's rescales, the
+    StatefulSet controller's pod creations and deletions), and what the node's workers logged."""
+    obj = await api.get(f"{SC_PATH.format(ns=api.namespace)}/{name}")
+    events = [*await api.events(api.namespace, name), *await api.events(api.namespace, f"{name}-worker")]
+    events.sort(key=lambda e: e.get("lastTimestamp") or e.get("eventTime") or "")
+    lines = [f"{e.get('lastTimestamp') or e.get('eventTime')} {e['involvedObject']['kind']} {e.get('reason')}: "
+             f"{e.get('message')}" for e in events]
+    return "status: {}\nevents:\n{}\n{}".format((obj or {}).get("status"), "\n".join(lines), node.report())
 
 
 async def test_create_renders_children_and_status(cluster: Api, operator: kopf.Memo) -> None:
@@ -161,6 +171,9 @@ async def test_scale_subresource_splits_and_merges_through_real_workers(
         up = await _explained(eventually(lambda: _status(cluster, "ledger", phase="Running", workers=3),
                                          "3 workers", timeout=120), cluster, "ledger", node)
         assert sorted(r["worker"] for r in up["status"]["ranges"]) == [0, 1, 2]
+        # Scaling up stops no pod (a loaded run here saw worker 1 deleted and made again meanwhile).
+        if node.stopped_pods:
+            raise AssertionError(f"scaling 1 -> 3 stopped {node.stopped_pods}\n{await _story(cluster, 'ledger', node)}")
         assert up["status"]["epoch"] >= 5  # two splits, each an epoch with slots in transit and a grant
         assert up["status"]["selector"]  # the scale subresource's labelSelectorPath
 
@@ -174,10 +187,7 @@ async def test_scale_subresource_splits_and_merges_through_real_workers(
         async def both_stopped() -> bool:
             return node.stopped_pods == ["ledger-worker-2", "ledger-worker-1"]
 
-        try:
-            await eventually(both_stopped, "workers 2 then 1 to stop")
-        except AssertionError as exc:
-            raise AssertionError(f"{exc}; stopped {node.stopped_pods}, started {node.started_pods}") from None
+        await _explained(eventually(both_stopped, "workers 2 then 1 to stop"), cluster, "ledger", node)
         assert node.errors == []
         assert node.crashes == [], "a worker crashed (see its log in the test's tmp_path)"
 
