@@ -5,6 +5,7 @@ within seconds."""
 from __future__ import annotations
 
 import logging
+import threading
 from datetime import UTC, datetime
 from types import SimpleNamespace
 from typing import Any
@@ -30,6 +31,9 @@ UNKNOWN_KIND = (b'{"kind":"Status","message":"statefulsets.apps \\"c-workers\\" 
 class Controls:
     def ensure(self, namespace: str, name: str, model: Any) -> Any:
         return SimpleNamespace(desired_workers=lambda: 1, status=lambda: None)
+
+    def worker_count_lock(self, namespace: str, name: str) -> threading.Lock:
+        return threading.Lock()
 
     def close(self, namespace: str, name: str) -> None:
         pass

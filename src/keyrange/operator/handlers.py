@@ -148,16 +148,17 @@ def reconcile(*, name: str, namespace: str | None, body: kopf.Body, spec: kopf.S
         _write_status(patch, status, Observed(generation, 0, 0, selector, error=str(exc)), None, now)
         raise kopf.PermanentError(str(exc)) from None
     control: RangeControl | None = None
-    if model.suspend:
-        memo.controls.close(namespace, name)  # no workers: nothing to plan until it resumes
-        replicas = 0
-    else:
-        control = memo.controls.ensure(namespace, name, model)
-        assert control is not None  # revive=True always returns one
-        replicas = rendering.desired_replicas(model, control.desired_workers())
-    metrics.OPERATOR_DESIRED_WORKERS.labels(namespace, name).set(replicas)
     try:
-        sts = apply_children(memo.kube, memo.settings, body, model, replicas)
+        with memo.controls.worker_count_lock(namespace, name):
+            if model.suspend:
+                memo.controls.close(namespace, name)  # no workers: nothing to plan until it resumes
+                replicas = 0
+            else:
+                control = memo.controls.ensure(namespace, name, model)
+                assert control is not None  # revive=True always returns one
+                replicas = rendering.desired_replicas(model, control.desired_workers())
+            metrics.OPERATOR_DESIRED_WORKERS.labels(namespace, name).set(replicas)
+            sts = apply_children(memo.kube, memo.settings, body, model, replicas)
     except KubeApiError as exc:
         if exc.status == 403 and UNKNOWN_KIND_MARK in str(exc):
             raise kopf.TemporaryError(f"the API server does not know the kind of an owner reference yet (a CRD created "
@@ -202,26 +203,27 @@ def refresh(*, name: str, namespace: str | None, body: kopf.Body, spec: kopf.Spe
     except SpecError:
         return  # reconcile already reported it; nothing runs until the spec is fixed
     kube: Kube = memo.kube
-    sts = kube.get("apps/v1", "StatefulSet", namespace, rendering.worker_name(name))
-    if sts is None:
-        return  # not created yet (or being deleted): reconcile owns creation
-    generation, selector, ready = int(meta.get("generation") or 1), rendering.selector_string(name), _ready(sts)
-    if model.suspend:  # reconcile scaled the workers to zero; follow them until the last one is gone
-        seen = Observed(generation, 0, ready, selector, suspended=True, pods=_pods(sts),
-                        deduplication=model.input.mapping().dedup)
-        _write_status(patch, status, seen, None, memo.clock())
-        return
-    control = memo.controls.ensure(namespace, name, model, revive=False)
-    if control is None:
-        return  # deleted, or stopped after an invalid spec: only reconcile starts it again
-    control.workers_available(ready)
-    replicas = rendering.desired_replicas(model, control.desired_workers())
-    metrics.OPERATOR_DESIRED_WORKERS.labels(namespace, name).set(replicas)
-    current = int((sts.get("spec") or {}).get("replicas") or 0)
-    if current != replicas:
-        logger.info("scaling %s from %d to %d workers", rendering.worker_name(name), current, replicas)
-        kube.patch("apps/v1", "StatefulSet", namespace, rendering.worker_name(name),
-                   {"spec": {"replicas": replicas}})
+    with memo.controls.worker_count_lock(namespace, name):
+        sts = kube.get("apps/v1", "StatefulSet", namespace, rendering.worker_name(name))
+        if sts is None:
+            return  # not created yet (or being deleted): reconcile owns creation
+        generation, selector, ready = int(meta.get("generation") or 1), rendering.selector_string(name), _ready(sts)
+        if model.suspend:  # reconcile scaled the workers to zero; follow them until the last one is gone
+            seen = Observed(generation, 0, ready, selector, suspended=True, pods=_pods(sts),
+                            deduplication=model.input.mapping().dedup)
+            _write_status(patch, status, seen, None, memo.clock())
+            return
+        control = memo.controls.ensure(namespace, name, model, revive=False)
+        if control is None:
+            return  # deleted, or stopped after an invalid spec: only reconcile starts it again
+        control.workers_available(ready)
+        replicas = rendering.desired_replicas(model, control.desired_workers())
+        metrics.OPERATOR_DESIRED_WORKERS.labels(namespace, name).set(replicas)
+        current = int((sts.get("spec") or {}).get("replicas") or 0)
+        if current != replicas:
+            logger.info("scaling %s from %d to %d workers", rendering.worker_name(name), current, replicas)
+            kube.patch("apps/v1", "StatefulSet", namespace, rendering.worker_name(name),
+                       {"spec": {"replicas": replicas}})
     for decision in control.take_decisions():
         record_planner_decision(kube, dict(body), patch, decision)
     seen = Observed(generation, replicas, ready, selector, pods=_pods(sts), deduplication=model.input.mapping().dedup)
@@ -234,7 +236,7 @@ def refresh(*, name: str, namespace: str | None, body: kopf.Body, spec: kopf.Spe
 def forget(*, name: str, namespace: str | None, memo: Any, **_: Any) -> None:
     """The consumer is being deleted: stop its range control (children go by owner reference)."""
     assert namespace is not None
-    memo.controls.close(namespace, name)
+    memo.controls.forget(namespace, name)
     with contextlib.suppress(KeyError):  # never reconciled successfully
         metrics.OPERATOR_DESIRED_WORKERS.remove(namespace, name)
 

@@ -33,6 +33,7 @@ class ControlRegistry:
         self._closed: set[tuple[str, str]] = set()
         self._stopped = False
         self._lock = threading.Lock()
+        self._worker_count_locks: dict[tuple[str, str], threading.Lock] = {}
 
     def ensure(self, namespace: str, name: str, spec: StreamConsumerSpec,
                revive: bool = True) -> RangeControl | None:
@@ -54,6 +55,19 @@ class ControlRegistry:
                 return control
         control.update_spec(spec)
         return control
+
+    def worker_count_lock(self, namespace: str, name: str) -> threading.Lock:
+        """Held by reconcile and by the refresh timer, which kopf runs side by side, while each reads
+        the consumer's worker count and writes it to the StatefulSet: a count read before the
+        other's write never lands after it (a StatefulSet scaled back for a moment deletes a pod)."""
+        with self._lock:
+            return self._worker_count_locks.setdefault((namespace, name), threading.Lock())
+
+    def forget(self, namespace: str, name: str) -> None:
+        """The consumer is gone: close its control and drop what was kept for it."""
+        self.close(namespace, name)
+        with self._lock:
+            self._worker_count_locks.pop((namespace, name), None)
 
     def get(self, namespace: str, name: str) -> RangeControl | None:
         """The consumer's control, or None when the operator does not run that consumer."""
