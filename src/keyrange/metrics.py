@@ -164,6 +164,10 @@ TRANSACTIONS = Counter(
     "keyrange_transactions", "Output transactions committed (outputs, state and offsets).", ("consumer", "worker")
 )
 HELD_SLOTS = Gauge("keyrange_held_slots", "Slots (partitions) the worker currently holds.", ("consumer", "worker"))
+FETCH_STALLS = Counter(
+    "keyrange_fetch_stalls", "Held partitions found fetching nothing with records waiting, and assigned again "
+    "(worker/stalls.py).", ("consumer", "worker")
+)
 
 # --- Autoscaling: the alert webhook (operator and `keyrange run --webhook-port`) ---------------
 # The operator's own series name a StreamConsumer's namespace `streamconsumer_namespace`, never

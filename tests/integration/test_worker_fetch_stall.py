@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 
 import pytest
+from prometheus_client import REGISTRY
 
 from keyrange.handlers import load_handler
 from keyrange.worker import Worker, stalls
@@ -50,5 +51,7 @@ async def test_a_partition_the_consumer_stopped_fetching_is_fetched_again(
         await worker.stop()
     stalled = [r.getMessage() for r in caplog.records if "fetched nothing past offset" in r.getMessage()]
     assert stalled and all(m.startswith("partition 0 ") for m in stalled), stalled
+    counted = REGISTRY.get_sample_value("keyrange_fetch_stalls_total", {"consumer": settings.group_id, "worker": "w0"})
+    assert counted == len(stalled)
     check_all(log, read_processed(bootstrap, f"{topic_name}.processed", len(first_occurrences(log))),
               read_counts(bootstrap, topic_name, settings.group_id, covering=len(log)), ledger=True)

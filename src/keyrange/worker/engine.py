@@ -139,6 +139,7 @@ class Worker:
         self._failure: asyncio.Future[None] | None = None
         self._counts: dict[str, int] = {}
         self._held_gauge = metric_defs.HELD_SLOTS.labels(settings.metrics_consumer, settings.worker_id)
+        self._fetch_stalls_counter = metric_defs.FETCH_STALLS.labels(settings.metrics_consumer, settings.worker_id)
 
     # --- lifecycle ---------------------------------------------------------------------------
 
@@ -674,6 +675,7 @@ class Worker:
         for stall in stalls:
             log.warning("%s: fetching it afresh from there (librdkafka can leave a partition's fetch waiting "
                         "after a broker restart or a leader change: docs/kafka.md)", stall.describe())
+        self._fetch_stalls_counter.inc(len(stalls))
         offsets = {stall.partition: stall.offset for stall in stalls}
         # Records of them in the fetch in flight are dropped: they come again from these offsets (an
         # acquire's mark, until its re-assignment is queued, stays).
