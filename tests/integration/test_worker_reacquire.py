@@ -131,3 +131,48 @@ async def test_a_duplicate_after_the_committed_offset_is_judged_at_its_place_in_
     processed = read_processed(bootstrap, f"{topic_name}.processed", 200)
     check_all(log, processed, read_counts(bootstrap, topic_name, f"{topic_name}-g", covering=len(records)))
     assert second.stats.processed == 1  # e60 only: everything else was finished by the first owner
+
+
+async def test_a_slot_given_up_whose_restore_fails_once_is_acquired_again(
+        bootstrap: str, topic_name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A slot whose producer the worker gave up is released and acquired again in place. Right after
+    a broker restart that acquire's restore read can make no progress (CI, 2026-11-29: three slots'
+    reads of their changelog stalled 30 s, and the worker exited). A running worker tries the slot
+    again, as it does when the producer's init fails, instead of exiting. Stand-ins: the commit that
+    gives up and the stalled read are injected, as neither can be produced on demand."""
+    from keyrange.worker.engine import SlotFailure
+    from keyrange.worker.logreader import RestoreError
+    from keyrange.worker.restorer import Restorer
+    from keyrange.worker.transactions import SlotTransactions, TransactionFailed
+
+    sent = produce_stream(bootstrap, topic_name, 600, partitions=1, clients=40, duplicate_ratio=0.05, ledger=True)
+    log = read_input_log(bootstrap, topic_name, sent)
+    real_commit, real_restore = SlotTransactions.commit, Restorer.restore_slots
+    injected = {"gave up": 0, "restore failed": 0}
+
+    async def commit(self: SlotTransactions, *args: Any, **kwargs: Any) -> None:
+        if injected["gave up"] == 0:
+            injected["gave up"] += 1
+            raise TransactionFailed(f"slot {self.slot}: no commit within 40 s (injected)", gave_up=True)
+        await real_commit(self, *args, **kwargs)
+
+    def restore_slots(self: Restorer, *args: Any, **kwargs: Any) -> Any:
+        if injected["gave up"] and injected["restore failed"] == 0:
+            injected["restore failed"] += 1
+            raise RestoreError("reading the changelog to the end made no progress for 30 s (injected)")
+        return real_restore(self, *args, **kwargs)
+
+    monkeypatch.setattr(SlotTransactions, "commit", commit)
+    monkeypatch.setattr(Restorer, "restore_slots", restore_slots)
+    settings = settings_for(bootstrap, topic_name)
+    worker = Worker(settings, load_handler("ledger", {}), on_slot_failure=SlotFailure.REACQUIRE_IF_GAVE_UP)
+    await worker.start()
+    try:
+        await worker.acquire([0])
+        await wait_for(lambda: worker.stats.processed >= len(first_occurrences(log)) and 0 in worker.held_slots,
+                       timeout_seconds=60, what="every event, after the slot was acquired again")
+    finally:
+        await worker.stop()
+    assert injected == {"gave up": 1, "restore failed": 1}
+    check_all(log, read_processed(bootstrap, f"{topic_name}.processed", len(first_occurrences(log))),
+              read_counts(bootstrap, topic_name, settings.group_id, covering=len(log)), ledger=True)

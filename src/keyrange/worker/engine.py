@@ -42,6 +42,7 @@ from keyrange.worker.committer import CommitOutcome, Committer, SlotCommit
 from keyrange.worker.consumer import ThreadedConsumer
 from keyrange.worker.health import Health
 from keyrange.worker.intake import Intake
+from keyrange.worker.logreader import RestoreError
 from keyrange.worker.outputs import Outputs
 from keyrange.worker.readahead import ReadAhead
 from keyrange.worker.restorer import Restorer
@@ -537,7 +538,9 @@ class Worker:
             try:
                 await self.acquire([slot])
                 return
-            except (KafkaException, TransactionFailed) as exc:  # the fault that failed the producer
+            # The fault that failed the producer, or a restore read that made no progress (a broker just
+            # back: the next reader is a fresh one): a slot of a running worker is tried again.
+            except (KafkaException, TransactionFailed, RestoreError) as exc:
                 delay = backoff.failed()
                 log.warning("acquiring slot %d again failed (%s); trying again in %.1f s", slot, exc, delay)
                 await asyncio.sleep(delay)
