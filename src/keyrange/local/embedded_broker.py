@@ -91,6 +91,11 @@ class EmbeddedBroker:
         """The bootstrap address clients should use."""
         return f"127.0.0.1:{self.port}"
 
+    @property
+    def pid(self) -> int | None:
+        """The broker process's id while it runs (benchmarks read its CPU time)."""
+        return self._process.pid if self._process is not None and self._process.poll() is None else None
+
     def start(self) -> str:
         """Start the broker, wait until it answers, and return its bootstrap address."""
         if self.port == 0:

@@ -30,8 +30,14 @@ from keyrange.worker.settings import WorkerSettings
 
 R = TypeVar("R")
 
-FETCH_WAIT_SECONDS = 0.05
-"""How long one fetch blocks when nothing is buffered."""
+FETCH_WAIT_SECONDS = 0.5
+"""How long one fetch blocks when nothing is buffered. A record or a queued call ends the wait at
+once, so this only sets how often an idle worker's loop goes round (BENCHMARKS.md, idle workers)."""
+FETCH_WAIT_MAX_MS = 50
+"""How long the broker may hold the worker's fetch when it has nothing new (`fetch.wait.max.ms`).
+Apache Kafka answers as soon as a record arrives, so latency does not depend on it; tansu answers
+only at the wait's end. Each idle fetch costs the broker CPU: librdkafka's default (500 ms) would
+delay a partition assigned or resumed behind a held fetch by as much (BENCHMARKS.md, idle workers)."""
 FETCH_SLICE_SECONDS = 0.005
 """A waiting fetch checks this often whether a command (assign, unassign, pause...) is queued
 behind it, and returns early if so: a handoff waits for those commands."""
@@ -58,12 +64,11 @@ def worker_client_id(settings: WorkerSettings, role: str) -> str:
 def consumer_config(settings: WorkerSettings, role: str = "fetch", **overrides: Any) -> dict[str, Any]:
     """The consumer configuration of the worker (`role` fetch) and its restore reader (restore);
     read_committed: outputs of aborted transactions never count as handled."""
-    # Low fetch wait keeps created -> start latency small at modest rates. librdkafka's prefetch
-    # queue (64 MiB by default) is bounded like a partition's pending events, so memory stays
-    # bounded in bytes however large the events are.
+    # librdkafka's prefetch queue (64 MiB by default) is bounded like a partition's pending
+    # events, so memory stays bounded in bytes however large the events are.
     prefetch_kbytes = min(65_536, max(1_024, settings.max_pending_bytes // 1024))
     return settings.clients.consumer(settings.group_id, {"client.id": worker_client_id(settings, role),
-                                                         "fetch.wait.max.ms": 20,
+                                                         "fetch.wait.max.ms": FETCH_WAIT_MAX_MS,
                                                          "queued.max.messages.kbytes": prefetch_kbytes,
                                                          "fetch.queue.backoff.ms": FETCH_QUEUE_BACKOFF_MS,
                                                          **overrides})
