@@ -33,6 +33,10 @@ R = TypeVar("R")
 FETCH_WAIT_SECONDS = 0.5
 """How long one fetch blocks when nothing is buffered. A record or a queued call ends the wait at
 once, so this only sets how often an idle worker's loop goes round (BENCHMARKS.md, idle workers)."""
+PAUSED_FETCH_WAIT_SECONDS = 0.05
+"""The same while a partition is paused for backpressure: the engine resumes it between two fetches,
+so a long wait would leave a drained partition idle (BENCHMARKS.md, "A hot partition that idled
+after each pause")."""
 FETCH_WAIT_MAX_MS = 50
 """How long the broker may hold the worker's fetch when it has nothing new (`fetch.wait.max.ms`).
 Apache Kafka answers as soon as a record arrives, so latency does not depend on it; tansu answers
@@ -86,6 +90,8 @@ class ThreadedConsumer:
         self._commands_queued = 0
         """Calls other than fetch submitted and not finished (read by the fetch thread)."""
         self._listed_ends = ListedEnds(settings.topic)
+        self._paused: set[int] = set()
+        """Partitions paused through `pause` and not resumed, assigned again or unassigned since."""
 
     async def _call(self, function: Callable[..., R], *args: Any) -> R:
         self._commands_queued += 1
@@ -121,7 +127,7 @@ class ThreadedConsumer:
         def fetch_batch() -> list[Message]:
             consumer = self._c
             messages = consumer.consume(self._batch, 0)
-            deadline = time.monotonic() + FETCH_WAIT_SECONDS
+            deadline = time.monotonic() + (PAUSED_FETCH_WAIT_SECONDS if self._paused else FETCH_WAIT_SECONDS)
             while not messages and not self._commands_queued and time.monotonic() < deadline:
                 messages = consumer.consume(1, FETCH_SLICE_SECONDS)
                 if messages:
@@ -135,6 +141,7 @@ class ThreadedConsumer:
         tps = [TopicPartition(self._topic, p, o) for p, o in start_offsets.items()]
         if tps:
             await self._call(self._assign_unpaused, tps)
+            self._paused.difference_update(start_offsets)
 
     def _assign_unpaused(self, tps: list[TopicPartition]) -> None:
         consumer = self._c
@@ -158,6 +165,7 @@ class ThreadedConsumer:
         tps = [TopicPartition(self._topic, p, o) for p, o in offsets.items()]
         if tps:
             await self._call(self._reassign, tps)
+            self._paused.difference_update(offsets)
 
     def _reassign(self, tps: list[TopicPartition]) -> None:
         self._c.incremental_unassign([TopicPartition(tp.topic, tp.partition) for tp in tps])
@@ -169,6 +177,7 @@ class ThreadedConsumer:
         wanted = set(partitions)
         if wanted:
             await self._call(self._unassign_assigned, wanted)
+            self._paused -= wanted
 
     def _unassign_assigned(self, partitions: set[int]) -> None:
         consumer = self._c
@@ -183,12 +192,14 @@ class ThreadedConsumer:
         tps = [TopicPartition(self._topic, p) for p in partitions]
         if tps:
             await self._call(self._c.pause, tps)
+            self._paused.update(tp.partition for tp in tps)
 
     async def resume(self, partitions: Iterable[int]) -> None:
         """Fetch paused partitions again."""
         tps = [TopicPartition(self._topic, p) for p in partitions]
         if tps:
             await self._call(self._c.resume, tps)
+            self._paused.difference_update(tp.partition for tp in tps)
 
     async def positions(self, partitions: Iterable[int]) -> dict[int, int]:
         """The offset the consumer returns next per partition (-1 when it has none yet): past what
