@@ -40,8 +40,9 @@ after each pause")."""
 FETCH_WAIT_MAX_MS = 50
 """How long the broker may hold the worker's fetch when it has nothing new (`fetch.wait.max.ms`).
 Apache Kafka answers as soon as a record arrives, so latency does not depend on it; tansu answers
-only at the wait's end. Each idle fetch costs the broker CPU: librdkafka's default (500 ms) would
-delay a partition assigned or resumed behind a held fetch by as much (BENCHMARKS.md, idle workers)."""
+only at the wait's end. Each idle fetch costs the broker CPU, but librdkafka keeps one fetch per
+broker in flight, so a partition assigned or resumed behind a held one waits for it: its default,
+500 ms, is too long for a handoff (BENCHMARKS.md, idle workers)."""
 FETCH_SLICE_SECONDS = 0.005
 """A waiting fetch checks this often whether a command (assign, unassign, pause...) is queued
 behind it, and returns early if so: a handoff waits for those commands."""
