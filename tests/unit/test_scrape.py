@@ -4,8 +4,10 @@ import socket
 import threading
 
 import pytest
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.parser import text_string_to_metric_families
 
-from keyrange.autoscale.scrape import bucket_delta, histogram_quantile, merged_lag, parse_metrics, scrape
+from keyrange.autoscale.scrape import bucket_delta, histogram_quantile, merged_lag, parse_metrics, samples, scrape
 from keyrange.ranges.member import ordinal_from_hostname
 from keyrange.ranges.planner import SlotLag
 
@@ -91,3 +93,23 @@ def test_a_worker_killed_mid_response_reads_as_not_answering() -> None:
     finally:
         server.join(5)
         listener.close()
+
+
+def test_samples_reads_an_exposition_as_prometheus_clients_own_parser_does() -> None:
+    # The supervisor's line parser against the reference one, on every kind of sample and on label
+    # values the text format escapes (quote, backslash, newline) or that look like its syntax.
+    registry = CollectorRegistry()
+    odd = ['plain', 'a "quoted" id', 'back\\slash', 'two\nlines', 'comma, {brace} = x', '0:2/3', '']
+    counter = Counter("keyrange_events_processed", "processed", ["consumer", "partition"], registry=registry)
+    gauge = Gauge("keyrange_consumer_lag", "lag", ["partition"], registry=registry)
+    histogram = Histogram("keyrange_event_latency_seconds", "latency", ["worker"], registry=registry)
+    Gauge("process_cpu_seconds_total_like", "no labels", registry=registry).set(2.5)
+    for i, value in enumerate(odd):
+        counter.labels(value, str(i)).inc(i + 0.5)
+        gauge.labels(value).set(-i)
+        histogram.labels(value).observe(i / 10)
+    text = generate_latest(registry).decode()
+    expected = [(s.name, s.labels, s.value) for family in text_string_to_metric_families(text) for s in family.samples]
+    assert list(samples(text, frozenset(name for name, _, _ in expected))) == expected
+    assert list(samples(text, frozenset({"keyrange_consumer_lag"}))) == [
+        e for e in expected if e[0] == "keyrange_consumer_lag"]
