@@ -113,3 +113,10 @@ def test_samples_reads_an_exposition_as_prometheus_clients_own_parser_does() -> 
     assert list(samples(text, frozenset(name for name, _, _ in expected))) == expected
     assert list(samples(text, frozenset({"keyrange_consumer_lag"}))) == [
         e for e in expected if e[0] == "keyrange_consumer_lag"]
+
+
+@pytest.mark.parametrize("line", ['keyrange_consumer_lag{partition="3"}', 'keyrange_consumer_lag{partition="3" 1.0',
+                                  "keyrange_consumer_lag", "keyrange_consumer_lag x"])
+def test_a_sample_line_cut_short_is_a_value_error_which_scrape_reads_as_not_answering(line: str) -> None:
+    with pytest.raises(ValueError, match="not a sample line"):
+        parse_metrics(f"# TYPE keyrange_consumer_lag gauge\n{line}\n", at=0.0)

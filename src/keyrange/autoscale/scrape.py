@@ -61,14 +61,19 @@ def samples(text: str, wanted: frozenset[str] = WANTED_SAMPLES) -> Iterator[tupl
         if not line or line[0] == "#":
             continue
         brace, space = line.find("{"), line.find(" ")
-        if brace != -1 and (space == -1 or brace < space):
-            if line[:brace] not in wanted:
-                continue
-            end = line.rindex("}")
-            labels = {k: _unescape(v) for k, v in _LABEL.findall(line, brace + 1, end)}
-            yield line[:brace], labels, float(line[end + 1:].split()[0])
-        elif line[:space] in wanted:
-            yield line[:space], {}, float(line[space + 1:].split()[0])
+        try:
+            if brace != -1 and (space == -1 or brace < space):
+                if line[:brace] not in wanted:
+                    continue
+                end = line.rindex("}")
+                labels = {k: _unescape(v) for k, v in _LABEL.findall(line, brace + 1, end)}
+                yield line[:brace], labels, float(line[end + 1:].split()[0])
+            elif space == -1:
+                raise ValueError  # a name without a value
+            elif line[:space] in wanted:
+                yield line[:space], {}, float(line[space + 1:].split()[0])
+        except (IndexError, ValueError):
+            raise ValueError(f"not a sample line of the Prometheus text format: {line!r}") from None
 
 
 def parse_metrics(text: str, at: float) -> WorkerSample:
