@@ -22,8 +22,20 @@ from keyrange.local.kafka_cluster import KafkaCluster
 from keyrange.local.supervisor import Supervisor
 from keyrange.worker.stats import percentile
 
-__all__ = ["BROKERS", "can_place_apart", "cores_apart", "load_average", "percentile", "process_cpu_seconds",
-           "raw_consume_rate", "row", "running_broker", "running_broker_processes", "wait_until"]
+__all__ = [
+    "BROKERS",
+    "can_place_apart",
+    "cores_apart",
+    "load_average",
+    "percentile",
+    "pid_cpu_seconds",
+    "process_cpu_seconds",
+    "raw_consume_rate",
+    "row",
+    "running_broker",
+    "running_broker_processes",
+    "wait_until",
+]
 
 BROKERS = ("kafka", "tansu")
 """The brokers a benchmark can run on: Apache Kafka (the reference, one KRaft node) and tansu."""
@@ -122,7 +134,12 @@ def load_average() -> str:
 
 def process_cpu_seconds(process: subprocess.Popen[Any]) -> float:
     """User + system CPU seconds a child process has used so far (all its threads), from /proc."""
-    fields = Path(f"/proc/{process.pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return pid_cpu_seconds(process.pid)
+
+
+def pid_cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds process `pid` has used so far (all its threads), from /proc."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 

@@ -24,6 +24,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+from benchmarks.harness import pid_cpu_seconds
 from keyrange.kafkaio import TopicSpec, ensure_topics
 from keyrange.loadgen import LoadShape, generate, produce_all
 from keyrange.local.embedded_broker import EmbeddedBroker
@@ -32,17 +33,11 @@ from keyrange.local.kafka_cluster import KafkaCluster
 REPO = Path(__file__).resolve().parent.parent
 PARTITIONS = 12
 SETTLE_SECONDS = 10.0
-TICKS = os.sysconf("SC_CLK_TCK")
 
 
 def cpu_seconds(pids: list[int]) -> float:
     """User plus system CPU time of the processes `pids` (all their threads) so far."""
-    total = 0
-    for pid in pids:
-        with open(f"/proc/{pid}/stat", encoding="ascii") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-        total += int(fields[11]) + int(fields[12])
-    return total / TICKS
+    return sum(pid_cpu_seconds(pid) for pid in pids)
 
 
 @contextlib.contextmanager
