@@ -14,6 +14,7 @@ from typing import Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic_core import ErrorDetails
 
 from keyrange.aggregation.processed_stream import DEFAULT_TRIGGER_SECONDS
 from keyrange.aggregation.retention import DEFAULT_MINUTES as DEFAULT_RETENTION_MINUTES
@@ -45,6 +46,23 @@ KIND = "StreamConsumer"
 
 SPARK_MEMORY_PATTERN = r"^[0-9]+[kKmMgGtT]?[bB]?$"
 """Spark's memory syntax (`spark.executor.memory`); the CRD carries the same pattern."""
+TOPIC_NAME_PATTERN = r"^[A-Za-z0-9._-]+$"
+HANDLER_PATTERN = r"^(sleep|ledger|noop|[A-Za-z_][\w.]*:[A-Za-z_]\w*)$"
+NAME_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
+
+PATTERN_MEANINGS: Mapping[str, str] = {
+    TOPIC_NAME_PATTERN: "a Kafka topic name (letters, digits, '.', '_' and '-')",
+    HANDLER_PATTERN: "a handler: sleep, ledger, noop, or module:function of your own (e.g. mypkg.handlers:handle)",
+    NAME_PATTERN: "a Kubernetes name (lower-case letters, digits and '-', starting and ending with a letter or digit)",
+    CLIENT_ID_PATTERN: "a clientId mapping: key, field:<name> (dotted for a nested field) or header:<name>",
+    UUID_PATTERN: "a uuid mapping: field:<name>, header:<name> or none",
+    CREATED_PATTERN: "a created mapping: field:<name> or timestamp",
+    FORMAT_PATTERN: "a format: json, raw, or module:function of a decoder of your own",
+    SPARK_MEMORY_PATTERN: "a JVM memory size such as 512m or 2g",
+    ENV_NAME_PATTERN: "an environment variable name (letters, digits and '_', not starting with a digit)",
+    DNS_SUBDOMAIN_PATTERN: "a Kubernetes object name (lower-case letters, digits, '-' and '.')",
+}
+"""What each field pattern means, said in a spec error instead of the regular expression."""
 
 
 class SpecError(UserError, ValueError):
@@ -92,7 +110,7 @@ class KafkaSpec(_Model):
 
     bootstrap_servers: str | None = Field(default=None, alias="bootstrapServers")
     """Kafka bootstrap servers; empty means the embedded broker (`keyrange run` only)."""
-    topic: str = Field(min_length=1, max_length=249, pattern=r"^[A-Za-z0-9._-]+$")
+    topic: str = Field(min_length=1, max_length=249, pattern=TOPIC_NAME_PATTERN)
     """The input topic."""
     group_id: str | None = Field(default=None, alias="groupId")
     """Consumer group for committed offsets; defaults to metadata.name."""
@@ -213,7 +231,7 @@ class ScalingSpec(_Model):
 class SinkSpec(_Model):
     """Where processed records go."""
 
-    topic: str | None = Field(default=None, pattern=r"^[A-Za-z0-9._-]+$")
+    topic: str | None = Field(default=None, pattern=TOPIC_NAME_PATTERN)
     """Processed-record topic; defaults to `<topic>.processed`."""
 
 
@@ -262,7 +280,7 @@ class StreamConsumerSpec(_Model):
     """`spec` of a StreamConsumer."""
 
     kafka: KafkaSpec
-    handler: str = Field(default="sleep", pattern=r"^(sleep|ledger|noop|[A-Za-z_][\w.]*:[A-Za-z_]\w*)$")
+    handler: str = Field(default="sleep", pattern=HANDLER_PATTERN)
     """`sleep`, `ledger`, `noop`, or `module:function` of a user handler."""
     handler_config: dict[str, Any] = Field(default_factory=dict, alias="handlerConfig")
     """Passed to the handler factory (`sleep`: meanMs, stddevMs; `ledger`: delayMs)."""
@@ -281,7 +299,7 @@ class StreamConsumerSpec(_Model):
     workers: WorkersSpec = Field(default_factory=WorkersSpec)
     scaling: ScalingSpec = Field(default_factory=ScalingSpec)
     sink: SinkSpec = Field(default_factory=SinkSpec)
-    dead_letter_topic: str | None = Field(default=None, alias="deadLetterTopic", pattern=r"^[A-Za-z0-9._-]+$")
+    dead_letter_topic: str | None = Field(default=None, alias="deadLetterTopic", pattern=TOPIC_NAME_PATTERN)
     """Dead-letter topic; defaults to `<topic>.dlq`."""
     image: str | None = None
     """Worker image in a cluster; defaults to the operator's own image."""
@@ -347,7 +365,7 @@ class Metadata(_Model):
     """The part of Kubernetes metadata keyrange reads."""
 
     model_config = ConfigDict(populate_by_name=True, extra="ignore", frozen=True)
-    name: str = Field(min_length=1, max_length=63, pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+    name: str = Field(min_length=1, max_length=63, pattern=NAME_PATTERN)
     namespace: str | None = None
 
 
@@ -375,9 +393,15 @@ def _describe(exc: ValidationError, prefix: str) -> str:
     lines = []
     for err in exc.errors():
         where = ".".join(str(p) for p in err["loc"]) or "(document)"
-        msg = err["msg"].removeprefix("Value error, ")
-        lines.append(f"  {prefix}{where}: {msg}")
+        lines.append(f"  {prefix}{where}: {_message(err)}")
     return "\n".join(lines)
+
+
+def _message(err: ErrorDetails) -> str:
+    meaning = PATTERN_MEANINGS.get(str(err.get("ctx", {}).get("pattern")))
+    if err["type"] == "string_pattern_mismatch" and meaning is not None:
+        return f"{err['input']!r} is not {meaning}"
+    return err["msg"].removeprefix("Value error, ")
 
 
 def parse_spec(spec: dict[str, Any], name: str = "streamconsumer") -> StreamConsumerSpec:

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from keyrange.spec import SpecError, load_file, parse_document, parse_spec
+from keyrange.spec import PATTERN_MEANINGS, SpecError, StreamConsumer, load_file, parse_document, parse_spec
 
 
 def doc(**spec: Any) -> dict[str, Any]:
@@ -59,6 +59,40 @@ def test_bad_specs_name_the_field(spec: dict[str, Any], fragment: str) -> None:
         parse_spec({"kafka": {"topic": "events"}, **spec}, "payments")
     assert fragment in str(info.value)
     assert "'payments'" in str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("spec", "message"),
+    [
+        ({"kafka": {"topic": "my events"}}, "spec.kafka.topic: 'my events' is not a Kafka topic name"),
+        ({"handler": "handlers.handle"}, "spec.handler: 'handlers.handle' is not a handler: sleep, ledger, noop, "
+                                         "or module:function"),
+        ({"input": {"clientId": "keys"}}, "spec.input.clientId: 'keys' is not a clientId mapping: key, field:<name>"),
+        ({"input": {"uuid": "off"}}, "spec.input.uuid: 'off' is not a uuid mapping"),
+        ({"input": {"created": "time"}},
+         "spec.input.created: 'time' is not a created mapping: field:<name> or timestamp"),
+        ({"deadLetterTopic": "dead letters"}, "spec.deadLetterTopic: 'dead letters' is not a Kafka topic name"),
+        ({"aggregation": {"executorMemory": "lots"}}, "'lots' is not a JVM memory size such as 512m or 2g"),
+    ],
+)
+def test_a_value_of_the_wrong_shape_is_explained_in_words_not_as_a_pattern(spec: dict[str, Any], message: str) -> None:
+    with pytest.raises(SpecError) as info:
+        parse_spec({"kafka": {"topic": "events"}, **spec}, "payments")
+    assert message in str(info.value)
+    assert "should match pattern" not in str(info.value)
+
+
+def test_every_pattern_of_the_spec_has_its_meaning_in_words() -> None:
+    def patterns(node: object) -> set[str]:
+        if isinstance(node, dict):
+            found = {node["pattern"]} if isinstance(node.get("pattern"), str) else set()
+            return found.union(*(patterns(v) for v in node.values()))
+        if isinstance(node, list):
+            return set().union(*(patterns(v) for v in node))
+        return set()
+
+    used = patterns(StreamConsumer.model_json_schema(by_alias=True))
+    assert used and used <= set(PATTERN_MEANINGS), used - set(PATTERN_MEANINGS)
 
 
 def test_wrong_kind_is_explained() -> None:
