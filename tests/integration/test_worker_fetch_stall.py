@@ -1,7 +1,7 @@
 """A partition the consumer stopped fetching, the worker not told, is fetched afresh (stalls.py).
 
 librdkafka's stuck fetch states (after a broker restart or a leader change) cannot be produced on
-demand. The stand-in pauses the partition in the worker's own consumer behind the engine's back:
+demand. The stand-in pauses the partition in the consumer the test gave the worker, behind the engine's back:
 from then on the consumer fetches nothing of it while the engine believes it fetches, which is what
 such a stall looks like from the worker.
 """
@@ -15,6 +15,7 @@ from prometheus_client import REGISTRY
 
 from keyrange.handlers import load_handler
 from keyrange.worker import Worker, stalls
+from keyrange.worker.consumer import ThreadedConsumer
 from tests.checkers import check_all, first_occurrences
 from tests.integration.worker_helpers import produce_stream, settings_for, wait_for
 from tests.kafkatools import read_counts, read_input_log, read_processed
@@ -34,13 +35,14 @@ async def test_a_partition_the_consumer_stopped_fetching_is_fetched_again(
     monkeypatch.setattr(stalls, "STALL_SECONDS", STALL_SECONDS)
     first = produce_stream(bootstrap, topic_name, 400, partitions=2, clients=40, duplicate_ratio=0.05, ledger=True)
     settings = settings_for(bootstrap, topic_name)
-    worker = Worker(settings, load_handler("ledger", {}))
+    consumer = ThreadedConsumer(settings)
+    worker = Worker(settings, load_handler("ledger", {}), consumer=consumer)
     await worker.start()
     try:
         await worker.acquire([0, 1])
         log = read_input_log(bootstrap, topic_name, first)
         await wait_for(lambda: worker.stats.processed >= len(first_occurrences(log)), what="the first events")
-        await worker._consumer.pause([0])  # the stand-in for a stuck fetch state: see the module's docstring
+        await consumer.pause([0])  # the stand-in for a stuck fetch state: see the module's docstring
         second = produce_stream(bootstrap, topic_name, 400, partitions=2, clients=40, duplicate_ratio=0.05,
                                 ledger=True, seed=8)
         log = read_input_log(bootstrap, topic_name, first + second)

@@ -90,7 +90,8 @@ class Worker:
     """One worker: handles the events of the slots it holds, keeping the guarantees of docs/design.md."""
 
     def __init__(self, settings: WorkerSettings, handler: Handler, metrics: WorkerStats | None = None,
-                 health: Health | None = None, on_slot_failure: SlotFailure = SlotFailure.STOP_WORKER) -> None:
+                 health: Health | None = None, on_slot_failure: SlotFailure = SlotFailure.STOP_WORKER,
+                 consumer: ThreadedConsumer | None = None) -> None:
         self.settings = settings
         self.handler = handler
         self.on_slot_failure = on_slot_failure
@@ -119,7 +120,8 @@ class Worker:
         self._acquiring: dict[int, _AcquireTicket] = {}
         self._losing: dict[int, asyncio.Task[None]] = {}
         """Slots whose producer failed, being released (see `_slot_failed`)."""
-        self._consumer = ThreadedConsumer(settings)
+        self._consumer = consumer or ThreadedConsumer(settings)
+        """The input's consumer; given, it is one the caller also holds (to act behind the engine's back)."""
         self._group_metadata: Any = None
         """The consumer's group metadata, for each slot's send_offsets_to_transaction."""
         self._warm_transactions: dict[int, SlotTransactions] = {}
