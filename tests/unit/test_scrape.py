@@ -9,6 +9,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from keyrange.autoscale.scrape import bucket_delta, histogram_quantile, merged_lag, parse_metrics, samples, scrape
 from keyrange.ranges.member import ordinal_from_hostname
+from keyrange.ranges.membership import default_worker_ordinal
 from keyrange.ranges.planner import SlotLag
 
 EXPOSITION = """\
@@ -68,9 +69,16 @@ def test_ordinal_from_statefulset_hostname(hostname: str, ordinal: int) -> None:
     assert ordinal_from_hostname(hostname) == ordinal
 
 
-def test_hostname_without_ordinal_says_what_to_do() -> None:
-    with pytest.raises(ValueError, match="pass --worker-id"):
+def test_hostname_without_ordinal_says_what_it_expected() -> None:
+    with pytest.raises(ValueError, match="hostname 'laptop': expected <name>-<ordinal>, as a StatefulSet's pods"):
         ordinal_from_hostname("laptop")
+
+
+def test_without_hostname_in_the_environment_the_ordinal_comes_from_the_kernels_host_name(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("HOSTNAME", raising=False)
+    monkeypatch.setattr(socket, "gethostname", lambda: "payments-4")
+    assert default_worker_ordinal(None) == 4
 
 
 def test_a_worker_killed_mid_response_reads_as_not_answering() -> None:

@@ -296,7 +296,7 @@ def ordinal_from_hostname(hostname: str) -> int:
     _, _, tail = hostname.rpartition("-")
     if not tail.isdigit():
         raise ValueError(
-            f"cannot take a worker id from hostname {hostname!r}: expected <name>-<ordinal> as in a StatefulSet; "
-            "pass --worker-id"
+            f"cannot take a worker id from hostname {hostname!r}: expected <name>-<ordinal>, as a StatefulSet's "
+            "pods are named"
         )
     return int(tail)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import socket
 from collections.abc import Mapping
 from typing import Protocol
 
@@ -38,12 +39,13 @@ class Engine(SlotOwner, Protocol):
 
 
 def default_worker_ordinal(explicit: str | None) -> int:
-    """`--worker-id` if given, else the StatefulSet ordinal from $HOSTNAME (`payments-3` -> 3)."""
+    """`--worker-id` if given, else the StatefulSet ordinal from the host's name (`payments-3` -> 3):
+    $HOSTNAME, which a pod has, else the kernel's (a shell does not export $HOSTNAME)."""
     if explicit is not None:
         if not explicit.isdigit():
             raise ValueError(f"--worker-id must be a worker ordinal (0, 1, ...) in controlled mode, got {explicit!r}")
         return int(explicit)
-    return ordinal_from_hostname(os.environ.get("HOSTNAME", ""))
+    return ordinal_from_hostname(os.environ.get("HOSTNAME") or socket.gethostname())
 
 
 async def run_controlled(engine: Engine, bootstrap: str, group_id: str, ordinal: int,
