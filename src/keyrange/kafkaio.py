@@ -37,6 +37,11 @@ class KafkaUnreachable(KafkaSetupError):
     """The cluster did not answer in time (it may be restarting: worth waiting for)."""
 
 
+class ClientPropertiesRefused(KafkaSetupError):
+    """librdkafka refused a client property (a misspelt name, a value of the wrong kind): not worth
+    waiting for, unlike Kafka away."""
+
+
 class StopRequested(Exception):
     """Raised by `until_reachable` when asked to stop while Kafka was still away."""
 
@@ -85,15 +90,22 @@ class TopicSpec:
 
 
 def admin_client(bootstrap: str, client_properties: Mapping[str, str] | None = None) -> AdminClient:
-    """An AdminClient with keyrange's defaults and the user's client properties."""
-    return AdminClient(KafkaClients(bootstrap, client_properties or {}).admin())
+    """An AdminClient with keyrange's defaults and the user's client properties; ClientPropertiesRefused
+    when librdkafka refuses one of them (every keyrange command makes this client first)."""
+    try:
+        return AdminClient(KafkaClients(bootstrap, client_properties or {}).admin())
+    except KafkaException as exc:
+        raise ClientPropertiesRefused(
+            f"the Kafka client properties were refused: {exc.args[0].str()}; check spec.kafka.clientProperties "
+            "(or --kafka-property) against librdkafka's configuration properties") from None
 
 
 def partition_counts(bootstrap: str, timeout_seconds: float = 10.0,
                      client_properties: Mapping[str, str] | None = None) -> dict[str, int]:
     """Partition count of every topic, or KafkaSetupError if the cluster does not answer."""
+    admin = admin_client(bootstrap, client_properties)
     try:
-        metadata = admin_client(bootstrap, client_properties).list_topics(timeout=timeout_seconds)
+        metadata = admin.list_topics(timeout=timeout_seconds)
     except KafkaException as exc:
         raise KafkaUnreachable(
             f"cannot reach Kafka at {bootstrap} within {timeout_seconds:g} s ({exc.args[0]}); "

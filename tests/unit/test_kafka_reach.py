@@ -8,7 +8,14 @@ from collections.abc import Callable
 
 import pytest
 
-from keyrange.kafkaio import KafkaSetupError, KafkaUnreachable, StopRequested, until_reachable
+from keyrange.kafkaio import (
+    ClientPropertiesRefused,
+    KafkaSetupError,
+    KafkaUnreachable,
+    StopRequested,
+    partition_counts,
+    until_reachable,
+)
 
 
 def failing(times: int, timeouts: list[float]) -> Callable[[float], str]:
@@ -56,3 +63,21 @@ def test_any_other_setup_error_is_raised_at_once() -> None:
     with pytest.raises(KafkaSetupError, match="does not exist"):
         asyncio.run(until_reachable(call, first_delay_seconds=0.001))
     assert calls == [5.0]
+
+
+@pytest.mark.parametrize(("properties", "named"), [
+    ({"no.such.prop": "1"}, 'No such configuration property: "no.such.prop"'),
+    ({"socket.timeout.ms": "soon"}, '"socket.timeout.ms"'),
+])
+def test_a_client_property_librdkafka_refuses_is_said_at_once_not_waited_out_as_kafka_away(
+        properties: dict[str, str], named: str) -> None:
+    calls: list[float] = []
+
+    def call(timeout: float) -> dict[str, int]:
+        calls.append(timeout)
+        return partition_counts("127.0.0.1:1", timeout, properties)
+
+    with pytest.raises(ClientPropertiesRefused) as info:
+        asyncio.run(until_reachable(call, longest_timeout_seconds=30.0, first_delay_seconds=0.001))
+    assert calls == [5.0]
+    assert named in str(info.value) and "spec.kafka.clientProperties (or --kafka-property)" in str(info.value)
