@@ -57,12 +57,19 @@ def test_missing_file_is_one_line(tmp_path: Path) -> None:
                                                   "No such file or directory"]
 
 
-def test_bad_options_are_rejected_before_starting_anything(tmp_path: Path) -> None:
+@pytest.mark.parametrize(("options", "message"), [
+    (["--produce", "-5"], "--produce must be a positive rate, got -5.0"),
+    (["--ledger"], "--ledger shapes the load that --produce writes: add --produce RATE, or drop --ledger"),
+    (["--ledger", "--clients", "5"],
+     "--ledger and --clients shape the load that --produce writes: add --produce RATE, or drop --ledger and --clients"),
+    (["--produce", "10", "--clients", "0"], "--clients must be at least 1, got 0"),
+])
+def test_bad_options_are_rejected_before_starting_anything(tmp_path: Path, options: list[str], message: str) -> None:
     path = tmp_path / "consumer.yaml"
     path.write_text(GOOD)
-    result = run_keyrange("-f", str(path), "--produce", "-5")
+    result = run_keyrange("-f", str(path), *options)
     assert result.returncode == 2
-    assert result.stderr.strip() == "keyrange run: error: --produce must be a positive rate, got -5.0"
+    assert result.stderr.strip() == f"keyrange run: error: {message}"
 
 
 def test_a_file_that_is_not_utf8_is_one_line(tmp_path: Path) -> None:

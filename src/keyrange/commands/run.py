@@ -19,6 +19,8 @@ from keyrange.local.load import LoadTotals, Phase, produce_phases
 from keyrange.local.supervisor import Supervisor
 from keyrange.spec import load_file
 
+DEFAULT_CLIENTS = 100
+"""Distinct clients of the load --produce writes."""
 TABLE_EVERY_SECONDS_WHEN_PIPED = 10.0
 """Without a terminal, the table is printed this often instead of redrawn every second."""
 
@@ -33,7 +35,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--produce", type=float, metavar="RATE",
                         help="also produce the kata's load at RATE events/s into the input topic")
     parser.add_argument("--ledger", action="store_true", help="with --produce: ledger commands")
-    parser.add_argument("--clients", type=int, default=100, help="with --produce: distinct clients (default 100)")
+    parser.add_argument("--clients", type=int, help=f"with --produce: distinct clients (default {DEFAULT_CLIENTS})")
     parser.add_argument("--run-dir", type=Path, help="where worker logs go (default .keyrange/<name>)")
     parser.add_argument("--quiet", action="store_true", help="no live table")
     parser.add_argument("--webhook-port", type=int, metavar="PORT",
@@ -51,6 +53,13 @@ def run(args: argparse.Namespace) -> int:
         raise UserError(f"--produce must be a positive rate, got {args.produce}")
     if args.duration is not None and args.duration <= 0:
         raise UserError(f"--duration must be positive, got {args.duration}")
+    shaping = [flag for flag, given in (("--ledger", args.ledger), ("--clients", args.clients is not None)) if given]
+    if shaping and args.produce is None:
+        flags = " and ".join(shaping)
+        raise UserError(f"{flags} {'shapes' if len(shaping) == 1 else 'shape'} the load that --produce writes: "
+                        f"add --produce RATE, or drop {flags}")
+    if args.clients is not None and args.clients < 1:
+        raise UserError(f"--clients must be at least 1, got {args.clients}")
     mapping = consumer.spec.input.mapping()
     try:
         mapping.parser  # noqa: B018 - a user decoder that cannot load stops here, not in every worker
@@ -87,7 +96,7 @@ def run(args: argparse.Namespace) -> int:
                   f"configs in {supervisor.alerts.dir}", flush=True)
         if args.produce:
             assert supervisor.bootstrap is not None
-            shape = LoadShape(rate=args.produce, clients=args.clients, ledger=args.ledger)
+            shape = LoadShape(rate=args.produce, clients=args.clients or DEFAULT_CLIENTS, ledger=args.ledger)
             phases = [Phase(args.duration or 10**9, args.produce)]
             load_thread = threading.Thread(
                 target=produce_phases, args=(supervisor.bootstrap, consumer.spec.kafka.topic, shape, phases, stop,
