@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -205,3 +206,14 @@ def test_a_three_node_quorum_elects_leaders_and_replicates_to_all(broker_command
     assert all(sorted(p.isrs) == [1, 2, 3] for p in partitions.values())
     del admin
     _assert_stops_cleanly(command, "sigterm", bootstrap)
+
+
+@pytest.mark.parametrize("engine", ["tansu", "kafka"])
+def test_a_port_something_listens_on_is_refused_in_one_line_before_a_broker_starts(engine: str) -> None:
+    with socket.create_server(("127.0.0.1", 0)) as listener:
+        port = listener.getsockname()[1]
+        command = [sys.executable, "-m", "keyrange.cli", "broker", "--engine", engine, "--port", str(port)]
+        result = subprocess.run(command, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 2
+    assert result.stderr.strip() == (f"keyrange broker: error: port {port} on 127.0.0.1 is in use (another broker?): "
+                                      "stop what listens there, or pick another with --port (0 for any free one)")

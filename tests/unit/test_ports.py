@@ -9,7 +9,14 @@ from pathlib import Path
 
 import pytest
 
-from keyrange.local.ports import DEFAULT_EPHEMERAL_RANGE, choose_port, ephemeral_range, free_port, is_free
+from keyrange.local.ports import (
+    DEFAULT_EPHEMERAL_RANGE,
+    choose_port,
+    ephemeral_range,
+    free_port,
+    is_free,
+    server_can_bind,
+)
 
 
 @pytest.mark.parametrize(("text", "expected"), [
@@ -62,3 +69,15 @@ def test_free_port_is_below_this_machine_s_ephemeral_range_and_bindable() -> Non
 def test_a_listening_port_is_not_free() -> None:
     with socket.create_server(("127.0.0.1", 0)) as listener:
         assert not is_free(listener.getsockname()[1])
+
+
+def test_a_server_cannot_bind_a_listened_port_but_can_one_its_predecessor_left_in_time_wait() -> None:
+    with socket.create_server(("127.0.0.1", 0)) as listener:
+        port = listener.getsockname()[1]
+        assert not server_can_bind(port)
+        client = socket.create_connection(("127.0.0.1", port))
+        accepted, _ = listener.accept()
+    accepted.close()  # the server's side closes first: its port stays in TIME_WAIT
+    client.close()
+    assert not is_free(port)
+    assert server_can_bind(port)

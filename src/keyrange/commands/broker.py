@@ -15,6 +15,7 @@ import threading
 from keyrange.errors import UserError
 from keyrange.local.broker_choice import LocalBroker
 from keyrange.local.embedded_broker import EmbeddedBroker
+from keyrange.local.ports import server_can_bind
 
 DEFAULT_TANSU_STORAGE = "memory://tansu/"
 
@@ -33,6 +34,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _broker(args: argparse.Namespace) -> LocalBroker:
+    if not 0 <= args.port <= 65535:
+        raise UserError(f"--port must be a TCP port (0-65535; 0 for any free one), got {args.port}")
+    if args.port and not server_can_bind(args.port):
+        raise UserError(f"port {args.port} on 127.0.0.1 is in use (another broker?): stop what listens there, "
+                        "or pick another with --port (0 for any free one)")
     if args.engine == "tansu":
         if args.nodes != 1:
             raise UserError("tansu runs a single node: --nodes needs --engine kafka")

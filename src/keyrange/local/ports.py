@@ -68,6 +68,18 @@ def is_free(port: int) -> bool:
     return True
 
 
+def server_can_bind(port: int, host: str = "127.0.0.1") -> bool:
+    """True if a server could listen on `host`:`port` now: with SO_REUSEADDR, as servers bind, so a
+    port left in TIME_WAIT by a server that stopped counts as free, and one listened on does not."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host, port))
+        except OSError:
+            return False
+    return True
+
+
 def free_port() -> int:
     """A TCP port free on 127.0.0.1 right now, below the kernel's ephemeral range (module
     docstring), so that only a process binding it on purpose can take it before the caller does."""
