@@ -142,3 +142,4 @@ def test_cli_errors_are_one_clear_line(bootstrap: str, topic_name: str) -> None:
             lines = [line for line in result.stderr.splitlines() if line.startswith("keyrange worker: error:")]
             assert len(lines) == 1 and expected in lines[0], (expected, result.stderr)
             assert "Traceback" not in result.stderr
+            assert "never awaited" not in result.stderr, (expected, result.stderr)  # a stop right after the start

@@ -19,10 +19,11 @@ static `keyrange worker --partitions`, the local supervisor or the operator's co
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import sys
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from enum import Enum
 from types import MappingProxyType
@@ -235,8 +236,8 @@ class Worker:
                                          max_abandoned=s.concurrency // 2)
         self._scheduler = ClientScheduler(attempts.run, s.concurrency, skip=lambda job: job.slot.revoked)
         self._committer = Committer(s, self._slots.values, self.stats)
-        for coro in (self._fetch_loop(), self._commit_loop(), self._gauge_loop(), self.health.beat_forever()):
-            self._tasks.append(loop.create_task(self._guard(coro)))
+        for loop_of in (self._fetch_loop, self._commit_loop, self._gauge_loop, self.health.beat_forever):
+            self._tasks.append(loop.create_task(self._guard(loop_of)))
         self.health.mark_started()
 
     async def wait(self) -> None:
@@ -274,9 +275,11 @@ class Worker:
         if self._failure is not None and not self._failure.done():
             self._failure.set_result(None)
 
-    async def _guard(self, coro: Any) -> None:
+    async def _guard(self, run: Callable[[], Awaitable[None]]) -> None:
+        # Takes the coroutine function, not its coroutine: a task cancelled before it ran (a stop
+        # right after the start) then leaves no coroutine that was never awaited.
         try:
-            await coro
+            await run()
         except asyncio.CancelledError:
             raise
         except Exception as exc:
@@ -528,7 +531,7 @@ class Worker:
         log.warning("%s; releasing slot %d without committing%s", exc, slot.slot,
                     " and acquiring it again" if again else " (acquired again if it is still this worker's)")
         self._losing[slot.slot] = asyncio.get_running_loop().create_task(
-            self._guard(self._release_lost(slot.slot, again)))
+            self._guard(functools.partial(self._release_lost, slot.slot, again)))
 
     async def _release_lost(self, slot: int, again: bool) -> None:
         try:
