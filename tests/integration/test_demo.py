@@ -128,3 +128,14 @@ def test_without_spark_the_demo_says_so_in_one_line_and_the_report_says_why(
     report = _report(aggregation_skipped=why)
     assert not report.aggregation_mismatch
     assert f"## Spark aggregation\n\nSkipped: {why}\n" in render_report(report, tmp_path)
+
+
+def test_an_out_folder_that_cannot_be_made_stops_the_demo_in_one_line_before_anything_starts(tmp_path: Path) -> None:
+    (tmp_path / "a-file").write_text("")
+    out = tmp_path / "a-file" / "demo"
+    proc = subprocess.run([sys.executable, "-m", "keyrange.cli", "demo", "--out", str(out), "--quick"],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.strip() == f"keyrange demo: error: --out {out}: cannot make the folder (Not a directory); " \
+                                  "pick another --out"
+    assert proc.stdout == ""  # no broker was announced or started

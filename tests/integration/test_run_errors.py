@@ -72,6 +72,16 @@ def test_bad_options_are_rejected_before_starting_anything(tmp_path: Path, optio
     assert result.stderr.strip() == f"keyrange run: error: {message}"
 
 
+def test_a_run_dir_that_cannot_be_made_is_one_line(tmp_path: Path) -> None:
+    path = tmp_path / "consumer.yaml"
+    path.write_text(GOOD)
+    run_dir = path / "run"  # under a file
+    result = run_keyrange("-f", str(path), "--run-dir", str(run_dir), "--duration", "1")
+    assert result.returncode == 2
+    assert result.stderr.strip() == (f"keyrange run: error: --run-dir {run_dir}: cannot make the folder "
+                                     "(Not a directory); pick another --run-dir")
+
+
 def test_a_file_that_is_not_utf8_is_one_line(tmp_path: Path) -> None:
     path = tmp_path / "consumer.yaml"
     path.write_bytes(GOOD.encode().replace(b"payments}", b"caf\xe9}"))

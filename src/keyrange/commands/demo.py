@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 from keyrange.commands.engineargs import add_engine_argument, announce_broker
+from keyrange.commands.outputfolder import make_output_folder
 from keyrange.errors import UserError
 from keyrange.local.demo import run_demo
 
@@ -29,6 +30,7 @@ def run(args: argparse.Namespace) -> int:
     aggregation failed or counted other than the distinct processed uuids."""
     if args.phase_seconds is not None and args.phase_seconds <= 0:
         raise UserError(f"--phase-seconds must be positive, got {args.phase_seconds}")
+    make_output_folder(args.out, "--out")
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     broker = announce_broker(args.engine, "keyrange demo", sys.stdout)
     report = run_demo(args.out, args.quick, sys.stdout, args.aggregate, args.phase_seconds, broker)

@@ -12,11 +12,12 @@ from pathlib import Path
 from typing import Any
 
 from keyrange.commands.engineargs import add_engine_argument, announce_broker
+from keyrange.commands.outputfolder import make_output_folder
 from keyrange.errors import UserError
 from keyrange.loadgen import LoadShape
 from keyrange.local.fleet import check_handler
 from keyrange.local.load import LoadTotals, Phase, produce_phases
-from keyrange.local.supervisor import Supervisor
+from keyrange.local.supervisor import Supervisor, default_run_dir
 from keyrange.spec import load_file
 
 DEFAULT_CLIENTS = 100
@@ -73,6 +74,7 @@ def run(args: argparse.Namespace) -> int:
     if bootstrap and args.engine is not None:
         raise UserError(f"--engine picks the embedded broker, and this run uses the Kafka at {bootstrap} "
                         f"({'--bootstrap' if args.bootstrap else 'spec.kafka.bootstrapServers'}): drop one of them")
+    run_dir = make_output_folder(args.run_dir or default_run_dir(consumer.name), "--run-dir")
     embedded = None if bootstrap else announce_broker(args.engine, "keyrange run")
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     stop = threading.Event()
@@ -83,7 +85,7 @@ def run(args: argparse.Namespace) -> int:
         from keyrange.local.monitoring import AlertingOptions
 
         alerting = AlertingOptions(args.webhook_port, load_token(args.webhook_token))
-    supervisor = Supervisor(consumer, args.file.resolve(), args.bootstrap, args.run_dir, alerting=alerting,
+    supervisor = Supervisor(consumer, args.file.resolve(), args.bootstrap, run_dir, alerting=alerting,
                             broker=embedded)
     load_thread: threading.Thread | None = None
     load = LoadTotals()

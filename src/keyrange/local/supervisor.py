@@ -73,6 +73,11 @@ class _Counters:
         self.last[ordinal] = sample
 
 
+def default_run_dir(name: str) -> Path:
+    """Where `keyrange run` keeps a consumer's worker logs and configs without --run-dir."""
+    return Path(".keyrange") / name
+
+
 class Supervisor:
     """Runs one StreamConsumer locally (see the module docstring)."""
 
@@ -83,7 +88,7 @@ class Supervisor:
         self.consumer = consumer
         self.spec_file = spec_file
         self.bootstrap = bootstrap or consumer.spec.kafka.bootstrap_servers
-        self.run_dir = run_dir or Path(".keyrange") / consumer.name
+        self.run_dir = run_dir or default_run_dir(consumer.name)
         self.worker_args = worker_args
         self.tick_seconds = tick_seconds
         self.spare_workers = spare_workers
