@@ -60,6 +60,27 @@ def test_bad_settings_say_what_is_allowed(kwargs, message):
         StreamSettings("k:9092", "t", **kwargs)
 
 
+@pytest.mark.parametrize(("source", "starting"), [
+    (CONNECTOR, "yesterday"), (CONNECTOR, "{not json"), (CONNECTOR, '{"0": 42}'), (CONNECTOR, '{"other": {"0": 1}}'),
+    (CONNECTOR, '{"t": {"0": 1}, "other": {"0": 1}}'), (CONNECTOR, '{"t": {"zero": 1}}'),
+    (CONNECTOR, '{"t": {"0": -3}}'),
+    (CONNECTOR, '{"t": {"0": "42"}}'), (CONNECTOR, '{"t": {}}'), (PYTHON_SOURCE, '{"0": true}'), (PYTHON_SOURCE, "[]"),
+])
+def test_a_start_spark_would_refuse_once_the_query_runs_is_refused_here_with_the_form_it_takes(source, starting):
+    with pytest.raises(UserError) as info:
+        StreamSettings("k:9092", "t", source, starting)
+    assert str(info.value) == ('the starting offsets must be earliest, latest or JSON like {"t": {"0": 42}} (offsets '
+                               f"per partition of 't'; -2 earliest, -1 latest), got {starting!r}")
+
+
+@pytest.mark.parametrize(("source", "starting"), [
+    (CONNECTOR, "earliest"), (CONNECTOR, "latest"), (CONNECTOR, '{"t": {"0": 42, "3": -2}}'),
+    (PYTHON_SOURCE, '{"t": {"0": 42}}'), (PYTHON_SOURCE, '{"0": 42, "1": -1}'),
+])
+def test_the_starts_each_source_takes_are_taken(source, starting):
+    assert StreamSettings("k:9092", "t", source, starting).starting_offsets == starting
+
+
 def _jars(folder: Path, version: str) -> Path:
     folder.mkdir(parents=True)
     for name in (f"spark-sql-kafka-0-10_2.13-{version}.jar", "kafka-clients-3.9.2.jar"):

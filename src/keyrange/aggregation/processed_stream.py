@@ -17,6 +17,7 @@ so the job on top does not know which one it reads.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -57,8 +58,29 @@ class StreamSettings:
     def __post_init__(self) -> None:
         if self.source not in SOURCES:
             raise UserError(f"the aggregation source must be one of {', '.join(SOURCES)}, got {self.source!r}")
+        check_starting_offsets(self.starting_offsets, self.topic, self.source)
         if self.max_records_per_batch is not None and self.max_records_per_batch < 1:
             raise UserError(f"the micro-batch cap must be at least 1, got {self.max_records_per_batch}")
+
+
+def check_starting_offsets(text: str, topic: str, source: str, option: str = "the starting offsets") -> None:
+    """UserError naming `option` unless `text` is a start `source` takes (`StreamSettings.starting_offsets`):
+    found here, not by Spark's connector once the query starts."""
+    if text in ("earliest", "latest"):
+        return
+    try:
+        parsed = json.loads(text)
+    except ValueError:
+        parsed = None
+    if isinstance(parsed, dict) and set(parsed) == {topic}:
+        parsed = parsed[topic]
+    elif source != PYTHON_SOURCE:
+        parsed = None
+    if not (isinstance(parsed, dict) and parsed
+            and all(isinstance(p, str) and p.isdigit() for p in parsed)
+            and all(isinstance(o, int) and not isinstance(o, bool) and o >= -2 for o in parsed.values())):
+        raise UserError(f"{option} must be earliest, latest or JSON like {json.dumps({topic: {'0': 42}})} "
+                        f"(offsets per partition of {topic!r}; -2 earliest, -1 latest), got {text!r}")
 
 
 def connector_options(settings: StreamSettings) -> dict[str, str]:
@@ -93,8 +115,6 @@ def python_source_options(settings: StreamSettings) -> dict[str, str]:
 
 def _per_partition(starting: str, topic: str) -> str:
     """The connector's `{"topic": {"0": 42}}` as keyrange-kafka's `{"0": 42}` (others unchanged)."""
-    import json
-
     try:
         parsed = json.loads(starting)
     except ValueError:

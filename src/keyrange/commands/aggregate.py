@@ -16,7 +16,12 @@ import threading
 from types import FrameType
 from typing import Any
 
-from keyrange.aggregation.processed_stream import CONNECTOR, DEFAULT_TRIGGER_SECONDS, SOURCES
+from keyrange.aggregation.processed_stream import (
+    CONNECTOR,
+    DEFAULT_TRIGGER_SECONDS,
+    SOURCES,
+    check_starting_offsets,
+)
 from keyrange.aggregation.retention import DEFAULT_MINUTES
 from keyrange.commands.kafkaargs import add_kafka_arguments, kafka_properties
 from keyrange.errors import UserError
@@ -78,6 +83,7 @@ def run(args: argparse.Namespace) -> int:
     if args.retention_minutes < 0:
         raise UserError(f"--retention-minutes must be 0 (forever) or more, got {args.retention_minutes}")
     conf = _pairs(args.conf, "--conf")
+    check_starting_offsets(args.starting_offsets, args.topic, args.source, "--starting-offsets")
     reading: dict[str, Any] = {"source": args.source, "starting_offsets": args.starting_offsets,
                "client_properties": kafka_properties(args),
                "retention_minutes": args.retention_minutes}
