@@ -17,13 +17,20 @@ def test_unknown_command_is_a_usage_error(capsys: pytest.CaptureFixture[str]) ->
     assert "invalid choice: 'frobnicate'" in capsys.readouterr().err
 
 
-def test_produce_rejects_a_bad_duplicate_ratio(capsys: pytest.CaptureFixture[str]) -> None:
-    code = main(["produce", "--bootstrap", "127.0.0.1:1", "--topic", "t", "--count", "1",
-                 "--duplicate-ratio", "2"])
+@pytest.mark.parametrize(("options", "message"), [
+    (["--count", "1", "--duplicate-ratio", "2"], "--duplicate-ratio 2 is out of range: a share from 0 to 1"),
+    (["--count", "1", "--rate", "-5"], "--rate -5 is out of range: events per second above 0"),
+    (["--count", "1", "--clients", "0"], "--clients 0 is out of range: at least 1"),
+    (["--count", "0"], "--count 0 is out of range: at least 1"),
+    (["--duration", "0"], "--duration 0 is out of range: seconds above 0"),
+    (["--count", "1", "--partitions", "0"], "--partitions 0 is out of range: at least 1"),
+])
+def test_produce_names_the_option_out_of_range_before_reaching_kafka(
+        capsys: pytest.CaptureFixture[str], options: list[str], message: str) -> None:
+    code = main(["produce", "--bootstrap", "127.0.0.1:1", "--topic", "t", *options])
     err = capsys.readouterr().err
     assert code == 2
-    assert err.startswith("keyrange produce: error: duplicate ratio must be between 0 and 1")
-    assert "Traceback" not in err
+    assert err.strip() == f"keyrange produce: error: {message}"
 
 
 def test_operator_says_when_its_metrics_port_is_taken(capsys: pytest.CaptureFixture[str]) -> None:

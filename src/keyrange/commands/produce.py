@@ -8,6 +8,11 @@ from keyrange.commands.kafkaargs import add_kafka_arguments, kafka_properties
 from keyrange.errors import UserError
 from keyrange.loadgen import LoadShape, run_paced
 
+PRODUCE_RANGES = {"--rate": "events per second above 0", "--clients": "at least 1",
+                  "--duplicate-ratio": "a share from 0 to 1", "--count": "at least 1",
+                  "--duration": "seconds above 0", "--partitions": "at least 1"}
+"""What each numeric option of `keyrange produce` takes, said when a value is outside it."""
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Arguments of `keyrange produce`."""
@@ -33,6 +38,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Produce until the count or duration is reached."""
+    for flag, value, wrong in (("--rate", args.rate, args.rate <= 0), ("--clients", args.clients, args.clients < 1),
+                               ("--duplicate-ratio", args.duplicate_ratio, not 0 <= args.duplicate_ratio <= 1),
+                               ("--count", args.count, args.count is not None and args.count < 1),
+                               ("--duration", args.duration, args.duration is not None and args.duration <= 0),
+                               ("--partitions", args.partitions, args.partitions < 1)):
+        if wrong:
+            raise UserError(f"{flag} {value:g} is out of range: {PRODUCE_RANGES[flag]}")
     try:
         shape = LoadShape(
             rate=args.rate,
@@ -44,8 +56,6 @@ def run(args: argparse.Namespace) -> int:
         )
     except ValueError as exc:
         raise UserError(str(exc)) from None
-    if args.partitions < 1:
-        raise UserError(f"--partitions must be at least 1, got {args.partitions}")
     run_paced(args.bootstrap, args.topic, shape, args.count, args.duration, args.partitions,
               client_properties=kafka_properties(args))
     return 0
