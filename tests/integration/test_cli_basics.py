@@ -97,3 +97,18 @@ def test_operator_takes_a_listener_port_or_fd_not_both(
     assert info.value.code == 2
     port_name = port_option.split("=")[0]
     assert f"{fd_option}: not allowed with argument {port_name}" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("options", "message"), [
+    (["--concurrency", "0"], "--concurrency must be at least 1, got 0"),
+    (["--max-pending", "-1"], "--max-pending must be at least 1, got -1"),
+    (["--commit-interval-ms", "0"], "--commit-interval-ms must be at least 1, got 0"),
+    (["--summary-seconds", "-1"], "--summary-seconds must be 0 (no summary) or more, got -1"),
+    (["--metrics-port", "70000"], "cannot serve metrics on port 70000: a TCP port is 0-65535"),
+])
+def test_worker_names_the_flag_of_a_value_out_of_range_before_reaching_kafka(
+        capsys: pytest.CaptureFixture[str], options: list[str], message: str) -> None:
+    code = main(["worker", "--bootstrap", "127.0.0.1:1", "--topic", "t", "--group", "g", "--partitions", "0", *options])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert err.strip() == f"keyrange worker: error: {message}"

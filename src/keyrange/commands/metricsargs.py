@@ -53,3 +53,5 @@ def bound_socket(what: str, port: int, host: str = "") -> socket.socket:
         return socket.create_server((host, port), family=family)
     except OSError as exc:
         raise UserError(f"cannot serve {what} on port {port}: {exc.strerror}") from None
+    except OverflowError:
+        raise UserError(f"cannot serve {what} on port {port}: a TCP port is 0-65535") from None

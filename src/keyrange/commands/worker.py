@@ -124,6 +124,8 @@ def _spec_values(path: str | None) -> dict[str, Any]:
 
 def plan(args: argparse.Namespace) -> WorkerPlan:
     """Merge `--spec-file` and flags into settings; raise UserError naming the problem."""
+    if args.summary_seconds < 0:
+        raise UserError(f"--summary-seconds must be 0 (no summary) or more, got {args.summary_seconds:g}")
     values = _spec_values(args.spec_file)
     for name in ("bootstrap", "topic", "group", "handler", "concurrency", "max_pending", "ttl_seconds",
                  "max_retries", "sink_topic", "dlq_topic", "max_pending_bytes", "handler_timeout_seconds"):
@@ -170,8 +172,17 @@ def plan(args: argparse.Namespace) -> WorkerPlan:
             **({"commit_interval_ms": args.commit_interval_ms} if args.commit_interval_ms is not None else {}),
         )
     except ValueError as exc:
-        raise UserError(str(exc)) from None
+        raise UserError(_as_flag(str(exc), args)) from None
     return WorkerPlan(settings, handler, slots)
+
+
+def _as_flag(message: str, args: argparse.Namespace) -> str:
+    """A settings error about a value a flag gave ("max_pending must be ...") named by the flag
+    ("--max-pending must be ..."), as the user wrote it."""
+    field, _, rest = message.partition(" ")
+    if rest and getattr(args, field, None) is not None:
+        return f"--{field.replace('_', '-')} {rest}"
+    return message
 
 
 def run(args: argparse.Namespace) -> int:
