@@ -63,8 +63,15 @@ def test_missing_file_is_one_line(tmp_path: Path) -> None:
     (["--ledger", "--clients", "5"],
      "--ledger and --clients shape the load that --produce writes: add --produce RATE, or drop --ledger and --clients"),
     (["--produce", "10", "--clients", "0"], "--clients must be at least 1, got 0"),
+    (["--webhook-port", "70000", "--webhook-token", "t"], "--webhook-port must be a TCP port (0-65535), got 70000"),
+    (["--webhook-port", "0"], "the alert webhook needs a bearer token: pass --webhook-token, or set "
+                              "KEYRANGE_WEBHOOK_TOKEN (or KEYRANGE_WEBHOOK_TOKEN_FILE to a file holding it); "
+                              "Alertmanager sends the same one"),
 ])
-def test_bad_options_are_rejected_before_starting_anything(tmp_path: Path, options: list[str], message: str) -> None:
+def test_bad_options_are_rejected_before_starting_anything(tmp_path: Path, options: list[str], message: str,
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("KEYRANGE_WEBHOOK_TOKEN", raising=False)
+    monkeypatch.delenv("KEYRANGE_WEBHOOK_TOKEN_FILE", raising=False)
     path = tmp_path / "consumer.yaml"
     path.write_text(GOOD)
     result = run_keyrange("-f", str(path), *options)

@@ -74,17 +74,19 @@ def run(args: argparse.Namespace) -> int:
     if bootstrap and args.engine is not None:
         raise UserError(f"--engine picks the embedded broker, and this run uses the Kafka at {bootstrap} "
                         f"({'--bootstrap' if args.bootstrap else 'spec.kafka.bootstrapServers'}): drop one of them")
-    run_dir = make_output_folder(args.run_dir or default_run_dir(consumer.name), "--run-dir")
-    embedded = None if bootstrap else announce_broker(args.engine, "keyrange run")
-    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    stop = threading.Event()
-    previous = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGINT, signal.SIGTERM)}
     alerting = None
     if args.webhook_port is not None:
         from keyrange.autoscale.receiver import load_token
         from keyrange.local.monitoring import AlertingOptions
 
+        if not 0 <= args.webhook_port <= 65535:
+            raise UserError(f"--webhook-port must be a TCP port (0-65535), got {args.webhook_port}")
         alerting = AlertingOptions(args.webhook_port, load_token(args.webhook_token))
+    run_dir = make_output_folder(args.run_dir or default_run_dir(consumer.name), "--run-dir")
+    embedded = None if bootstrap else announce_broker(args.engine, "keyrange run")
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    stop = threading.Event()
+    previous = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGINT, signal.SIGTERM)}
     supervisor = Supervisor(consumer, args.file.resolve(), args.bootstrap, run_dir, alerting=alerting,
                             broker=embedded)
     load_thread: threading.Thread | None = None
