@@ -112,3 +112,19 @@ def test_worker_names_the_flag_of_a_value_out_of_range_before_reaching_kafka(
     err = capsys.readouterr().err
     assert code == 2
     assert err.strip() == f"keyrange worker: error: {message}"
+
+
+@pytest.mark.parametrize(("options", "message"), [
+    (["--refresh-seconds", "0"], "invalid operator setting: --refresh-seconds must be > 0"),
+    (["--termination-grace-seconds", "0"], "invalid operator setting: --termination-grace-seconds must be >= 1"),
+    (["--lease-renew-deadline-seconds", "100"],
+     "invalid lease timings (--lease-retry-seconds, --lease-renew-deadline-seconds, --lease-seconds): lease timings "
+     "need 0 < retry < renew deadline < lease duration, got 2.0, 100.0, 15.0"),
+])
+def test_operator_names_the_flag_of_a_bad_setting_before_reaching_the_api_server(
+        capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, options: list[str], message: str) -> None:
+    monkeypatch.setenv("KUBECONFIG", "/nonexistent")  # reaching it would fail differently
+    code = main(["operator", *options])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert err.strip() == f"keyrange operator: error: {message}"

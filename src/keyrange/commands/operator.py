@@ -23,7 +23,7 @@ import threading
 import uuid
 from collections.abc import Coroutine
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlparse
 
 from keyrange.autoscale.rules import RUNBOOK
@@ -31,6 +31,9 @@ from keyrange.commands.metricsargs import add_metrics_arguments, bound_socket, i
 from keyrange.errors import UserError
 from keyrange.operator.settings import OperatorSettings
 from keyrange.operator.workerdefaults import WorkerDefaults, load_worker_defaults
+
+if TYPE_CHECKING:
+    from keyrange.operator.leadership import LeaseTimings
 
 log = logging.getLogger(__name__)
 
@@ -118,7 +121,27 @@ def settings_from_args(args: argparse.Namespace) -> OperatorSettings:
             spark_aggregation=args.spark_aggregation, spark_driver_cluster_role=args.spark_driver_cluster_role,
             reconcile_interval_seconds=args.refresh_seconds, monitoring_labels=labels)
     except ValueError as exc:
-        raise UserError(f"invalid operator setting: {exc}") from None
+        field, _, rest = str(exc).partition(" ")
+        flag = SETTING_FLAGS.get(field)
+        raise UserError(f"invalid operator setting: {flag} {rest}" if flag else f"invalid operator setting: {exc}") \
+            from None
+
+
+SETTING_FLAGS = {"reconcile_interval_seconds": "--refresh-seconds", "termination_grace_seconds":
+                 "--termination-grace-seconds", "runbook_url": "--runbook-url", "image_pull_policy":
+                 "--image-pull-policy", "metrics_port": "--metrics-port"}
+"""The flag that sets each OperatorSettings field a settings error names."""
+
+
+def lease_timings(args: argparse.Namespace) -> LeaseTimings:
+    """The leader election's timings from the command line; UserError when they do not fit together."""
+    from keyrange.operator.leadership import LeaseTimings
+
+    try:
+        return LeaseTimings(args.lease_seconds, args.lease_renew_deadline_seconds, args.lease_retry_seconds)
+    except ValueError as exc:
+        raise UserError(f"invalid lease timings (--lease-retry-seconds, --lease-renew-deadline-seconds, "
+                        f"--lease-seconds): {exc}") from None
 
 
 @dataclass(frozen=True)
@@ -213,7 +236,7 @@ async def serve_standby_webhook(listener: socket.socket, lease: str) -> Any:
 async def run_operator(args: argparse.Namespace, settings: OperatorSettings, sockets: Listeners) -> None:
     """Elect a leader, then run kopf and the side services until signalled or the Lease is lost."""
     from keyrange.operator.handlers import operator_memo
-    from keyrange.operator.leadership import LeaseElector, LeaseTimings
+    from keyrange.operator.leadership import LeaseElector
 
     memo = operator_memo(settings)
     state = {"role": "standby", "identity": identity(args)}
@@ -224,10 +247,7 @@ async def run_operator(args: argparse.Namespace, settings: OperatorSettings, soc
             state["role"] = "leader"
             await _lead(args, settings, sockets, memo, state, None, stop)
             return
-        try:
-            timings = LeaseTimings(args.lease_seconds, args.lease_renew_deadline_seconds, args.lease_retry_seconds)
-        except ValueError as exc:
-            raise UserError(f"invalid lease timings: {exc}") from None
+        timings = lease_timings(args)
         elector = LeaseElector(memo.kube, args.lease_namespace, args.lease, state["identity"], timings)
         # While leading, no API call may outlive the renew deadline (a silent network hangs calls).
         memo.kube.deadline = elector.act_until
@@ -298,6 +318,8 @@ async def _lead(args: argparse.Namespace, settings: OperatorSettings, sockets: L
 def run(args: argparse.Namespace) -> int:
     """Start the operator; return when it stops."""
     settings = settings_from_args(args)
+    if not args.standalone:
+        lease_timings(args)  # before the API server is reached
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
     sockets = listeners(args)
