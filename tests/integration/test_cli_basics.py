@@ -128,3 +128,12 @@ def test_operator_names_the_flag_of_a_bad_setting_before_reaching_the_api_server
     err = capsys.readouterr().err
     assert code == 2
     assert err.strip() == f"keyrange operator: error: {message}"
+
+
+def test_worker_with_a_spec_file_without_bootstrap_servers_says_to_give_bootstrap(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    spec = Path(__file__).resolve().parents[2] / "examples" / "streamconsumer.yaml"
+    code = main(["worker", "--spec-file", str(spec), "--partitions", "0"])
+    assert code == 2
+    assert capsys.readouterr().err.strip() == (f"keyrange worker: error: {spec} has no spec.kafka.bootstrapServers: "
+                                               "give --bootstrap")

@@ -139,8 +139,11 @@ def plan(args: argparse.Namespace) -> WorkerPlan:
             raise UserError(f"--handler-config is not valid JSON ({exc}); e.g. '{{\"meanMs\": 10}}'") from None
         if not isinstance(values["handler_config"], dict):
             raise UserError("--handler-config must be a JSON object, e.g. '{\"meanMs\": 10}'")
-    for required in ("bootstrap", "topic", "group"):
+    spec_fields = {"bootstrap": "kafka.bootstrapServers", "topic": "kafka.topic", "group": "kafka.groupId"}
+    for required, field in spec_fields.items():
         if not values.get(required):
+            if args.spec_file is not None:
+                raise UserError(f"{args.spec_file} has no spec.{field}: give --{required}")
             raise UserError(f"--{required} is required (or give --spec-file with it)")
     slots = None
     if args.partitions is not None:
