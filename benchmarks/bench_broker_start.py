@@ -55,8 +55,6 @@ def run(quick: bool) -> list[dict[str, Any]]:
 
 
 if __name__ == "__main__":
-    import sys
+    from benchmarks.harness import format_table, quick_from_command_line
 
-    from benchmarks.harness import format_table
-
-    print(format_table(run("--quick" in sys.argv)))
+    print(format_table(run(quick_from_command_line("benchmarks.bench_broker_start", __doc__))))

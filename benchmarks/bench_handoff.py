@@ -17,7 +17,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import statistics
-import sys
 import tempfile
 import threading
 import time
@@ -295,6 +294,6 @@ def run_on(quick: bool, engine: str) -> list[dict[str, Any]]:
 
 
 if __name__ == "__main__":
-    from benchmarks.harness import format_table
+    from benchmarks.harness import format_table, quick_from_command_line
 
-    print(format_table(run("--quick" in sys.argv)))
+    print(format_table(run(quick_from_command_line("benchmarks.bench_handoff", __doc__))))

@@ -69,6 +69,6 @@ def run(quick: bool, brokers: tuple[str, ...] = ("kafka", "tansu")) -> list[dict
 
 
 if __name__ == "__main__":
-    from benchmarks.harness import format_table
+    from benchmarks.harness import format_table, quick_from_command_line
 
-    print(format_table(run("--quick" in sys.argv)))
+    print(format_table(run(quick_from_command_line("benchmarks.bench_handoff_busy", __doc__))))

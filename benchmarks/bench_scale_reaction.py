@@ -192,5 +192,7 @@ def run_on(quick: bool, engine: str) -> list[dict[str, Any]]:
 
 
 if __name__ == "__main__":
-    for result in run(quick="--quick" in sys.argv):
+    from benchmarks.harness import quick_from_command_line
+
+    for result in run(quick=quick_from_command_line("benchmarks.bench_scale_reaction", __doc__)):
         print(result)

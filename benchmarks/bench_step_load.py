@@ -14,7 +14,6 @@ split after a merge) and the worst trailing-5 s latency p99 during the burst and
 from __future__ import annotations
 
 import math
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -103,5 +102,7 @@ def run(quick: bool, brokers: tuple[str, ...] = ("kafka",)) -> list[dict[str, An
 
 
 if __name__ == "__main__":
-    for r in run(quick="--quick" in sys.argv):
+    from benchmarks.harness import quick_from_command_line
+
+    for r in run(quick=quick_from_command_line("benchmarks.bench_step_load", __doc__)):
         print(r)

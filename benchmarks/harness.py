@@ -6,6 +6,7 @@ Each benchmark module exposes `run(quick: bool) -> list[dict]`; a row is
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import os
 import subprocess
@@ -202,3 +203,12 @@ def _num(value: Any) -> str:
     if isinstance(value, float):
         return f"{value:,.3f}" if abs(value) < 10 else f"{value:,.0f}"
     return str(value)
+
+
+def quick_from_command_line(prog: str, doc: str | None) -> bool:
+    """`--quick` of a benchmark module run on its own (`python -m benchmarks.<module>`): `--help`
+    prints `doc` and exits, and any other argument is an error, not a full run of several minutes."""
+    parser = argparse.ArgumentParser(prog=f"python -m {prog}", description=doc)
+    parser.add_argument("--quick", action="store_true", help="a short run")
+    return bool(parser.parse_args().quick)
+
