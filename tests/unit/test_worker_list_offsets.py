@@ -17,7 +17,7 @@ from confluent_kafka import TopicPartition
 from confluent_kafka.admin._listoffsets import ListOffsetsResultInfo
 
 from keyrange.kafkaquirks import Backoff
-from keyrange.worker.consumer import ListedEnds
+from keyrange.worker.consumer import LIST_OFFSETS_ABANDON_SECONDS, ListedEnds
 from tests.unit.worker_fakes import FakeClock
 
 UNREACHABLE = -1001
@@ -92,3 +92,27 @@ def test_one_answer_ends_the_backoff() -> None:
     clock.now += 1.0
     assert gauge_tick(consumer) == {0: 7, 1: 7}
     assert admin.asked == asked + 1
+
+
+class SilentAdmin(AnsweringAdmin):
+    """Stands in for an AdminClient whose requests to a broker that went away are never answered."""
+
+    def list_offsets(self, request: dict[TopicPartition, Any], **_: Any) -> dict[TopicPartition, Future[Any]]:
+        self.asked += 1
+        return {tp: Future() for tp in request}
+
+
+def test_a_request_never_answered_is_dropped_and_asked_again_so_the_ends_do_not_freeze() -> None:
+    clock = FakeClock()
+    silent = SilentAdmin(0)
+    ends = ListedEnds("events", silent, Backoff(1.0, 60.0, clock), clock)
+    gauge_tick(ends)
+    for _ in range(int(LIST_OFFSETS_ABANDON_SECONDS)):
+        clock.now += 1.0
+        gauge_tick(ends)
+    assert silent.asked == 1  # within the abandon time the request in flight is waited for
+    clock.now += 1.0
+    gauge_tick(ends)  # dropped as failed: the backoff's first wait runs from now
+    clock.now += 1.0
+    gauge_tick(ends)
+    assert silent.asked == 2

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import time
 from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -27,6 +28,8 @@ from confluent_kafka.admin._listoffsets import ListOffsetsResultInfo, OffsetSpec
 
 from keyrange.kafkaquirks import Backoff, known_log_end
 from keyrange.worker.settings import WorkerSettings
+
+log = logging.getLogger(__name__)
 
 R = TypeVar("R")
 
@@ -56,6 +59,11 @@ LIST_OFFSETS_TIMEOUT_SECONDS = 2.0
 LIST_OFFSETS_RETRY_SECONDS = (1.0, 60.0)
 """After a failed ListOffsets, the first and the longest wait before the next (doubling): librdkafka
 spins on a core while an admin request waits for a broker it cannot reach (docs/kafka.md)."""
+LIST_OFFSETS_ABANDON_SECONDS = 5 * LIST_OFFSETS_TIMEOUT_SECONDS
+"""A ListOffsets request still unanswered this long after its own timeout is dropped as failed:
+one that never completes would otherwise freeze the lag's log end for good (and with it the fetch
+stall check, which needs an end past the position), as librdkafka leaves other requests to a
+broker that went away unanswered."""
 
 
 def worker_client_id(settings: WorkerSettings, role: str) -> str:
@@ -251,13 +259,17 @@ class ListedEnds:
     time, never waited on (its answer is taken by the next `tick`), and backed off while it fails,
     as librdkafka spins while an admin request waits for a broker it cannot reach."""
 
-    def __init__(self, topic: str, admin: OffsetsAdmin | None = None, backoff: Backoff | None = None) -> None:
+    def __init__(self, topic: str, admin: OffsetsAdmin | None = None, backoff: Backoff | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self._topic = topic
         self._admin = admin
         """Who is asked (None: nobody, until the consumer is open)."""
         self._backoff = backoff or Backoff(*LIST_OFFSETS_RETRY_SECONDS)
+        self._clock = clock
         self._listing: dict[TopicPartition, Future[ListOffsetsResultInfo]] = {}
         """The ListOffsets request in flight, if any."""
+        self._asked_at = 0.0
+        """When the request in flight was made."""
         self._ends: dict[int, int] = {}
         """Each partition's end as the last answer gave it."""
 
@@ -269,7 +281,14 @@ class ListedEnds:
         return MappingProxyType(self._ends)
 
     def _take(self) -> None:
-        if not self._listing or not all(f.done() for f in self._listing.values()):
+        if not self._listing:
+            return
+        if not all(f.done() for f in self._listing.values()):
+            if self._clock() - self._asked_at > LIST_OFFSETS_ABANDON_SECONDS:
+                log.warning("a ListOffsets request for %s's log ends is unanswered after %.0f s; asking again",
+                            self._topic, LIST_OFFSETS_ABANDON_SECONDS)
+                self._listing = {}
+                self._backoff.failed()
             return
         failed = False
         for tp, future in self._listing.items():
@@ -291,6 +310,7 @@ class ListedEnds:
         latest = OffsetSpec.latest()  # type: ignore[no-untyped-call]
         request = {TopicPartition(self._topic, p): latest for p in partitions}
         try:
+            self._asked_at = self._clock()
             self._listing = self._admin.list_offsets(request, isolation_level=IsolationLevel.READ_UNCOMMITTED,
                                                      request_timeout=LIST_OFFSETS_TIMEOUT_SECONDS)
         except KafkaException:
