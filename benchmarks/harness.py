@@ -211,4 +211,3 @@ def quick_from_command_line(prog: str, doc: str | None) -> bool:
     parser = argparse.ArgumentParser(prog=f"python -m {prog}", description=doc)
     parser.add_argument("--quick", action="store_true", help="a short run")
     return bool(parser.parse_args().quick)
-
