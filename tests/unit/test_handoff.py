@@ -7,6 +7,8 @@ back, a controller that resumes from the assignment record.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from keyrange.ranges.channel import Prepare, Publication, WorkerReport
@@ -199,6 +201,22 @@ def test_the_read_ahead_warning_says_what_each_cold_worker_last_reported() -> No
     _, actions = step(handoff, stale, T0 + 500 + READ_AHEAD_MS)
     assert isinstance(actions[0], Warn)
     assert actions[0].message.endswith("; w1: last report 10.1 s ago at epoch 1, read ahead 3-4 for epoch 0")
+
+
+def test_the_read_ahead_warning_tells_a_worker_that_never_read_the_prepare_from_one_that_did() -> None:
+    # The first points at its control reader (how far it read), the second at its read-ahead.
+    handoff = reading_ahead_split(T0 + 500)
+    assert handoff.plan is not None and handoff.plan.prepare.epoch == 1
+    unread = {1: replace(report(1, 1, set(), T0 + 9_900), prepare_epoch=0, read_to=41)}
+    _, actions = step(handoff, unread, T0 + 500 + READ_AHEAD_MS)
+    assert isinstance(actions[0], Warn)
+    assert actions[0].message.endswith("; w1: last report 0.6 s ago at epoch 1, read ahead nothing for epoch 0, "
+                                       "had not read this handoff's prepare (its newest: epoch 0; control topic "
+                                       "read to offset 41)")
+    read = {1: replace(report(1, 1, set(), T0 + 9_900), prepare_epoch=1, read_to=44)}
+    _, actions = step(handoff, read, T0 + 500 + READ_AHEAD_MS)
+    assert isinstance(actions[0], Warn)
+    assert actions[0].message.endswith("read ahead nothing for epoch 0, had read this handoff's prepare")
 
 
 # --- IN_TRANSIT ----------------------------------------------------------------------------------

@@ -12,7 +12,15 @@ from collections.abc import Callable, Collection
 import pytest
 from confluent_kafka import KafkaError, KafkaException
 
-from keyrange.ranges.channel import ControlState, ControlWriteFailed, Publication, WorkerReport, describe_reports
+from keyrange.ranges.channel import (
+    PREPARE_KEY,
+    ControlState,
+    ControlWriteFailed,
+    Prepare,
+    Publication,
+    WorkerReport,
+    describe_reports,
+)
 from keyrange.ranges.member import RangeMember
 from keyrange.ranges.rangemap import RangeMap
 from tests.slot_owner import FakeSlotOwner
@@ -272,3 +280,29 @@ async def test_an_epoch_read_by_the_wait_is_applied_without_reading_the_topic_ag
     await run_until(member, lambda: member.applied_epoch == 6)
     released = steps.index("release [3, 4, 5]")
     assert steps[released - 1] == "wait", steps
+
+
+async def test_a_report_says_which_prepare_the_worker_read_and_how_far_it_read_the_topic() -> None:
+    # A handoff that waits out its read-ahead then says whether the new owner ever read the prepare.
+    channel = UnwritableChannel(Publication(RangeMap.even(6, 2, epoch=3)), failures=0)
+    channel.state.apply(PREPARE_KEY, Prepare(2, {0: frozenset({2})}, 0).encode(), 56)
+    member = RangeMember(FakeSlotOwner(), channel, 0, heartbeat_seconds=0.01, poll_seconds=0.01)  # type: ignore[arg-type]
+    await run_until(member, lambda: member.applied_epoch == 3 and bool(channel.delivered))
+    assert (channel.delivered[-1].prepare_epoch, channel.delivered[-1].read_to) == (2, 57)
+
+
+def test_a_report_s_reading_round_trips_and_an_older_report_reads_as_unsaid() -> None:
+    report = WorkerReport(1, 4, frozenset({3}), 1_000, prepare_epoch=3, read_to=812)
+    assert WorkerReport.decode(report.encode()) == report
+    older = WorkerReport(1, 4, frozenset({3}), 1_000).encode()
+    assert b"readTo" not in older and b"prepareEpoch" not in older
+    assert (WorkerReport.decode(older).prepare_epoch, WorkerReport.decode(older).read_to) == (0, -1)
+
+
+def test_the_control_state_knows_how_far_it_read_even_past_records_it_cannot_parse() -> None:
+    state = ControlState()
+    state.apply(b"worker.1", b"not json", 9)
+    state.apply(None, None, 10)  # a tombstone
+    assert state.read_to == 11
+    state.apply(b"worker.1", WorkerReport(1, 1, frozenset(), 0).encode(), 4)  # never goes back
+    assert state.read_to == 11

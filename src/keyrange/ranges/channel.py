@@ -171,6 +171,13 @@ class WorkerReport:
     """Per held hash-range slot, the input offset its last committed transaction counts up to (the
     controller commits the lowest of a partition's to the consumer group: groupoffsets.py). Empty
     for whole-partition slots, whose transactions commit the group's offset themselves."""
+    prepare_epoch: int = 0
+    """The epoch of the newest prepare record the worker had read when it reported (0: none, or a
+    writer that does not say): a new owner that did not read ahead either never read the prepare or
+    read it and did not act on it, and this tells which."""
+    read_to: int = -1
+    """How far the worker had read the control topic: the offset after the last record it folded
+    in (-1: not said)."""
 
     def encode(self) -> bytes:
         """The record value."""
@@ -183,6 +190,10 @@ class WorkerReport:
             data["instance"], data["claim"] = self.instance, self.claim
         if self.positions:
             data["positions"] = {str(slot): offset for slot, offset in sorted(self.positions.items())}
+        if self.prepare_epoch:
+            data["prepareEpoch"] = self.prepare_epoch
+        if self.read_to >= 0:
+            data["readTo"] = self.read_to
         return orjson.dumps(data)
 
     @classmethod
@@ -194,7 +205,8 @@ class WorkerReport:
         return cls(int(d["worker"]), int(d["epoch"]), _slots_parse(d.get("held", "")), int(d.get("at", 0)),
                    int(d.get("pid", 0)), _slots_parse(d.get("warm", "")), int(d.get("warmEpoch", 0)), pause,
                    str(d.get("instance", "")), int(d.get("claim", -1)),
-                   {int(slot): int(offset) for slot, offset in (d.get("positions") or {}).items()})
+                   {int(slot): int(offset) for slot, offset in (d.get("positions") or {}).items()},
+                   int(d.get("prepareEpoch", 0)), int(d.get("readTo", -1)))
 
 
 @dataclass(frozen=True)
@@ -218,10 +230,13 @@ class ControlState:
     claims: dict[int, IdentityClaim] = field(default_factory=dict)
     """Per worker id, the newest process claiming it (reports of writers without an instance id,
     older versions, claim nothing)."""
+    read_to: int = 0
+    """The offset after the last record folded in: how far this reader has read the topic."""
 
     def apply(self, key: bytes | None, value: bytes | None, offset: int = -1) -> None:
         """Fold one control record, read at `offset`, in (records that do not parse are ignored:
         newer writers may add kinds this version does not know)."""
+        self.read_to = max(self.read_to, offset + 1)
         if key is None or value is None:
             return
         try:

@@ -245,21 +245,27 @@ def _reading_ahead(handoff: Handoff, reports: Mapping[int, WorkerReport],
     published = Handoff(Phase.IN_TRANSIT, transit, entered_ms=now_ms)
     warning: tuple[Action, ...] = ()
     if cold:
-        seen = "; ".join(_last_seen(w, reports.get(w), now_ms) for w in cold)
+        seen = "; ".join(_last_seen(w, reports.get(w), now_ms, prepare.epoch) for w in cold)
         warning = (Warn(f"worker(s) {cold} did not read ahead within {plan.read_ahead_timeout_ms / 1000:.0f} s; "
                         "handing over anyway (their acquire finishes the read-ahead, or restores in full if it "
                         f"failed); {seen}"),)
     return published, (*warning, Publish(transit, plan, tuple(cold)))
 
 
-def _last_seen(worker: int, report: WorkerReport | None, now_ms: int) -> str:
+def _last_seen(worker: int, report: WorkerReport | None, now_ms: int, prepare_epoch: int) -> str:
     """What the controller last read from a worker, telling one gone silent from one that reports
-    without having read ahead."""
+    without having read ahead, and one that never read the prepare from one that did not act on it."""
     if report is None:
         return f"w{worker}: no report"
     warm = format_slot_list(sorted(report.warm)) if report.warm else "nothing"
-    return (f"w{worker}: last report {max(now_ms - report.at_ms, 0) / 1000:.1f} s ago at epoch {report.epoch}, "
+    seen = (f"w{worker}: last report {max(now_ms - report.at_ms, 0) / 1000:.1f} s ago at epoch {report.epoch}, "
             f"read ahead {warm} for epoch {report.warm_epoch}")
+    if report.read_to < 0:
+        return seen  # a worker that does not say what it read
+    if report.prepare_epoch == prepare_epoch:
+        return f"{seen}, had read this handoff's prepare"
+    return (f"{seen}, had not read this handoff's prepare (its newest: epoch {report.prepare_epoch}; "
+            f"control topic read to offset {report.read_to})")
 
 
 def _in_transit(handoff: Handoff, reports: Mapping[int, WorkerReport],

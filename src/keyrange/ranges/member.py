@@ -283,9 +283,11 @@ class RangeMember:
             self._reported_epoch = max(self._reported_epoch, epoch)
             self._last_report = asyncio.get_running_loop().time()
             warm_epoch, warm = self._warm
+            state = self.channel.state
             report = WorkerReport(self.worker, self._reported_epoch, frozenset(self.engine.held_slots), now_ms(),
                                   os.getpid(), warm, warm_epoch, self.pauses.last if self.pauses else None,
-                                  self.instance, self.claim, dict(self.engine.committed_positions()))
+                                  self.instance, self.claim, dict(self.engine.committed_positions()),
+                                  state.prepare.epoch if state.prepare is not None else 0, state.read_to)
             offset = await asyncio.to_thread(self.channel.report, report)
             if self.claim < 0:
                 self.claim = offset
