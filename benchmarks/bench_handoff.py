@@ -60,10 +60,11 @@ WARMUP_RESCALES = 12
 """Rescales run before the measured ones, reported apart (see `measure_handoffs`)."""
 
 
-def _supervisor(tmp: Path, name: str, bootstrap: str | None, partitions: int = 12, **values: Any) -> Supervisor:
+def _supervisor(tmp: Path, name: str, bootstrap: str | None, partitions: int = 12,
+                worker_args: tuple[str, ...] = (), **values: Any) -> Supervisor:
     path = tmp / f"{name}.yaml"
     path.write_text(SPEC.format(name=name, partitions=partitions, **{"min_workers": 1, **values}))
-    sup = Supervisor(load_file(path), path, bootstrap, tmp / name, tick_seconds=0.5)
+    sup = Supervisor(load_file(path), path, bootstrap, tmp / name, tick_seconds=0.5, worker_args=worker_args)
     sup.start()
     return sup
 
@@ -120,14 +121,15 @@ class HandoffRun:
 
 
 def measure_handoffs(tmp: Path, rescales: int, bootstrap: str | None = None, warmup: int = 0,
-                     partitions: int = 12, name: str = "handoff") -> HandoffRun:
+                     partitions: int = 12, name: str = "handoff", worker_args: tuple[str, ...] = ()) -> HandoffRun:
     """Back-to-back forced rescales under 1,000 events/s, the first `warmup` of them apart: a new
     broker's first handoffs run its transaction and group coordinators' code for the first time
     (the JVM not yet compiled), and were the slowest of a run, up to 0.42 s, where the same
     worker code on a broker that had run them before stayed under 0.2 s. With fewer `partitions`
-    than 4 the partitions are cut into hash ranges (SlotLayout.for_workers) and those move."""
-    sup = _supervisor(tmp, name, bootstrap, partitions, mean_ms=2, concurrency=64, max_workers=4, high=10**9, low=0,
-                      cooldown=0)
+    than 4 the partitions are cut into hash ranges (SlotLayout.for_workers) and those move.
+    `worker_args`: more `keyrange worker` arguments (handoff_steps.py asks for INFO logs)."""
+    sup = _supervisor(tmp, name, bootstrap, partitions, worker_args, mean_ms=2, concurrency=64, max_workers=4,
+                      high=10**9, low=0, cooldown=0)
     stop = threading.Event()
     ticker = _ticker(sup, stop)
     totals = LoadTotals()
