@@ -211,12 +211,12 @@ def test_the_read_ahead_warning_tells_a_worker_that_never_read_the_prepare_from_
     _, actions = step(handoff, unread, T0 + 500 + READ_AHEAD_MS)
     assert isinstance(actions[0], Warn)
     assert actions[0].message.endswith("; w1: last report 0.6 s ago at epoch 1, read ahead nothing for epoch 0, "
-                                       "had not read this handoff's prepare (its newest: epoch 0; control topic "
+                                       "had not read the prepare of epoch 1 (its newest: epoch 0; control topic "
                                        "read to offset 41)")
     read = {1: replace(report(1, 1, set(), T0 + 9_900), prepare_epoch=1, read_to=44)}
     _, actions = step(handoff, read, T0 + 500 + READ_AHEAD_MS)
     assert isinstance(actions[0], Warn)
-    assert actions[0].message.endswith("read ahead nothing for epoch 0, had read this handoff's prepare")
+    assert actions[0].message.endswith("read ahead nothing for epoch 0, had read the prepare of epoch 1")
 
 
 # --- IN_TRANSIT ----------------------------------------------------------------------------------

@@ -13,7 +13,8 @@ with and without Kubernetes. Three kinds of records, all JSON, keyed so compacti
   owners; it changes no ownership.
 - key `worker.<n>`, written by worker n: a `WorkerReport` (the newest epoch it has applied,
   the slots it holds, the slots it has read ahead, a timestamp, the newest handoff pause it
-  measured). Written after every acquire/release/read-ahead and as a heartbeat.
+  measured, the epoch of the newest prepare it read and how far it read this topic). Written
+  after every acquire/release/read-ahead and as a heartbeat.
 
 Two-phase handoff, after a read-ahead (its phases are in handoff.py): the controller announces the
 moves, waits (boundedly) until every new owner reports them read ahead, then publishes epoch E with

@@ -263,8 +263,8 @@ def _last_seen(worker: int, report: WorkerReport | None, now_ms: int, prepare_ep
     if report.read_to < 0:
         return seen  # a worker that does not say what it read
     if report.prepare_epoch == prepare_epoch:
-        return f"{seen}, had read this handoff's prepare"
-    return (f"{seen}, had not read this handoff's prepare (its newest: epoch {report.prepare_epoch}; "
+        return f"{seen}, had read the prepare of epoch {prepare_epoch}"
+    return (f"{seen}, had not read the prepare of epoch {prepare_epoch} (its newest: epoch {report.prepare_epoch}; "
             f"control topic read to offset {report.read_to})")
 
 
