@@ -61,10 +61,9 @@ LIST_OFFSETS_RETRY_SECONDS = (1.0, 60.0)
 spins on a core while an admin request waits for a broker it cannot reach (docs/kafka.md)."""
 LIST_OFFSETS_ABANDON_SECONDS = 5 * LIST_OFFSETS_TIMEOUT_SECONDS
 """A ListOffsets request still unanswered this long after it was asked (five times its own
-timeout) is dropped as failed:
-one that never completes would otherwise freeze the lag's log end for good (and with it the fetch
-stall check, which needs an end past the position), as librdkafka leaves other requests to a
-broker that went away unanswered."""
+timeout) is dropped as failed: one that never completes would otherwise freeze the lag's log end
+for good (and with it the fetch stall check, which needs an end past the position), as librdkafka
+leaves other requests to a broker that went away unanswered."""
 
 
 def worker_client_id(settings: WorkerSettings, role: str) -> str:
